@@ -1,0 +1,172 @@
+"""The trace record schema: what spectrace writes, one JSON object per line.
+
+This module is a leaf: it imports pydantic and nothing else of ours, so the viewers
+can read traces without torch. Every record carries ``type`` (the discriminator) and
+the file's first line is a :class:`Header` that names ``schema_version``.
+
+    >>> Call(step=0, seq=3, module="model.fc", module_type="Linear").model_dump_json()
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+SCHEMA_VERSION = 1
+
+Severity = Literal["error", "warning", "info"]
+SEVERITY_RANK: dict[str, int] = {"error": 0, "warning": 1, "info": 2}
+
+
+class _Record(BaseModel):
+    # Unknown keys from a newer minor writer are kept rather than rejected.
+    model_config = ConfigDict(extra="allow")
+
+
+class TensorStats(_Record):
+    """Statistics of one tensor, computed on its device (float64 on the host side).
+
+    A statistic that makes no sense for the tensor's kind (bool, meta, empty) is None.
+    """
+
+    mean: float | None = None
+    std: float | None = None
+    absmax: float | None = None
+    nan: int | None = None
+    inf: int | None = None
+    numel: int | None = None
+
+
+class TensorMeta(_Record):
+    """Shape, dtype, device and (optionally) statistics of one tensor argument."""
+
+    arg: str = Field(description="where the tensor sat: input[0], kwarg.hidden_states, output, output.logits, ...")
+    shape: list[int]
+    dtype: str
+    device: str
+    stats: TensorStats | None = None
+
+
+class Header(_Record):
+    type: Literal["header"] = "header"
+    schema_version: int = SCHEMA_VERSION
+    spectrace_version: str
+    pid: int
+    host: str
+    rank: int | None = None
+    argv: list[str] = []
+    started_unix: float
+    settings: dict[str, Any] = {}
+    versions: dict[str, str] = {}
+
+
+class Call(_Record):
+    """One module call: its inputs and outputs."""
+
+    type: Literal["call"] = "call"
+    step: int
+    seq: int = Field(description="call order within the process")
+    module: str
+    module_type: str
+    root: str = ""
+    inputs: list[TensorMeta] = []
+    outputs: list[TensorMeta] = []
+    t_unix: float = 0.0
+    graph_capture: bool = Field(False, description="recorded while a CUDA graph was being captured")
+
+
+class Finding(_Record):
+    """A diagnosis: what was seen, where, and the fix."""
+
+    type: Literal["finding"] = "finding"
+    code: str
+    severity: Severity
+    message: str
+    module: str | None = None
+    evidence: dict[str, Any] = {}
+    fix: str
+    step: int | None = None
+    source: str = ""
+
+
+class Acceptance(_Record):
+    """Accept lengths of one verify step (one entry per request in the batch)."""
+
+    type: Literal["acceptance"] = "acceptance"
+    step: int
+    accept_lengths: list[int]
+    draft_tokens: int = Field(description="tokens proposed per request (k)")
+    accepted_per_position: list[int] = Field(
+        default=[], description="how many requests accepted the draft token at position i"
+    )
+
+
+class Coverage(_Record):
+    """What spectrace could not see: said once, loudly, and counted."""
+
+    type: Literal["coverage"] = "coverage"
+    kind: Literal["graph_replay", "not_covered", "dropped", "internal_error", "sink_error", "unhooked"]
+    detail: str
+    count: int = 1
+    step: int | None = None
+
+
+class Weights(_Record):
+    """What a weight load did: names offered, parameters written, names ignored."""
+
+    type: Literal["weights"] = "weights"
+    module: str
+    offered: list[str] = []
+    written: list[str] = []
+    ignored: list[str] = []
+    missing: list[str] = []
+    source: str = ""
+
+
+class Capture(_Record):
+    """The aux-hidden-state capture in effect on a target, in canonical boundary indices.
+
+    Boundary b is Hugging Face ``hidden_states[b]``: 0 the embedding output, b the output
+    of block b-1.
+    """
+
+    type: Literal["capture"] = "capture"
+    module: str
+    requested_ids: list[int] | None = None
+    boundaries: list[int] = []
+    num_layers: int
+    hidden_size: int
+    rule: str = Field(description="the engine rule that mapped ids to boundaries")
+    enabled: bool = True
+
+
+class Fingerprint(_Record):
+    """Per-chunk statistics of the fused draft input ``cat(hs[b0], hs[b1], hs[b2])``."""
+
+    type: Literal["fingerprint"] = "fingerprint"
+    module: str
+    chunk_width: int
+    chunks: list[TensorStats]
+    boundaries: list[int] | None = None
+
+
+class Counters(_Record):
+    """Run counters written at flush: what was recorded and what was lost."""
+
+    type: Literal["stats"] = "stats"
+    steps: int = 0
+    calls_seen: int = 0
+    records_written: int = 0
+    records_dropped: int = 0
+    internal_errors: int = 0
+    sink_errors: int = 0
+    graph_replay_steps: int = 0
+
+
+Record = Annotated[
+    Union[Header, Call, Finding, Acceptance, Coverage, Weights, Capture, Fingerprint, Counters],
+    Field(discriminator="type"),
+]
+RECORD_ADAPTER: TypeAdapter[Any] = TypeAdapter(Record)
+RECORD_TYPES = ("header", "call", "finding", "acceptance", "coverage", "weights", "capture", "fingerprint", "stats")
