@@ -1,0 +1,29 @@
+"""spectrace: debug instrumentation and tracing for EAGLE-3 speculative decoding.
+
+    >>> import spectrace
+    >>> with spectrace.trace(model) as t:
+    ...     model(ids)
+    >>> [c.module for c in t.calls()]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "trace", "Trace", "Settings"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: `import spectrace` must stay cheap (the viewers and the bootstrap import it
+    # without wanting torch).
+    if name in ("trace", "Trace"):
+        from . import api
+
+        return getattr(api, name)
+    if name == "Settings":
+        from .settings import Settings
+
+        return Settings
+    raise AttributeError(f"module 'spectrace' has no attribute {name!r}")

@@ -1,0 +1,163 @@
+"""The public entry point: ``spectrace.trace(model)``.
+
+    >>> with spectrace.trace(model, modules=["model.layers.*", "lm_head"]) as t:
+    ...     model(ids)
+    >>> t.calls("lm_head")[0].outputs[0].shape
+    [1, 8, 128]
+
+Records are always kept in memory for the returned :class:`Trace`; they are also
+written to ``SPECTRACE_DIR`` when it is set (or ``directory=`` is given), and sent to
+an OTLP collector when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterator, Mapping, Sequence, Union
+
+import torch.nn as nn
+
+from .hooks.engine import Tracer
+from .hooks.selection import ModuleFilter, glob_match
+from .recorder import Recorder
+from .records import Call, Finding
+from .settings import Settings
+
+Models = Union[nn.Module, Sequence[nn.Module], Mapping[str, nn.Module]]
+
+
+def make_otel_sink(settings: Settings, recorder_error: Any, rank: int | None = None) -> Any | None:
+    """An OpenTelemetry sink when an OTLP endpoint is configured, else None."""
+    if not settings.otlp_endpoint:
+        return None
+    try:
+        from .sinks.otel import OtelSink
+
+        resource = {"service.name": "spectrace", "process.pid": os.getpid()}
+        if rank is not None:
+            resource["spectrace.rank"] = rank
+        return OtelSink.from_endpoint(settings.otlp_endpoint, resource, recorder_error)
+    except ImportError:
+        recorder_error(
+            "OTEL_EXPORTER_OTLP_ENDPOINT is set but opentelemetry-exporter-otlp-proto-http is not installed "
+            "(pip install 'spectrace[otlp]'); spans are not sent"
+        )
+    except Exception as exc:
+        recorder_error(f"cannot start the OTLP exporter: {type(exc).__name__}: {exc}")
+    return None
+
+
+def build_recorder(settings: Settings, directory: str | None, rank: int | None = None) -> Recorder:
+    recorder = Recorder(settings, directory=directory, rank=rank)
+    recorder.otel = make_otel_sink(settings, recorder.sink_error, rank)
+    return recorder
+
+
+class Trace:
+    """What one ``trace()`` context saw: calls, findings and every other record."""
+
+    def __init__(self, recorder: Recorder, tracer: Tracer) -> None:
+        self.recorder = recorder
+        self.tracer = tracer
+        self.hooked: list[str] = []
+
+    # Context protocol -------------------------------------------------------
+    def __enter__(self) -> "Trace":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Remove the hooks and flush the sinks; safe to call twice."""
+        try:
+            self.tracer.detach()
+        finally:
+            self.recorder.close()
+
+    # Writing -----------------------------------------------------------------
+    def emit(self, record: Any) -> None:
+        """Add a record of any type (finding, acceptance, capture, ...) to this trace."""
+        self.tracer.finish_step()
+        self.recorder.emit(record)
+
+    def set_step(self, step: int) -> None:
+        """Number steps yourself (e.g. one speculative step = draft + verify)."""
+        self.tracer.set_step(step)
+
+    # Reading -----------------------------------------------------------------
+    @property
+    def records(self) -> list[Any]:
+        self.tracer.finish_step()
+        return self.recorder.records()
+
+    @property
+    def path(self) -> str | None:
+        """The JSONL file, once anything was written."""
+        return self.recorder.path
+
+    @property
+    def findings(self) -> list[Finding]:
+        return self.recorder.findings()
+
+    def calls(self, module: str | None = None) -> list[Call]:
+        """Calls in order; ``module`` is an exact name or a glob (``**.fc``)."""
+        self.tracer.finish_step()
+        found = [r for r in self.recorder.records() if isinstance(r, Call)]
+        if module is None:
+            return sorted(found, key=lambda c: c.seq)
+        return sorted(
+            (c for c in found if c.module == module or glob_match(c.module, module)), key=lambda c: c.seq
+        )
+
+    def modules(self) -> list[str]:
+        """Names of the modules that were called, in first-call order."""
+        seen: dict[str, None] = {}
+        for call in self.calls():
+            seen.setdefault(call.module, None)
+        return list(seen)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.records)
+
+
+def _named_roots(models: Models) -> list[tuple[str, nn.Module]]:
+    if isinstance(models, nn.Module):
+        return [("", models)]
+    if isinstance(models, Mapping):
+        return [(str(k), m) for k, m in models.items()]
+    return [(f"model{i}" if len(models) > 1 else "", m) for i, m in enumerate(models)]
+
+
+def trace(
+    models: Models,
+    modules: ModuleFilter = None,
+    *,
+    types: Sequence[Any] = (),
+    profile: str | None = None,
+    stats: str | None = None,
+    directory: str | None = None,
+    settings: Settings | None = None,
+) -> Trace:
+    """Trace ``models`` until the returned context exits.
+
+    ``models`` is a module, a list, or a ``{"target": ..., "draft": ...}`` mapping whose
+    keys prefix the module names. ``modules`` is a glob, a list of globs or a callable
+    ``(name, module) -> bool``; by default embeddings, decoder layers, the final norm
+    and ``lm_head`` are traced.
+    """
+    settings = settings or Settings.from_env()
+    directory = directory or settings.dir_from_env()
+    recorder = build_recorder(settings, directory)
+    tracer = Tracer(recorder, stats=stats or settings.stats, sample=settings.sample)
+    result = Trace(recorder, tracer)
+    modules = modules if modules is not None else (list(settings.modules) or None)
+    try:
+        for prefix, root in _named_roots(models):
+            result.hooked += tracer.attach(root, modules, types=tuple(types), profile=profile or settings.profile or None, prefix=prefix)
+    except Exception:
+        result.close()
+        raise
+    if not result.hooked:
+        recorder.coverage("unhooked", f"no module matched {modules or profile or 'the default profile'}")
+    return result

@@ -1,0 +1,279 @@
+"""The capture engine: forward hooks that turn module calls into ``call`` records.
+
+A :class:`Tracer` hooks the selected modules of one or more roots and wraps each
+root's ``forward`` (SGLang calls ``.forward()`` directly, so a hook on the root would
+never fire). Each outermost root call is a *step*: its calls are collected, their
+statistics (device vectors, see :mod:`.stats`) are copied to the host in one go after
+the step, and the finished records go to the :class:`~spectrace.recorder.Recorder`.
+
+A hook never raises into the model: every internal failure becomes a counted
+``internal_error``. Hooks only read tensors, so outputs are bit-identical.
+
+    >>> tracer = Tracer(recorder, stats="basic")
+    >>> tracer.attach(model, modules=["model.layers.*"])
+    >>> model(ids); tracer.detach()
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+
+from ..recorder import Recorder
+from ..records import Call, TensorMeta
+from .selection import ModuleFilter, select
+from .stats import device_stats, stats_supported, to_stats
+from .tensors import collect
+
+
+def _capturing() -> bool:
+    """True while a CUDA graph is being captured (no new work may be queued then)."""
+    try:
+        return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    except Exception:
+        return False
+
+
+class _PendingStats:
+    """Device statistics rows of one step, waiting for their single host copy."""
+
+    def __init__(self) -> None:
+        self.rows: list[torch.Tensor] = []
+        self.targets: list[tuple[TensorMeta, int]] = []
+
+    def add(self, meta: TensorMeta, row: torch.Tensor, numel: int) -> None:
+        self.rows.append(row)
+        self.targets.append((meta, numel))
+
+    def resolve(self) -> None:
+        """One stack and one copy per device; fills ``meta.stats`` in place."""
+        if not self.rows:
+            return
+        by_device: dict[torch.device, list[int]] = {}
+        for index, row in enumerate(self.rows):
+            by_device.setdefault(row.device, []).append(index)
+        for indices in by_device.values():
+            host = torch.stack([self.rows[i] for i in indices]).to("cpu", torch.float64).tolist()
+            for i, values in zip(indices, host):
+                meta, numel = self.targets[i]
+                meta.stats = to_stats(values, numel)
+        self.rows.clear()
+        self.targets.clear()
+
+
+class Tracer:
+    """Hooks modules and produces one list of call records per step."""
+
+    def __init__(self, recorder: Recorder, *, stats: str = "basic", sample: int = 1) -> None:
+        self.recorder = recorder
+        self.stats_mode = stats
+        self.sample = max(1, sample)
+        self.step = -1
+        self.auto_step = True
+        self._handles: list[Any] = []
+        self._wrapped: list[tuple[nn.Module, Any, bool]] = []
+        self._local = threading.local()
+        self._seq = 0
+        self._calls: list[Call] = []
+        self._pending = _PendingStats()
+        self._step_start_ns = 0
+        self._hooked: dict[int, str] = {}
+        self._adopted: dict[int, tuple[Any, ...]] = {}
+
+    # ---------------------------------------------------------------- set-up
+    def attach(
+        self,
+        root: nn.Module,
+        modules: ModuleFilter = None,
+        *,
+        types: tuple[Any, ...] = (),
+        profile: str | None = None,
+        prefix: str = "",
+    ) -> list[str]:
+        """Hook the selected modules under ``root`` and wrap its forward; returns their names."""
+        chosen = select(root, modules, types=types, profile=profile)
+        names: list[str] = []
+        root_name = prefix or type(root).__name__
+        for name, module in chosen:
+            if id(module) in self._hooked:
+                continue
+            full = f"{prefix}.{name}" if prefix else name
+            self._hooked[id(module)] = full
+            self._handles.append(module.register_forward_pre_hook(self._make_pre_hook(full), with_kwargs=True))
+            self._handles.append(
+                module.register_forward_hook(self._make_post_hook(full, type(module).__name__, root_name), with_kwargs=True)
+            )
+            names.append(full)
+        self.wrap_forward(root)
+        return names
+
+    def adopt(self, root: nn.Module, prefix: str, modules: ModuleFilter = None, profile: str | None = None) -> None:
+        """Wrap ``root``'s forward now and hook its modules on its first outermost call.
+
+        Auto-activation adopts every model as it is built; a model built inside another
+        (a Hugging Face backbone inside its LM head class) is first called at depth > 0
+        and so is traced as part of the outer one, not twice.
+        """
+        self._adopted[id(root)] = (prefix, modules, profile)
+        self.wrap_forward(root)
+
+    def _attach_adopted(self, root: nn.Module) -> None:
+        spec = self._adopted.pop(id(root), None)
+        if spec is None:
+            return
+        prefix, modules, profile = spec
+        try:
+            self.attach(root, modules, profile=profile, prefix=prefix)
+        except Exception as exc:
+            self.recorder.internal_error(f"attach {prefix}: {type(exc).__name__}: {exc}")
+
+    def wrap_forward(self, root: nn.Module) -> None:
+        """Make every call of ``root.forward`` (direct or through ``__call__``) a step."""
+        if any(r is root for r, _, _ in self._wrapped):
+            return
+        had_own = "forward" in root.__dict__
+        original = root.forward
+
+        @functools.wraps(original)
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if self._adopted and self._depth() == 0:
+                self._attach_adopted(root)
+            opened = self._open_step()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                if opened:
+                    self._close_step()
+
+        root.forward = forward  # type: ignore[method-assign]
+        self._wrapped.append((root, original, had_own))
+
+    def detach(self) -> None:
+        """Remove every hook and restore every wrapped forward (called from ``finally``)."""
+        for handle in self._handles:
+            try:
+                handle.remove()
+            except Exception:
+                pass
+        self._handles.clear()
+        for root, original, had_own in self._wrapped:
+            try:
+                if had_own:
+                    root.forward = original  # type: ignore[method-assign]
+                else:
+                    del root.forward
+            except Exception:
+                pass
+        self._wrapped.clear()
+        self._hooked.clear()
+        self.finish_step()
+
+    # ----------------------------------------------------------------- steps
+    def set_step(self, step: int) -> None:
+        """Take over step numbering (a speculative loop marks its own steps)."""
+        self.finish_step()
+        self.auto_step = False
+        self.step = step
+        self._step_start_ns = time.time_ns()
+
+    def _depth(self) -> int:
+        return getattr(self._local, "depth", 0)
+
+    def _open_step(self) -> bool:
+        depth = self._depth()
+        self._local.depth = depth + 1
+        if depth == 0 and self.auto_step:
+            self.step += 1
+            self._step_start_ns = time.time_ns()
+            return True
+        return False
+
+    def _close_step(self) -> None:
+        self._local.depth = max(0, self._depth() - 1)
+        self.finish_step()
+
+    def _sampled(self) -> bool:
+        return self.step % self.sample == 0 if self.step >= 0 else True
+
+    def finish_step(self) -> None:
+        """Resolve the step's statistics in one host copy and hand its calls on."""
+        try:
+            self._pending.resolve()
+        except Exception as exc:
+            self.recorder.internal_error(f"statistics readback: {type(exc).__name__}: {exc}")
+        if self._calls:
+            calls, self._calls = self._calls, []
+            self.recorder.emit_step(self.step, calls, self._step_start_ns or time.time_ns(), time.time_ns())
+
+    # ----------------------------------------------------------------- hooks
+    def _make_pre_hook(self, name: str) -> Callable[..., None]:
+        def pre_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            try:
+                if not self._sampled():
+                    return
+                stack = self._local.__dict__.setdefault("inputs", [])
+                stack.append(self._metas(collect(args, kwargs, side="input")))
+            except Exception as exc:
+                self.recorder.internal_error(f"pre-hook {name}: {type(exc).__name__}: {exc}")
+            return None
+
+        return pre_hook
+
+    def _make_post_hook(self, name: str, module_type: str, root: str) -> Callable[..., None]:
+        def post_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+            try:
+                self.recorder.counters.calls_seen += 1
+                if not self._sampled():
+                    return
+                stack = self._local.__dict__.get("inputs") or [[]]
+                inputs = stack.pop() if stack else []
+                capturing = _capturing()
+                outputs = self._metas(collect((), None, output, side="output"), capturing)
+                self._seq += 1
+                self._calls.append(
+                    Call(
+                        step=self.step,
+                        seq=self._seq,
+                        module=name,
+                        module_type=module_type,
+                        root=root,
+                        inputs=inputs,
+                        outputs=outputs,
+                        t_unix=time.time(),
+                        graph_capture=capturing,
+                    )
+                )
+                if capturing:
+                    self.recorder.coverage(
+                        "graph_replay",
+                        "modules ran under CUDA-graph capture: shapes recorded once, replays are not traced per module",
+                        step=self.step,
+                    )
+                if self.auto_step and self._depth() == 0:
+                    # A hooked module called outside any wrapped root: flush per call.
+                    self.finish_step()
+            except Exception as exc:
+                self.recorder.internal_error(f"post-hook {name}: {type(exc).__name__}: {exc}")
+            return None
+
+        return post_hook
+
+    def _metas(self, tensors: list[tuple[str, torch.Tensor]], capturing: bool | None = None) -> list[TensorMeta]:
+        if capturing is None:
+            capturing = _capturing()
+        metas: list[TensorMeta] = []
+        for arg, tensor in tensors:
+            meta = TensorMeta(arg=arg, shape=[int(s) for s in tensor.shape], dtype=str(tensor.dtype).replace("torch.", ""), device=str(tensor.device))
+            metas.append(meta)
+            if self.stats_mode == "off" or capturing or not stats_supported(tensor):
+                continue
+            try:
+                self._pending.add(meta, device_stats(tensor, self.stats_mode), tensor.numel())
+            except Exception as exc:
+                self.recorder.internal_error(f"statistic on {tensor.dtype}: {type(exc).__name__}: {exc}")
+        return metas

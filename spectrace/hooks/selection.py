@@ -1,0 +1,111 @@
+"""Which modules to hook: name globs, module types, or a named profile.
+
+Globs match dotted module names: ``*`` stays within one name part, ``**`` crosses dots
+(and ``**.`` may match nothing), so ``model.layers.*`` is each decoder layer and not
+every linear inside it. A profile is a named list of globs.
+
+    >>> select(model, patterns=["model.layers.*", "lm_head"])
+    [('model.layers.0', ...), ..., ('lm_head', ...)]
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Callable, Iterable, Sequence, Union
+
+import torch.nn as nn
+
+# A Hugging Face causal LM: embeddings, every decoder layer, the final norm, the head.
+HF_CAUSAL_LM = ("**.embed_tokens", "**.layers.*", "**.norm", "**.lm_head")
+# EAGLE-3 adds the draft's fc, its decoder layer under either name, and the aux concat.
+EAGLE3 = HF_CAUSAL_LM + ("**.fc", "**.midlayer", "**.aux_concat", "**.hidden_norm")
+
+PROFILES: dict[str, tuple[str, ...]] = {
+    "default": HF_CAUSAL_LM,
+    "hf": HF_CAUSAL_LM,
+    "eagle3": EAGLE3,
+    "all": ("**",),
+}
+
+ModuleFilter = Union[str, Sequence[str], Callable[[str, nn.Module], bool], None]
+
+
+@functools.lru_cache(maxsize=256)
+def _compile(pattern: str) -> re.Pattern[str]:
+    out = []
+    i = 0
+    while i < len(pattern):
+        if pattern.startswith("**.", i):
+            out.append(r"(?:.*\.)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(r".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append(r"[^.]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append(r"[^.]")
+            i += 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(out) + r"\Z")
+
+
+def glob_match(name: str, pattern: str) -> bool:
+    """Whether a dotted module name matches one glob."""
+    return _compile(pattern).match(name) is not None
+
+
+def patterns_for(modules: ModuleFilter = None, profile: str | None = None) -> list[str] | None:
+    """The glob list a selection means; None when ``modules`` is a callable."""
+    if callable(modules) and not isinstance(modules, str):
+        return None
+    found: list[str] = []
+    if isinstance(modules, str):
+        found.append(modules)
+    elif modules:
+        found.extend(modules)
+    if profile:
+        if profile not in PROFILES:
+            raise ValueError(f"unknown profile {profile!r}; known: {', '.join(sorted(PROFILES))}")
+        found.extend(PROFILES[profile])
+    if not found:
+        found.extend(PROFILES["default"])
+    return found
+
+
+def select(
+    root: nn.Module,
+    modules: ModuleFilter = None,
+    *,
+    types: Iterable[Union[type, str]] = (),
+    profile: str | None = None,
+) -> list[tuple[str, nn.Module]]:
+    """The ``(name, module)`` pairs under ``root`` to hook, in registration order."""
+    type_list = tuple(types)
+    patterns = patterns_for(modules, profile if (profile or not type_list) else None)
+    chosen: list[tuple[str, nn.Module]] = []
+    for name, module in root.named_modules():
+        if not name:
+            continue  # the root is traced by its step wrapper, not by a hook
+        if _type_matches(module, type_list):
+            chosen.append((name, module))
+        elif patterns is None:
+            if modules(name, module):  # type: ignore[operator]
+                chosen.append((name, module))
+        elif (modules or profile or not type_list) and any(glob_match(name, p) for p in patterns):
+            chosen.append((name, module))
+    return chosen
+
+
+def _type_matches(module: nn.Module, types: tuple[Union[type, str], ...]) -> bool:
+    for wanted in types:
+        if isinstance(wanted, str):
+            if type(module).__name__ == wanted:
+                return True
+        elif isinstance(module, wanted):
+            return True
+    return False

@@ -1,0 +1,241 @@
+"""The recorder: where records go after capture, bounded, counted, never raising.
+
+Capture code hands records to a :class:`Recorder`; it keeps them in memory (bounded by
+the record cap), queues them for the JSONL file, mirrors them to OpenTelemetry, counts
+what it had to drop, and prints each error finding once to stderr so it stands out in
+a server log. Every sink failure is counted and warned about once; the host program
+never sees an exception from here.
+
+    >>> recorder = Recorder(Settings.from_env(), directory="traces")
+    >>> recorder.emit(finding("fc_bypass", "64-wide input, fc expects 192"))
+    >>> recorder.close()
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Any, Callable, Iterable
+
+from . import __version__
+from .records import Call, Counters, Coverage, Finding, Header
+from .settings import Settings, warn
+from .sinks.jsonl import JsonlSink, trace_file_name
+
+# Non-call records (findings, capture, weights, ...) are few; they get their own, larger
+# bound so a flood of calls can never push a finding out.
+IMPORTANT_CAP = 50_000
+
+
+def _versions() -> dict[str, str]:
+    found: dict[str, str] = {"python": sys.version.split()[0]}
+    for name in ("torch", "transformers", "sglang"):
+        module = sys.modules.get(name)
+        version = getattr(module, "__version__", None) if module else None
+        if version:
+            found[name] = str(version)
+    return found
+
+
+class Recorder:
+    """Collects records for one process (or one ``trace()`` context)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        directory: str | None = None,
+        rank: int | None = None,
+        name: str | None = None,
+        otel: Any | None = None,
+    ) -> None:
+        self.settings = settings
+        self.rank = rank
+        self.directory = directory
+        self.file_name = name
+        self.sink: JsonlSink | None = None
+        self.otel = otel
+        self.calls: collections.deque[Call] = collections.deque(maxlen=settings.record_cap)
+        self.important: list[Any] = []
+        self.counters = Counters()
+        self._pending: collections.deque[str] = collections.deque()
+        self._lock = threading.RLock()
+        self._warned: set[str] = set()
+        self._printed_codes: set[str] = set()
+        self._last_flush = time.monotonic()
+        self._closed = False
+        self.header = Header(
+            spectrace_version=__version__,
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            rank=rank,
+            argv=list(sys.argv),
+            started_unix=time.time(),
+            settings=settings.as_dict(),
+            versions=_versions(),
+        )
+        self._header_written = False
+
+    # ----------------------------------------------------------------- intake
+    def emit(self, record: Any) -> None:
+        """Keep one non-call record (finding, capture, weights, acceptance, coverage, ...)."""
+        try:
+            with self._lock:
+                if len(self.important) >= IMPORTANT_CAP:
+                    self.counters.records_dropped += 1
+                    return
+                self.important.append(record)
+                self._queue(record)
+            if isinstance(record, Finding) and record.severity == "error":
+                self._announce(record)
+            if self.otel is not None:
+                self._to_otel(lambda: self.otel.export_record(record, time.time_ns()))
+        except Exception as exc:  # never into the host
+            self.internal_error(f"emit failed: {type(exc).__name__}: {exc}")
+
+    def emit_step(self, step: int, calls: list[Call], start_ns: int, end_ns: int) -> None:
+        """Keep the call records of one step and mirror them as one step span."""
+        try:
+            with self._lock:
+                self.counters.steps += 1
+                for call in calls:
+                    if len(self.calls) == self.calls.maxlen and self.directory is None:
+                        # With a file, the ring only trims memory (the file keeps the call);
+                        # without one the oldest call is gone, so count it.
+                        self.counters.records_dropped += 1
+                    self.calls.append(call)
+                    self._queue(call)
+            if self.otel is not None and calls:
+                self._to_otel(lambda: self.otel.export_step(step, calls, start_ns, end_ns))
+            if time.monotonic() - self._last_flush >= self.settings.flush_seconds:
+                self.flush()
+        except Exception as exc:
+            self.internal_error(f"emit_step failed: {type(exc).__name__}: {exc}")
+
+    def _queue(self, record: Any) -> None:
+        if self.directory is None:
+            return
+        if len(self._pending) >= self.settings.record_cap:
+            self._pending.popleft()
+            self.counters.records_dropped += 1
+        self._pending.append(record.model_dump_json())
+
+    # ---------------------------------------------------------------- problems
+    def internal_error(self, message: str) -> None:
+        """Count a failure inside spectrace; warn the first time each kind is seen."""
+        self.counters.internal_errors += 1
+        self.warn_once(message.split(":")[0], f"internal error (counted, tracing continues): {message}")
+
+    def sink_error(self, message: str) -> None:
+        self.counters.sink_errors += 1
+        self.warn_once("sink:" + message[:40], f"sink error (counted, the model is unaffected): {message}")
+
+    def coverage(self, kind: str, detail: str, *, step: int | None = None) -> None:
+        """Say once, loudly, what could not be seen; later repeats only count."""
+        key = f"coverage:{kind}:{detail}"
+        if key in self._warned:
+            for record in self.important:
+                if isinstance(record, Coverage) and record.kind == kind and record.detail == detail:
+                    record.count += 1
+                    return
+            return
+        self.warn_once(key, f"not covered: {detail}")
+        self.emit(Coverage(kind=kind, detail=detail, step=step))  # type: ignore[arg-type]
+
+    def warn_once(self, key: str, message: str) -> None:
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        if not self.settings.quiet:
+            warn(message)
+
+    def _announce(self, record: Finding) -> None:
+        if record.code in self._printed_codes or self.settings.quiet:
+            return
+        self._printed_codes.add(record.code)
+        where = f" at {record.module}" if record.module else ""
+        block = (
+            f"\n==== spectrace: ERROR {record.code}{where} ====\n"
+            f"  cause: {record.message}\n"
+            f"  fix:   {record.fix}\n"
+            f"==== (written to the trace; repeats are counted, not printed) ====\n"
+        )
+        try:
+            sys.stderr.write(block)
+            sys.stderr.flush()
+        except Exception:
+            pass
+
+    def _to_otel(self, action: Callable[[], None]) -> None:
+        try:
+            action()
+        except Exception as exc:
+            self.sink_error(f"OpenTelemetry: {type(exc).__name__}: {exc}")
+
+    # ------------------------------------------------------------------ output
+    @property
+    def path(self) -> str | None:
+        return self.sink.path if self.sink else None
+
+    def set_rank(self, rank: int) -> None:
+        """Name the rank before the first flush (it goes in the file name and header)."""
+        with self._lock:
+            if self.rank == rank:
+                return
+            self.rank = rank
+            self.header.rank = rank
+            if self.sink is not None and not self._header_written:
+                self.sink = None
+
+    def flush(self) -> None:
+        """Write queued records; a failing disk is counted and never raised."""
+        with self._lock:
+            self._last_flush = time.monotonic()
+            if self.directory is None or not self._pending:
+                return
+            if self.sink is None:
+                self.sink = JsonlSink(self.directory, self.file_name or trace_file_name(rank=self.rank))
+            lines = list(self._pending)
+            if not self._header_written:
+                lines.insert(0, self.header.model_dump_json())
+            try:
+                self.sink.write_lines(lines)
+                self._header_written = True
+                self.counters.records_written += len(self._pending)
+            except OSError as exc:
+                self.counters.records_dropped += len(self._pending)
+                self.sink_error(f"cannot write {self.sink.path}: {exc.strerror or exc}")
+            self._pending.clear()
+
+    def close(self) -> None:
+        """Flush, append the counters, and shut the OpenTelemetry sink down (bounded)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self.flush()
+            if self.directory is not None:
+                self._pending.append(self.counters.model_dump_json())
+                self.flush()
+            if self.sink is not None:
+                self.sink.close()
+        if self.otel is not None:
+            self._to_otel(lambda: self.otel.export_record(self.counters, time.time_ns()))
+            self._to_otel(self.otel.shutdown)
+
+    # ---------------------------------------------------------------- reading
+    def records(self) -> list[Any]:
+        """Everything kept in memory: non-call records and the (bounded) calls."""
+        with self._lock:
+            return [*self.important, *self.calls]
+
+    def findings(self) -> list[Finding]:
+        return [r for r in self.important if isinstance(r, Finding)]
+
+    def extend(self, records: Iterable[Any]) -> None:
+        for record in records:
+            self.emit(record)

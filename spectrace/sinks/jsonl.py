@@ -1,0 +1,82 @@
+"""The JSONL sink: one append-only file per process, written a whole line at a time.
+
+The file is opened with ``O_APPEND`` and every batch goes out in ``os.write`` calls
+that each carry whole lines, so a process killed with SIGKILL leaves a file whose
+complete lines all load, and two writers never interleave inside a line. The folder
+is created 0700 and the file 0600: traces describe a user's model.
+
+    >>> sink = JsonlSink("traces", "trace-host-123.jsonl")
+    >>> sink.write_lines(['{"type": "stats"}'])
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+MAX_WRITE = 1 << 20  # bytes per write() call; always a whole number of lines
+
+
+def trace_file_name(pid: int | None = None, rank: int | None = None, host: str | None = None) -> str:
+    """``trace-<host>-<pid>[-rank<r>].jsonl``"""
+    host = (host or socket.gethostname() or "host").replace("/", "_")
+    name = f"trace-{host}-{os.getpid() if pid is None else pid}"
+    if rank is not None:
+        name += f"-rank{rank}"
+    return name + ".jsonl"
+
+
+def ensure_private_dir(path: str) -> None:
+    """Create ``path`` with mode 0700 if it does not exist (existing folders keep theirs)."""
+    if not os.path.isdir(path):
+        os.makedirs(path, mode=0o700, exist_ok=True)
+
+
+class JsonlSink:
+    """Appends JSON lines to ``directory/name``; opened on first write."""
+
+    def __init__(self, directory: str, name: str) -> None:
+        self.directory = directory
+        self.name = name
+        self._fd: int | None = None
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self.directory, self.name)
+
+    def _open(self) -> int:
+        if self._fd is None:
+            ensure_private_dir(self.directory)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        return self._fd
+
+    def write_lines(self, lines: list[str]) -> None:
+        """Write complete lines; raises OSError (the recorder counts it)."""
+        if not lines:
+            return
+        fd = self._open()
+        chunk: list[bytes] = []
+        size = 0
+        for line in lines:
+            data = (line + "\n").encode("utf-8")
+            if chunk and size + len(data) > MAX_WRITE:
+                _write_all(fd, b"".join(chunk))
+                chunk, size = [], 0
+            chunk.append(data)
+            size += len(data)
+        if chunk:
+            _write_all(fd, b"".join(chunk))
+
+    def close(self) -> None:
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            finally:
+                self._fd = None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    written = os.write(fd, data)
+    if written != len(data):
+        # A short write (disk full) would leave half a line; say so rather than append more.
+        raise OSError(f"short write: {written} of {len(data)} bytes")

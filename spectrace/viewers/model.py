@@ -1,0 +1,575 @@
+"""The view model: what the terminal shows, derived from a :class:`TraceSet`, no rendering.
+
+Every part is a pydantic model so ``spectrace view --json`` is ``model_dump_json()`` and
+tests can assert on data, not on pixels.
+
+    >>> view = build_view(load_traces("traces/"))
+    >>> view.datapath.fc.status
+    'bypassed'
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from datetime import datetime, timezone
+from fnmatch import fnmatchcase
+from typing import Any, Iterable
+
+from pydantic import BaseModel
+
+from spectrace.findings import CATALOGUE
+from spectrace.records import SEVERITY_RANK, Call, TensorMeta, TensorStats
+
+from .loader import TraceFile, TraceSet
+
+HUGE_ABSMAX = 1e4  # a residual stream this large is overflow-bound in bf16/fp16
+
+
+class ViewFilter(BaseModel):
+    """What ``spectrace view`` was asked to narrow to."""
+
+    module: str | None = None  # glob, matched against the full name and as a suffix
+    rank: int | None = None
+    step_min: int | None = None
+    step_max: int | None = None
+    finding: str | None = None
+
+    def step_ok(self, step: int | None) -> bool:
+        if step is None:
+            return True
+        if self.step_min is not None and step < self.step_min:
+            return False
+        return self.step_max is None or step <= self.step_max
+
+    def module_ok(self, name: str | None) -> bool:
+        return self.module is None or (name is not None and name_matches(name, self.module))
+
+
+def name_matches(name: str, pattern: str) -> bool:
+    """Glob match on the full dotted name or on any dotted suffix (roots differ between engines).
+
+        >>> name_matches("draft.model.fc", "model.fc"), name_matches("model.fc", "*fc")
+        (True, True)
+    """
+    if fnmatchcase(name, pattern):
+        return True
+    parts = name.split(".")
+    return any(fnmatchcase(".".join(parts[i:]), pattern) for i in range(1, len(parts)))
+
+
+# ----------------------------------------------------------------------------------- parts
+class ProcessInfo(BaseModel):
+    file: str
+    host: str | None = None
+    pid: int | None = None
+    rank: int | None = None
+    schema_version: int | None = None
+    spectrace_version: str | None = None
+    records: int = 0
+
+
+class HeaderSummary(BaseModel):
+    source: str
+    processes: list[ProcessInfo] = []
+    ranks: list[int] = []
+    step_first: int | None = None
+    step_last: int | None = None
+    steps_traced: int = 0
+    started: str | None = None  # ISO UTC of the earliest header
+    span_s: float | None = None
+    records_dropped: int = 0
+    coverage_gaps: list[str] = []
+    load_problems: list[str] = []
+
+
+class FindingGroup(BaseModel):
+    code: str
+    severity: str
+    count: int
+    first_step: int | None = None
+    last_step: int | None = None
+    message: str
+    cause: str
+    fix: str
+    modules: list[str] = []
+    ranks: list[int] = []
+    evidence: dict[str, Any] = {}
+
+
+class StatsSummary(BaseModel):
+    """Aggregate of TensorStats over calls: mean of means, mean of stds, max absmax, nan/inf sums."""
+
+    mean: float | None = None
+    std: float | None = None
+    absmax: float | None = None
+    nan: int = 0
+    inf: int = 0
+    samples: int = 0
+
+
+class StageView(BaseModel):
+    role: str
+    modules: list[str] = []
+    calls: int = 0
+    in_shapes: list[list[int]] = []
+    out_shapes: list[list[int]] = []
+    dtypes: list[str] = []
+    last: TensorStats | None = None
+    agg: StatsSummary | None = None
+    anomalies: list[str] = []
+    status: str = "not seen"  # called / bypassed / not seen / loaded / missing ...
+    note: str = ""
+
+
+class CaptureView(BaseModel):
+    module: str
+    requested_ids: list[int] | None = None
+    boundaries: list[int] = []
+    num_layers: int
+    hidden_size: int
+    rule: str
+    enabled: bool
+
+
+class ChunkView(BaseModel):
+    index: int
+    boundary: int | None = None
+    stats: TensorStats
+    flags: list[str] = []
+
+
+class FingerprintView(BaseModel):
+    module: str
+    chunk_width: int
+    chunks: list[ChunkView] = []
+    samples: int = 0
+
+
+class DataPath(BaseModel):
+    captures: list[CaptureView] = []
+    aux: StageView
+    fingerprints: list[FingerprintView] = []
+    fc: StageView
+    layer: StageView
+    norm: StageView
+    lm_head: StageView
+    d2t: StageView
+
+
+class AcceptanceView(BaseModel):
+    steps: list[int] = []
+    mean_accept: list[float] = []
+    overall_mean: float | None = None
+    draft_tokens: int | None = None
+    requests: int = 0
+    position_rate: list[float] = []
+
+
+class ModuleRow(BaseModel):
+    module: str
+    module_type: str = ""
+    calls: int = 0
+    out_shapes: list[list[int]] = []
+    dtypes: list[str] = []
+    agg: StatsSummary
+    anomalies: list[str] = []
+
+
+class TraceView(BaseModel):
+    header: HeaderSummary
+    findings: list[FindingGroup] = []
+    datapath: DataPath
+    acceptance: AcceptanceView
+    modules: list[ModuleRow] = []
+
+
+# ------------------------------------------------------------------------------- building
+def build_view(ts: TraceSet, flt: ViewFilter | None = None) -> TraceView:
+    """Derive everything the viewer shows from loaded traces, narrowed by ``flt``."""
+    flt = flt or ViewFilter()
+    files = [f for f in ts.files if flt.rank is None or f.rank == flt.rank]
+    calls = [c for f in files for c in f.calls if flt.step_ok(c.step)]
+    module_calls = [c for c in calls if flt.module_ok(c.module)]
+    return TraceView(
+        header=_header(ts, files, calls),
+        findings=_findings(files, flt),
+        datapath=_datapath(files, calls),
+        acceptance=_acceptance(files, flt),
+        modules=module_table(module_calls),
+    )
+
+
+def _header(ts: TraceSet, files: list[TraceFile], calls: list[Call]) -> HeaderSummary:
+    steps = {c.step for c in calls}
+    steps |= {a.step for f in files for a in f.acceptance}
+    procs = [
+        ProcessInfo(
+            file=f.name,
+            host=f.header.host if f.header else None,
+            pid=f.header.pid if f.header else None,
+            rank=f.rank,
+            schema_version=f.header.schema_version if f.header else None,
+            spectrace_version=f.header.spectrace_version if f.header else None,
+            records=f.record_count,
+        )
+        for f in files
+    ]
+    starts = [f.header.started_unix for f in files if f.header]
+    times = starts + [c.t_unix for c in calls if c.t_unix]
+    started = span = None
+    if starts:
+        started = datetime.fromtimestamp(min(starts), tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        span = round(max(times) - min(starts), 3)
+    dropped, gaps = _coverage(files)
+    return HeaderSummary(
+        source=ts.source,
+        processes=procs,
+        ranks=sorted({f.rank for f in files if f.rank is not None}),
+        step_first=min(steps) if steps else None,
+        step_last=max(steps) if steps else None,
+        steps_traced=len(steps),
+        started=started,
+        span_s=span,
+        records_dropped=dropped,
+        coverage_gaps=gaps,
+        load_problems=[p.message for p in ts.problems],
+    )
+
+
+def _coverage(files: list[TraceFile]) -> tuple[int, list[str]]:
+    """Records dropped and one line per kind of blind spot.
+
+    Counters are cumulative per flush, so per file the largest one counts; coverage records
+    are events, so they add up. Per file the larger of the two wins to avoid double counting.
+    """
+    dropped = replay = 0
+    other: dict[str, list[Any]] = defaultdict(lambda: [0, ""])
+    for f in files:
+        stats_dropped = max((s.records_dropped for s in f.stats), default=0)
+        stats_replay = max((s.graph_replay_steps for s in f.stats), default=0)
+        cov_dropped = sum(c.count for c in f.coverage if c.kind == "dropped")
+        cov_replay = sum(c.count for c in f.coverage if c.kind == "graph_replay")
+        dropped += max(stats_dropped, cov_dropped)
+        replay += max(stats_replay, cov_replay)
+        internal = max((s.internal_errors for s in f.stats), default=0)
+        for c in f.coverage:
+            if c.kind in ("dropped", "graph_replay"):
+                continue
+            entry = other[c.kind]
+            entry[0] += c.count
+            entry[1] = entry[1] or c.detail
+        if internal and "internal_error" not in other:
+            other["internal_error"] = [internal, "see the process log"]
+    gaps: list[str] = []
+    if replay:
+        gaps.append(f"{replay} steps ran under CUDA-graph replay and were not traced per module")
+    if dropped:
+        gaps.append(f"{dropped} records dropped (ring buffer full); statistics undercount")
+    words = {
+        "not_covered": "not covered",
+        "unhooked": "modules not hooked",
+        "internal_error": "internal errors in spectrace",
+        "sink_error": "sink errors (records not written)",
+    }
+    for kind in sorted(other):
+        count, detail = other[kind]
+        gaps.append(f"{count} {words.get(kind, kind)}: {detail}" if detail else f"{count} {words.get(kind, kind)}")
+    return dropped, gaps
+
+
+def _findings(files: list[TraceFile], flt: ViewFilter) -> list[FindingGroup]:
+    groups: dict[tuple[str, str], FindingGroup] = {}
+    for f in files:
+        for fd in f.findings:
+            if flt.finding and fd.code != flt.finding:
+                continue
+            if not flt.step_ok(fd.step) or (flt.module and not flt.module_ok(fd.module)):
+                continue
+            key = (fd.code, fd.severity)
+            g = groups.get(key)
+            if g is None:
+                entry = CATALOGUE.get(fd.code)
+                g = groups[key] = FindingGroup(
+                    code=fd.code,
+                    severity=fd.severity,
+                    count=0,
+                    message=fd.message,
+                    cause=entry.meaning if entry else "",
+                    fix=fd.fix or (entry.fix if entry else ""),
+                    evidence=fd.evidence,
+                )
+            g.count += 1
+            if fd.step is not None:
+                g.first_step = fd.step if g.first_step is None else min(g.first_step, fd.step)
+                g.last_step = fd.step if g.last_step is None else max(g.last_step, fd.step)
+            if fd.module and fd.module not in g.modules:
+                g.modules.append(fd.module)
+            if f.rank is not None and f.rank not in g.ranks:
+                g.ranks.append(f.rank)
+    out = list(groups.values())
+    out.sort(key=lambda g: (SEVERITY_RANK.get(g.severity, 9), -g.count, g.code))
+    return out
+
+
+# ------------------------------------------------------------------------------ data path
+# Suffix globs per stage; roots differ (``draft.model.fc``, ``model.fc``, ``fc``).
+ROLE_PATTERNS: dict[str, tuple[str, ...]] = {
+    "aux": ("*aux_concat*", "*aux_hidden*"),
+    "fc": ("fc",),
+    "layer": ("layers.0", "midlayer"),
+    "norm": ("norm",),
+    "lm_head": ("lm_head",),
+}
+_DRAFT_WORDS = ("draft", "eagle")
+
+
+def _is_draftish(c: Call) -> bool:
+    text = f"{c.root} {c.module} {c.module_type}".lower()
+    return any(w in text for w in _DRAFT_WORDS)
+
+
+def _draft_calls(calls: list[Call]) -> list[Call]:
+    """Calls that belong to the draft model.
+
+    The target also has ``model.norm``, ``lm_head`` and ``model.layers.0``, so names alone
+    cannot tell: a call is the draft's if its root/name/type says draft/eagle, or it shares
+    a root with a draft-only module (``fc``, ``midlayer``). When nothing tells, every call is
+    a candidate (a single-model trace).
+    """
+    draft_roots = {
+        c.root for c in calls if c.root and (_is_draftish(c) or name_matches(c.module, "fc") or name_matches(c.module, "midlayer"))
+    }
+    tagged = [c for c in calls if _is_draftish(c) or (c.root and c.root in draft_roots)]
+    if tagged:
+        return tagged
+    # Without roots: keep the names under an fc's prefix when there is one.
+    prefixes = {c.module[: -len("fc")] for c in calls if name_matches(c.module, "fc")}
+    if prefixes:
+        heads = {p[: -len("model.")] if p.endswith("model.") else p for p in prefixes}
+        return [c for c in calls if any(c.module.startswith(p) for p in prefixes | heads)]
+    return calls
+
+
+def _stage(role: str, calls: list[Call]) -> StageView:
+    pats = ROLE_PATTERNS[role]
+    mine = [c for c in calls if any(name_matches(c.module, p) for p in pats)]
+    view = StageView(role=role)
+    if not mine:
+        return view
+    view.status = "called"
+    view.calls = len(mine)
+    view.modules = _unique(c.module for c in mine)
+    view.in_shapes = _unique_shapes(m for c in mine for m in c.inputs[:1])
+    view.out_shapes = _unique_shapes(m for c in mine for m in c.outputs[:1])
+    view.dtypes = _unique(m.dtype for c in mine for m in c.outputs[:1])
+    outs = [m.stats for c in mine for m in c.outputs[:1] if m.stats is not None]
+    view.last = outs[-1] if outs else None
+    view.agg = summarize(outs) if outs else None
+    view.anomalies = anomalies(view.agg) if view.agg else []
+    return view
+
+
+def _datapath(files: list[TraceFile], calls: list[Call]) -> DataPath:
+    draft = _draft_calls(calls)
+    findings = [fd for f in files for fd in f.findings]
+    captures = [CaptureView(**c.model_dump(include=set(CaptureView.model_fields))) for f in files for c in f.captures]
+    captures = _unique_models(captures)
+    fc = _stage("fc", draft)
+    bypass = [fd for fd in findings if fd.code == "fc_bypass"]
+    if bypass:
+        fc.status = "bypassed"
+        fc.note = bypass[0].message
+    elif fc.calls == 0 and draft and any(name_matches(c.module, p) for c in draft for p in ("layers.0", "midlayer", "norm", "lm_head")):
+        fc.status = "bypassed"
+        fc.note = "draft layers ran but fc was never called"
+    aux = _stage("aux", calls)
+    if aux.calls == 0 and any(not c.enabled for c in captures):
+        aux.status = "disabled"
+    elif aux.calls == 0 and any(fd.code in ("aux_capture_disabled", "logits_fallback") for fd in findings):
+        aux.status = "disabled"
+    return DataPath(
+        captures=captures,
+        aux=aux,
+        fingerprints=_fingerprints(files),
+        fc=fc,
+        layer=_stage("layer", draft),
+        norm=_stage("norm", [c for c in draft if not name_matches(c.module, "*layers.*") and "midlayer" not in c.module]),
+        lm_head=_stage("lm_head", draft),
+        d2t=_d2t(files, findings),
+    )
+
+
+def _fingerprints(files: list[TraceFile]) -> list[FingerprintView]:
+    """Per-chunk statistics averaged over samples, per module (bug 3 shows here)."""
+    by_module: dict[str, list[Any]] = defaultdict(list)
+    for f in files:
+        for fp in f.fingerprints:
+            by_module[fp.module].append(fp)
+    out = []
+    for module, fps in by_module.items():
+        width = fps[-1].chunk_width
+        n = max(len(fp.chunks) for fp in fps)
+        bounds = next((fp.boundaries for fp in reversed(fps) if fp.boundaries), None)
+        chunks = []
+        for i in range(n):
+            stats = [fp.chunks[i] for fp in fps if i < len(fp.chunks)]
+            agg = summarize(stats)
+            chunks.append(
+                ChunkView(
+                    index=i,
+                    boundary=bounds[i] if bounds and i < len(bounds) else None,
+                    stats=TensorStats(mean=agg.mean, std=agg.std, absmax=agg.absmax, nan=agg.nan, inf=agg.inf),
+                )
+            )
+        _flag_scale_outliers(chunks)
+        out.append(FingerprintView(module=module, chunk_width=width, chunks=chunks, samples=len(fps)))
+    return out
+
+
+SCALE_OUTLIER = 8.0  # embedding output vs a deep residual stream differ by 10-100x in std
+
+
+def _flag_scale_outliers(chunks: list[ChunkView]) -> None:
+    """Flag a chunk whose std is far from the other chunks' (same width, other layer: bug 3)."""
+    stds = [c.stats.std for c in chunks]
+    for i, c in enumerate(chunks):
+        others = sorted(s for j, s in enumerate(stds) if j != i and s)
+        if not c.stats.std or not others:
+            continue
+        ref = others[len(others) // 2]
+        ratio = c.stats.std / ref
+        if ratio > SCALE_OUTLIER or ratio < 1 / SCALE_OUTLIER:
+            c.flags.append(f"std {ratio:.3g}x the other chunks")
+
+
+def _d2t(files: list[TraceFile], findings: list[Any]) -> StageView:
+    view = StageView(role="d2t")
+    for f in files:
+        for w in f.weights:
+            if _names_d2t(w.written):
+                view.status, view.modules = "loaded", [w.module]
+            elif _names_d2t(w.missing):
+                view.status, view.modules = "missing", [w.module]
+            elif _names_d2t(w.ignored):
+                view.status, view.modules = "ignored", [w.module]
+            elif view.status == "not seen" and w.offered:
+                view.status, view.modules = "absent from checkpoint", [w.module]
+    for fd in findings:
+        if fd.code == "weights_missing" and "d2t" in (fd.message + str(fd.evidence)):
+            view.status, view.note = "missing", fd.message
+    return view
+
+
+def _names_d2t(names: list[str]) -> bool:
+    # SGLang renames d2t to hot_token_id at load; either name means the mapping.
+    return any(n.split(".")[-1] in ("d2t", "hot_token_id") for n in names)
+
+
+# -------------------------------------------------------------------------- acceptance
+def _acceptance(files: list[TraceFile], flt: ViewFilter) -> AcceptanceView:
+    recs = sorted((a for f in files for a in f.acceptance if flt.step_ok(a.step)), key=lambda a: a.step)
+    view = AcceptanceView()
+    if not recs:
+        return view
+    per_step: dict[int, list[int]] = defaultdict(list)
+    for a in recs:
+        per_step[a.step].extend(a.accept_lengths)
+    view.steps = sorted(per_step)
+    view.mean_accept = [round(sum(v) / len(v), 4) if v else 0.0 for v in (per_step[s] for s in view.steps)]
+    every = [x for v in per_step.values() for x in v]
+    view.overall_mean = round(sum(every) / len(every), 4) if every else None
+    view.requests = len(every)
+    view.draft_tokens = max(a.draft_tokens for a in recs)
+    k = view.draft_tokens
+    accepted = [0] * k
+    proposed = 0
+    for a in recs:
+        proposed += len(a.accept_lengths)
+        for i, n in enumerate(a.accepted_per_position[:k]):
+            accepted[i] += n
+    view.position_rate = [round(n / proposed, 4) if proposed else 0.0 for n in accepted] if any(
+        a.accepted_per_position for a in recs
+    ) else []
+    return view
+
+
+# ------------------------------------------------------------------------- module table
+def module_table(calls: list[Call]) -> list[ModuleRow]:
+    """One row per module in first-call order: calls, output shapes, dtypes, aggregated stats."""
+    by: dict[str, list[Call]] = {}
+    for c in calls:
+        by.setdefault(c.module, []).append(c)
+    rows = []
+    for name, cs in by.items():
+        outs = [m.stats for c in cs for m in c.outputs[:1] if m.stats is not None]
+        agg = summarize(outs)
+        rows.append(
+            ModuleRow(
+                module=name,
+                module_type=cs[0].module_type,
+                calls=len(cs),
+                out_shapes=_unique_shapes(m for c in cs for m in c.outputs[:1]),
+                dtypes=_unique(m.dtype for c in cs for m in c.outputs[:1]),
+                agg=agg,
+                anomalies=anomalies(agg),
+            )
+        )
+    return rows
+
+
+def summarize(stats: Iterable[TensorStats]) -> StatsSummary:
+    """Mean of means and stds, max of absmax, sums of nan/inf (None-safe)."""
+    means, stds, maxes = [], [], []
+    nan = inf = n = 0
+    for s in stats:
+        n += 1
+        if s.mean is not None and math.isfinite(s.mean):
+            means.append(s.mean)
+        if s.std is not None and math.isfinite(s.std):
+            stds.append(s.std)
+        if s.absmax is not None:
+            maxes.append(s.absmax)
+        nan += s.nan or 0
+        inf += s.inf or 0
+    return StatsSummary(
+        mean=sum(means) / len(means) if means else None,
+        std=sum(stds) / len(stds) if stds else None,
+        absmax=max(maxes) if maxes else None,
+        nan=nan,
+        inf=inf,
+        samples=n,
+    )
+
+
+def anomalies(s: StatsSummary) -> list[str]:
+    """Words for what is wrong with a tensor's statistics: nan, inf, huge, constant."""
+    out = []
+    if s.nan:
+        out.append(f"nan x{s.nan}")
+    if s.inf:
+        out.append(f"inf x{s.inf}")
+    if s.absmax is not None and (not math.isfinite(s.absmax) or s.absmax > HUGE_ABSMAX):
+        out.append("huge")
+    if s.std is not None and s.std == 0 and s.samples:
+        out.append("constant")
+    return out
+
+
+def _unique(xs: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(xs))
+
+
+def _unique_shapes(metas: Iterable[TensorMeta]) -> list[list[int]]:
+    seen: dict[tuple[int, ...], None] = {}
+    for m in metas:
+        seen.setdefault(tuple(m.shape), None)
+    return [list(s) for s in seen]
+
+
+def _unique_models(xs: list[CaptureView]) -> list[CaptureView]:
+    seen: dict[str, CaptureView] = {}
+    for x in xs:
+        seen.setdefault(x.model_dump_json(), x)
+    return list(seen.values())
+
