@@ -68,7 +68,8 @@ for mod in ("orjson", "pybase64", "zmq", "msgspec", "triton", "torchvision", "ei
         sys.exit(1)
 PY
 }
-if check_installed; then
+SITE_NOW="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+if check_installed && [[ -f "$SITE_NOW/_sglang_cpu_torchvision_stub.pth" ]]; then
     echo "sglang==$SGLANG_VERSION and its light deps already in $VENV (nothing to do)"
     exit 0
 fi
@@ -88,15 +89,25 @@ PIP=("$PY" -m pip install --disable-pip-version-check -c "$CONSTRAINTS")
     "apache-tvm-ffi==0.1.11" "sentencepiece==0.2.1" "compressed-tensors==0.18.0" gguf \
     einops "openai==2.8.0" partial-json-parser
 
+# 3. torchvision 0.28.0 from the index is a CUDA build: its ops library does not load
+#    beside a CPU torch and `import torchvision` then raises
+#    `operator torchvision::nms does not exist` -- which breaks `from transformers
+#    import LlamaConfig` for EVERY test in the venv, not only the SGLang ones.
+#    A one-line .pth registers an empty `torchvision._meta_registrations` at start-up
+#    (no heavy import; transforms still work, torchvision.ops do not).
+SITE="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+cat >"$SITE/_sglang_cpu_torchvision_stub.pth" <<'PTH'
+import sys, types; sys.modules.setdefault("torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations"))
+PTH
+
 # --- verify: torch unchanged and still CPU; the modules spectrace hooks import ----
 "$PY" - <<'PY'
 import sys, types
 import torch
 assert torch.__version__.split("+")[0] == "2.13.0" and torch.version.cuda is None, (
     f"torch changed to {torch.__version__} (cuda={torch.version.cuda})")
-# torchvision's compiled ops do not load beside a CPU torch; the test harness stubs this.
-sys.modules.setdefault("torchvision._meta_registrations",
-                       types.ModuleType("torchvision._meta_registrations"))
+assert "torchvision._meta_registrations" in sys.modules, "stub .pth did not run"
+from transformers import LlamaConfig  # noqa: F401  (imports torchvision)
 import sglang.srt.models.llama_eagle3  # noqa: F401
 import sglang.srt.models.deepseek_v2  # noqa: F401
 import importlib.metadata as md

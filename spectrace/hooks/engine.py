@@ -208,7 +208,11 @@ class Tracer:
             self.recorder.internal_error(f"statistics readback: {type(exc).__name__}: {exc}")
         if self._calls:
             calls, self._calls = self._calls, []
-            self.recorder.emit_step(self.step, calls, self._step_start_ns or time.time_ns(), time.time_ns())
+            try:
+                self.recorder.emit_step(self.step, calls, self._step_start_ns or time.time_ns(), time.time_ns())
+            except Exception as exc:  # runs inside the host's forward: never raise
+                self.recorder.counters.records_dropped += len(calls)
+                self.recorder.internal_error(f"step hand-off: {type(exc).__name__}: {exc}")
 
     # ----------------------------------------------------------------- hooks
     def _make_pre_hook(self, name: str) -> Callable[..., None]:

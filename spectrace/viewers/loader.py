@@ -185,6 +185,9 @@ class FileReader:
                     if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
                         self.lineno += 1
                         self._count("too_long")
+                        self._maybe_abandon_after_first()
+                        if self.abandoned:
+                            break
                         if not self._skip_to_newline(fh):
                             # no newline until EOF: in follow mode wait for the rest of it
                             if not final:
@@ -193,7 +196,6 @@ class FileReader:
                                 fh.seek(start)
                                 break
                         self.offset = fh.tell()
-                        self._maybe_abandon_after_first()
                         continue
                     if not raw.endswith(b"\n") and not final:
                         break  # a line still being written

@@ -264,8 +264,6 @@ def _coverage(files: list[TraceFile]) -> tuple[int, list[str]]:
     gaps: list[str] = []
     if replay:
         gaps.append(f"{replay} steps ran under CUDA-graph replay and were not traced per module")
-    if dropped:
-        gaps.append(f"{dropped} records dropped (ring buffer full); statistics undercount")
     words = {
         "not_covered": "not covered",
         "unhooked": "modules not hooked",
@@ -439,8 +437,10 @@ def _flag_scale_outliers(chunks: list[ChunkView]) -> None:
             continue
         ref = others[len(others) // 2]
         ratio = c.stats.std / ref
-        if ratio > SCALE_OUTLIER or ratio < 1 / SCALE_OUTLIER:
-            c.flags.append(f"std {ratio:.3g}x the other chunks")
+        if ratio > SCALE_OUTLIER:
+            c.flags.append(f"std {ratio:.3g}x above the other chunks")
+        elif ratio < 1 / SCALE_OUTLIER:
+            c.flags.append(f"std {1 / ratio:.3g}x below the other chunks")
 
 
 def _d2t(files: list[TraceFile], findings: list[Any]) -> StageView:

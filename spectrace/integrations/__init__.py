@@ -1,0 +1,1 @@
+"""Integrations with model libraries and engines; they import the core, never the reverse."""

@@ -1,0 +1,229 @@
+"""``spectrace view`` and ``spectrace diff``: argument parsing, paging, live follow, exit codes.
+
+Exit status: 0 when something was shown (partly bad input is a warning on stderr, one
+line each), 2 when nothing was readable or the arguments are wrong, 1 for a bug of ours.
+Never a traceback (``SPECTRACE_DEBUG=1`` shows one).
+
+    >>> view_main(["traces/", "--finding", "fc_bypass", "--no-pager"])
+    0
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+from typing import Callable
+
+from .diff import DEFAULT_RTOL, diff_traces, render_diff
+from .loader import TraceFollower, TraceSet, load_traces
+from .model import ViewFilter, build_view
+from .render import iter_lines, make_console, render_view
+
+FOLLOW_INTERVAL_S = 0.5
+
+VIEW_EXAMPLES = """examples:
+  spectrace view traces/                      every process of one run
+  spectrace view traces/trace-h-42-rank0.jsonl --finding fc_bypass
+  spectrace view traces/ --rank 1 --step 10:20 --modules --module '*fc'
+  spectrace view traces/ --follow             re-render as the server writes
+  spectrace view traces/ --json | jq .findings
+"""
+
+DIFF_EXAMPLES = """examples:
+  spectrace diff trained/ served/             what changed between two runs
+  spectrace diff a.jsonl b.jsonl --rtol 0.1   tighter statistics tolerance
+  spectrace diff trained/ served/ --json
+"""
+
+
+class _Usage(Exception):
+    """A bad argument value: one line, exit 2."""
+
+
+def _step_range(text: str) -> tuple[int | None, int | None]:
+    try:
+        if ":" in text:
+            lo, hi = text.split(":", 1)
+            return (int(lo) if lo.strip() else None, int(hi) if hi.strip() else None)
+        n = int(text)
+        return n, n
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--step wants N or A:B, got {text!r}") from None
+
+
+def _view_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="spectrace view",
+        description="Show a spectrace trace: findings, the EAGLE-3 data path, acceptance, modules.",
+        epilog=VIEW_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("path", help="a trace-*.jsonl file or a folder of them")
+    p.add_argument("--module", metavar="GLOB", help="only modules matching GLOB (full name or dotted suffix)")
+    p.add_argument("--rank", type=int, metavar="N", help="only the process of this rank")
+    p.add_argument("--step", type=_step_range, metavar="N|A:B", help="only these steps")
+    p.add_argument("--finding", metavar="CODE", help="only findings with this code")
+    p.add_argument("--modules", action="store_true", help="show the per-module table")
+    p.add_argument("--follow", "-f", action="store_true", help="re-render as lines are appended (Ctrl-C quits)")
+    p.add_argument("--json", action="store_true", help="print the view model as JSON")
+    p.add_argument("--no-pager", action="store_true", help="never page long output")
+    p.add_argument("--interval", type=float, default=FOLLOW_INTERVAL_S, help=argparse.SUPPRESS)
+    return p
+
+
+def _diff_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="spectrace diff",
+        description="Compare two traces: shapes, dtypes, statistics, capture boundaries, per-chunk "
+        "fingerprints, acceptance and findings.",
+        epilog=DIFF_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("a", help="trace file or folder (reference)")
+    p.add_argument("b", help="trace file or folder (compared)")
+    p.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help=f"relative tolerance for statistics (default {DEFAULT_RTOL})")
+    p.add_argument("--json", action="store_true", help="print the differences as JSON")
+    return p
+
+
+def _guard(prog: str, body: Callable[[list[str]], int], argv: list[str]) -> int:
+    """Run a command body; every failure becomes one line on stderr and an exit status."""
+    try:
+        return body(argv)
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
+        return exc.code if isinstance(exc.code, int) else 2
+    except _Usage as exc:
+        _err(f"{prog}: error: {exc}")
+        return 2
+    except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:  # `spectrace view ... | head`
+        _silence_stdout()
+        return 0
+    except Exception as exc:  # noqa: BLE001 - the user gets one line, not a traceback
+        if os.environ.get("SPECTRACE_DEBUG"):
+            traceback.print_exc()
+        _err(f"{prog}: error: internal error ({type(exc).__name__}: {exc}); SPECTRACE_DEBUG=1 shows the traceback")
+        return 1
+
+
+def _err(line: str) -> None:
+    try:
+        sys.stderr.write(line.replace("\n", " ") + "\n")
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _silence_stdout() -> None:
+    # Python flushes stdout at exit; after EPIPE that would print a second error.
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _warn_problems(prog: str, ts: TraceSet, seen: set[str] | None = None) -> None:
+    for problem in ts.problems:
+        msg = problem.message
+        if seen is not None:
+            if msg in seen:
+                continue
+            seen.add(msg)
+        _err(f"{prog}: warning: {msg}")
+
+
+def _nothing_readable(ts: TraceSet) -> str:
+    problems = ts.problems
+    if problems:
+        first = problems[0].message
+        return first if len(problems) == 1 else f"{first} (and {len(problems) - 1} more problems)"
+    return f"{ts.source}: no readable records"
+
+
+# ------------------------------------------------------------------------------- view
+def view_main(argv: list[str]) -> int:
+    """Entry point of ``spectrace view``; returns the exit status."""
+    return _guard("spectrace view", _view, argv)
+
+
+def _view(argv: list[str]) -> int:
+    args = _view_parser().parse_args(argv)
+    lo, hi = args.step if args.step else (None, None)
+    flt = ViewFilter(module=args.module, rank=args.rank, step_min=lo, step_max=hi, finding=args.finding)
+    if args.follow:
+        return _follow(args, flt)
+    ts = load_traces(args.path)
+    if not ts.readable:
+        _err(f"spectrace view: error: {_nothing_readable(ts)}")
+        return 2
+    _warn_problems("spectrace view", ts)
+    view = build_view(ts, flt)
+    if args.json:
+        sys.stdout.write(view.model_dump_json(indent=2) + "\n")
+        return 0
+    console = make_console()
+    renderable = render_view(view, modules=args.modules)
+    if not args.no_pager and console.is_terminal:
+        if len(list(iter_lines(renderable, console.width))) > console.height:
+            os.environ.setdefault("LESS", "-R")  # let less pass colours through
+            with console.pager(styles=True):
+                console.print(renderable)
+            return 0
+    console.print(renderable)
+    return 0
+
+
+def _follow(args: argparse.Namespace, flt: ViewFilter) -> int:
+    follower = TraceFollower(args.path)
+    console = make_console()
+    seen: set[str] = set()
+    changed = True
+    follower.poll()
+    try:
+        while True:
+            if changed:
+                ts = follower.trace_set
+                _warn_problems("spectrace view", ts, seen)
+                if args.json:
+                    sys.stdout.write(build_view(ts, flt).model_dump_json() + "\n")
+                    sys.stdout.flush()
+                else:
+                    if console.is_terminal:
+                        console.clear()
+                    else:
+                        console.rule("update")
+                    console.print(render_view(build_view(ts, flt), modules=args.modules))
+                    console.print(f"following {args.path} (Ctrl-C to quit)", style="dim")
+            time.sleep(max(0.05, args.interval))
+            changed = follower.poll()
+    except KeyboardInterrupt:
+        return 0
+
+
+# ------------------------------------------------------------------------------- diff
+def diff_main(argv: list[str]) -> int:
+    """Entry point of ``spectrace diff``; returns the exit status (0 also when traces differ)."""
+    return _guard("spectrace diff", _diff, argv)
+
+
+def _diff(argv: list[str]) -> int:
+    args = _diff_parser().parse_args(argv)
+    if not args.rtol >= 0:
+        raise _Usage(f"--rtol must be >= 0, got {args.rtol}")
+    sets = [load_traces(args.a), load_traces(args.b)]
+    for label, ts in zip("AB", sets):
+        if not ts.readable:
+            _err(f"spectrace diff: error: {label}: {_nothing_readable(ts)}")
+            return 2
+        _warn_problems("spectrace diff", ts)
+    result = diff_traces(sets[0], sets[1], rtol=args.rtol)
+    if args.json:
+        sys.stdout.write(result.model_dump_json(indent=2) + "\n")
+        return 0
+    make_console().print(render_diff(result))
+    return 0

@@ -1,0 +1,365 @@
+"""Rich renderables for a :class:`TraceView`: header, findings, data path, acceptance, modules.
+
+Each part is one small class with ``__rich_console__``; data comes from :mod:`.model`
+already derived, so nothing here computes a diagnosis. Everything fits 80 columns, and
+the console from :func:`make_console` writes plain text when stdout is not a terminal
+and honours ``NO_COLOR``.
+
+    >>> make_console(width=80).print(render_view(build_view(load_traces("traces/"))))
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import IO, Iterable
+
+from rich import box
+from rich.console import Console, ConsoleOptions, Group, RenderResult
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+from rich.tree import Tree
+
+from spectrace.records import TensorStats
+
+from .model import (
+    AcceptanceView,
+    DataPath,
+    FindingGroup,
+    HeaderSummary,
+    ModuleRow,
+    StageView,
+    StatsSummary,
+    TraceView,
+)
+
+SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "blue"}
+BLOCKS = "▁▂▃▄▅▆▇█"
+SPARK_WIDTH = 60
+BAR_WIDTH = 40
+_DTYPES = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64": "f64", "int64": "i64", "int32": "i32"}
+
+
+def make_console(file: IO[str] | None = None, *, width: int | None = None, plain: bool = False) -> Console:
+    """A console for the viewer; ``plain`` forces no colour and no terminal codes (tests, pipes)."""
+    if plain:
+        return Console(
+            file=file or sys.stdout, width=width or 80, color_system=None, force_terminal=False,
+            no_color=True, highlight=False, emoji=False, soft_wrap=False, legacy_windows=False,
+        )
+    # rich already writes plain text to a non-terminal and reads NO_COLOR itself.
+    return Console(file=file, width=width, highlight=False, emoji=False)
+
+
+# ------------------------------------------------------------------------------ helpers
+def num(x: float | None) -> str:
+    """Compact fixed-width-ish number: 3 significant digits, '-' when unknown."""
+    if x is None:
+        return "-"
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if x == 0:
+        return "0"
+    return f"{x:.3g}"
+
+
+def shape(s: list[int]) -> str:
+    return "[" + ",".join(str(d) for d in s) + "]"
+
+
+def shapes(ss: list[list[int]], limit: int = 2) -> str:
+    text = " ".join(shape(s) for s in ss[:limit])
+    return text + (f" +{len(ss) - limit}" if len(ss) > limit else "")
+
+
+def dtype(d: str) -> str:
+    d = d.removeprefix("torch.")
+    return _DTYPES.get(d, d)
+
+
+def stats_text(s: TensorStats | StatsSummary | None) -> str:
+    if s is None:
+        return "no stats"
+    text = f"mean {num(s.mean)} std {num(s.std)} absmax {num(s.absmax)}"
+    if s.nan:
+        text += f" nan {s.nan}"
+    if s.inf:
+        text += f" inf {s.inf}"
+    return text
+
+
+def steps_text(first: int | None, last: int | None) -> str:
+    if first is None:
+        return "no step"
+    return f"step {first}" if first == last else f"steps {first}..{last}"
+
+
+def sparkline(values: list[float], hi: float, width: int = SPARK_WIDTH) -> str:
+    """Unicode block sparkline from 0..hi; more values than ``width`` are averaged into buckets."""
+    if not values:
+        return ""
+    if len(values) > width:
+        size = len(values) / width
+        values = [
+            sum(chunk) / len(chunk)
+            for chunk in (values[int(i * size): max(int((i + 1) * size), int(i * size) + 1)] for i in range(width))
+        ]
+    hi = hi or max(values) or 1.0
+    return "".join(BLOCKS[min(len(BLOCKS) - 1, max(0, int(round(v / hi * (len(BLOCKS) - 1)))))] for v in values)
+
+
+def bar(rate: float, width: int = BAR_WIDTH) -> str:
+    filled = int(round(max(0.0, min(1.0, rate)) * width))
+    return "█" * filled + "░" * (width - filled)
+
+
+# ------------------------------------------------------------------------- renderables
+class HeaderPanel:
+    """Which run this is: processes, ranks, steps, time span, drops, coverage gaps, load problems."""
+
+    def __init__(self, header: HeaderSummary) -> None:
+        self.h = header
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        h = self.h
+        lines = Text()
+        procs = ", ".join(
+            f"{p.host or '?'}:{p.pid if p.pid is not None else '?'}" + (f" rank {p.rank}" if p.rank is not None else "")
+            for p in h.processes[:4]
+        )
+        if len(h.processes) > 4:
+            procs += f", +{len(h.processes) - 4} more"
+        lines.append(f"{len(h.processes)} process{'es' if len(h.processes) != 1 else ''}", style="bold")
+        lines.append(f"  {procs}\n" if procs else "\n")
+        if h.ranks:
+            lines.append(f"ranks {', '.join(map(str, h.ranks))}   ")
+        if h.step_first is not None:
+            lines.append(f"{steps_text(h.step_first, h.step_last)} ({h.steps_traced} traced)")
+        else:
+            lines.append("no steps traced")
+        if h.started:
+            lines.append(f"\nstarted {h.started}, span {h.span_s:.1f} s")
+        lines.append("\nrecords dropped ")
+        lines.append(str(h.records_dropped), style="bold red" if h.records_dropped else "green")
+        if h.records_dropped:
+            lines.append(" (ring buffer full; statistics undercount)")
+        for gap in h.coverage_gaps:
+            lines.append("\nnot seen: ", style="yellow")
+            lines.append(gap)
+        for problem in h.load_problems:
+            lines.append("\nload: ", style="red")
+            lines.append(problem)
+        yield Panel(lines, title=f"spectrace  {_short(h.source)}", title_align="left", box=box.ROUNDED)
+
+
+class FindingsView:
+    """Findings grouped by code, errors first: what was seen, why, and the fix."""
+
+    def __init__(self, findings: list[FindingGroup]) -> None:
+        self.findings = findings
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        if not self.findings:
+            yield Text("Findings: none", style="green")
+            return
+        errors = sum(1 for f in self.findings if f.severity == "error")
+        n = len(self.findings)
+        yield Text(f"Findings: {n} code{'s' if n != 1 else ''}, {errors} error{'s' if errors != 1 else ''}", style="bold")
+        for f in self.findings:
+            head = Text()
+            head.append(f" {f.severity.upper()} ", style=f"reverse {SEVERITY_STYLE.get(f.severity, '')}")
+            head.append(f" {f.code}", style="bold")
+            head.append(f"  x{f.count}  {steps_text(f.first_step, f.last_step)}")
+            if f.ranks:
+                head.append(f"  rank {','.join(map(str, sorted(f.ranks)))}")
+            yield head
+            grid = Table.grid(padding=(0, 1))
+            grid.add_column(width=2)
+            grid.add_column(style="dim", width=8, no_wrap=True)
+            grid.add_column(ratio=1)
+            rows = [("seen", f.message, "")]
+            if f.modules:
+                more = f" +{len(f.modules) - 3}" if len(f.modules) > 3 else ""
+                rows.append(("where", ", ".join(f.modules[:3]) + more, ""))
+            if f.cause:
+                rows.append(("cause", f.cause, ""))
+            if f.evidence:
+                rows.append(("evidence", ", ".join(f"{k}={_short_value(v)}" for k, v in list(f.evidence.items())[:6]), ""))
+            rows.append(("fix", f.fix, "green"))
+            for label, value, style in rows:
+                grid.add_row("", label, Text(value, style=style))
+            yield grid
+
+
+class DataPathTree:
+    """The EAGLE-3 data path as a tree: capture -> aux concat -> fc -> decoder layer -> norm -> lm_head (+d2t)."""
+
+    def __init__(self, dp: DataPath) -> None:
+        self.dp = dp
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        dp = self.dp
+        tree = Tree(Text("EAGLE-3 data path", style="bold"), guide_style="dim")
+        if dp.captures:
+            for c in dp.captures:
+                t = Text("target capture  ", style="bold")
+                if not c.enabled:
+                    t.append("DISABLED  ", style="bold red")
+                t.append(f"boundaries {c.boundaries}")
+                if c.requested_ids is not None:
+                    t.append(f" from ids {c.requested_ids}")
+                node = tree.add(t)
+                node.add(
+                    Text(
+                        f"{c.module}: {c.num_layers} layers, hidden {c.hidden_size} x {len(c.boundaries)} = "
+                        f"{c.hidden_size * len(c.boundaries)}; rule: {c.rule}",
+                        style="dim",
+                    )
+                )
+        else:
+            tree.add(Text("target capture  no capture record", style="yellow"))
+        aux = tree.add(_stage_text("aux concat", dp.aux))
+        _stage_details(aux, dp.aux)
+        for fp in dp.fingerprints:
+            node = aux.add(Text(f"chunks of {fp.chunk_width} ({fp.module}, {fp.samples} samples)"))
+            for ch in fp.chunks:
+                t = Text(f"{ch.index}  ")
+                t.append(f"b{ch.boundary}" if ch.boundary is not None else "b?", style="bold")
+                if ch.boundary == 0:
+                    t.append(" (embedding)")
+                t.append(f"  {stats_text(ch.stats)}")
+                if ch.flags:
+                    t.append("  " + "; ".join(ch.flags), style="bold red")
+                node.add(t)
+        for label, stage in (("fc", dp.fc), ("decoder layer", dp.layer), ("norm", dp.norm), ("lm_head", dp.lm_head)):
+            _stage_details(tree.add(_stage_text(label, stage)), stage)
+        d2t = Text("d2t  ", style="bold")
+        d2t.append(dp.d2t.status, style=_status_style(dp.d2t.status))
+        if dp.d2t.modules:
+            d2t.append(f"  ({', '.join(dp.d2t.modules)})", style="dim")
+        node = tree.add(d2t)
+        if dp.d2t.note:
+            node.add(Text(dp.d2t.note, style="dim"))
+        yield tree
+
+
+def _status_style(status: str) -> str:
+    if status in ("called", "loaded"):
+        return "green"
+    if status in ("bypassed", "missing", "ignored", "disabled"):
+        return "bold red"
+    return "yellow"
+
+
+def _stage_text(label: str, s: StageView) -> Text:
+    t = Text(f"{label}  ", style="bold")
+    if s.status == "called":
+        t.append(f"x{s.calls}  ", style="green")
+        t.append(s.modules[0] if s.modules else "")
+        if len(s.modules) > 1:
+            t.append(f" +{len(s.modules) - 1}")
+    else:
+        t.append(s.status.upper() if s.status in ("bypassed", "disabled") else s.status, style=_status_style(s.status))
+        if s.modules:
+            t.append(f"  {s.modules[0]}")
+    return t
+
+
+def _stage_details(node: Tree, s: StageView) -> None:
+    if s.note:
+        node.add(Text(s.note, style="red" if s.status == "bypassed" else "dim"))
+    if s.calls:
+        io = f"{shapes(s.in_shapes)} -> " if s.in_shapes else "out "
+        io += f"{shapes(s.out_shapes)} {' '.join(dtype(d) for d in s.dtypes)}"
+        node.add(Text(io))
+        line = Text(f"last {stats_text(s.last)}")
+        node.add(line)
+        if s.agg and s.agg.samples > 1:
+            node.add(Text(f"all  {stats_text(s.agg)}", style="dim"))
+        if s.anomalies:
+            node.add(Text("anomaly: " + ", ".join(s.anomalies), style="bold red"))
+
+
+class AcceptancePanel:
+    """Accept length over steps (sparkline) and acceptance rate per draft position (bars)."""
+
+    def __init__(self, acc: AcceptanceView) -> None:
+        self.acc = acc
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        a = self.acc
+        if not a.steps:
+            yield Text("Acceptance: no acceptance records", style="dim")
+            return
+        head = Text("Acceptance  ", style="bold")
+        head.append(f"mean accept length {a.overall_mean:.2f}", style="bold")
+        head.append(f" over {len(a.steps)} steps, {a.requests} requests, k={a.draft_tokens}")
+        yield head
+        hi = max([float((a.draft_tokens or 0) + 1)] + a.mean_accept)
+        per = max(1, math.ceil(len(a.mean_accept) / SPARK_WIDTH))
+        yield Text(f"   {sparkline(a.mean_accept, hi)}", style="cyan")
+        yield Text(
+            f"   steps {a.steps[0]}..{a.steps[-1]}, min {min(a.mean_accept):.2f} max {max(a.mean_accept):.2f}"
+            f", scale 0..{hi:g}" + (f", {per} steps per cell" if per > 1 else ""),
+            style="dim",
+        )
+        for i, rate in enumerate(a.position_rate):
+            t = Text(f"   pos {i + 1:<2} ")
+            t.append(bar(rate), style="cyan")
+            t.append(f" {rate * 100:5.1f}%")
+            yield t
+
+
+class ModuleTable:
+    """Per module: calls, output shape, dtype, mean/std/absmax and anomalies."""
+
+    def __init__(self, rows: list[ModuleRow]) -> None:
+        self.rows = rows
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        table = Table(box=box.SIMPLE_HEAD, title="Modules", title_justify="left", pad_edge=False, expand=False)
+        table.add_column("module", overflow="fold", ratio=1, min_width=16)
+        table.add_column("calls", justify="right", no_wrap=True)
+        table.add_column("out", overflow="fold", max_width=14)
+        table.add_column("dt", no_wrap=True)
+        table.add_column("mean", justify="right", no_wrap=True)
+        table.add_column("std", justify="right", no_wrap=True)
+        table.add_column("absmax", justify="right", no_wrap=True)
+        table.add_column("!", style="bold red", overflow="fold", max_width=10)
+        for r in self.rows:
+            table.add_row(
+                r.module, str(r.calls), shapes(r.out_shapes, 1), " ".join(dtype(d) for d in r.dtypes),
+                num(r.agg.mean), num(r.agg.std), num(r.agg.absmax), ",".join(r.anomalies),
+            )
+        if not self.rows:
+            yield Text("Modules: no calls recorded (or none match the filter)", style="dim")
+            return
+        yield table
+
+
+def render_view(view: TraceView, *, modules: bool = False) -> Group:
+    """The whole screen, top to bottom."""
+    parts: list[object] = [HeaderPanel(view.header), FindingsView(view.findings), Text(""), DataPathTree(view.datapath),
+                           Text(""), AcceptancePanel(view.acceptance)]
+    if modules:
+        parts += [Text(""), ModuleTable(view.modules)]
+    return Group(*parts)  # type: ignore[arg-type]
+
+
+def _short(path: str, limit: int = 56) -> str:
+    return path if len(path) <= limit else "..." + path[-(limit - 3):]
+
+
+def _short_value(v: object, limit: int = 40) -> str:
+    text = str(v)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def iter_lines(renderable: object, width: int = 80) -> Iterable[str]:
+    """Plain-text lines of a renderable (for paging decisions and tests)."""
+    import io
+
+    buf = io.StringIO()
+    make_console(buf, width=width, plain=True).print(renderable)
+    return buf.getvalue().splitlines()
