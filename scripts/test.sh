@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# The test suite, set-up included: real tiny models, the real SGLang source on CPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup-venv.sh --with-sglang
+exec .venv/bin/python -m pytest -q -n 2 "$@"

@@ -1,0 +1,1 @@
+"""Detectors: records in, findings out. Pure functions; no torch, no I/O."""

@@ -1,0 +1,150 @@
+"""Detectors over what ran: calls, acceptance and fingerprints.
+
+    >>> check_acceptance([Acceptance(step=i, accept_lengths=[1], draft_tokens=4) for i in range(8)])
+    [Finding(code='acceptance_collapse', ...)]
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Iterable
+
+from ..findings import finding
+from ..hooks.selection import glob_match
+from ..records import Acceptance, Call, Finding, Fingerprint, TensorStats
+
+DRAFT_LAYER_GLOBS = ("**.midlayer", "**.fc_draft_layer")
+FC_GLOB = "**.fc"
+COLLAPSE_WINDOW = 8
+COLLAPSE_MEAN = 1.2
+# Chunks whose scale moved more than this factor (or whose mean moved by more than this
+# many reference stds) no longer look like the layer the draft was trained on.
+SKEW_STD_FACTOR = 2.0
+SKEW_MEAN_STDS = 1.0
+
+
+def check_nonfinite(calls: Iterable[Call]) -> list[Finding]:
+    first: dict[str, tuple[Call, str, TensorStats]] = {}
+    counts: dict[str, int] = defaultdict(int)
+    for call in calls:
+        for meta in [*call.inputs, *call.outputs]:
+            s = meta.stats
+            if s is not None and ((s.nan or 0) > 0 or (s.inf or 0) > 0):
+                counts[call.module] += 1
+                first.setdefault(call.module, (call, meta.arg, s))
+    findings = []
+    for module, (call, arg, s) in sorted(first.items(), key=lambda kv: kv[1][0].seq):
+        findings.append(
+            finding(
+                "nonfinite",
+                f"{module} {arg} holds {s.nan} NaN and {s.inf} Inf of {s.numel} values (first at step {call.step})",
+                module=module,
+                evidence={"arg": arg, "nan": s.nan, "inf": s.inf, "numel": s.numel, "calls_affected": counts[module]},
+                step=call.step,
+                source="checks.runtime",
+            )
+        )
+    return findings
+
+
+def _is_draft_layer(module: str) -> bool:
+    return any(glob_match(module, g) for g in DRAFT_LAYER_GLOBS) or (".layers.0" in module and "draft" in module.lower())
+
+
+def check_fc_called(calls: Iterable[Call]) -> list[Finding]:
+    """fc never ran in a step where the draft's decoder layer did: fc was bypassed."""
+    layer_steps: dict[int, Call] = {}
+    fc_steps: set[int] = set()
+    for call in calls:
+        if glob_match(call.module, FC_GLOB):
+            fc_steps.add(call.step)
+        elif _is_draft_layer(call.module):
+            layer_steps.setdefault(call.step, call)
+    bypassed = sorted(set(layer_steps) - fc_steps)
+    if not bypassed:
+        return []
+    layer = layer_steps[bypassed[0]]
+    width = layer.inputs[0].shape[-1] if layer.inputs and layer.inputs[0].shape else None
+    return [
+        finding(
+            "fc_bypass",
+            f"the draft's decoder layer ran in {len(bypassed)} steps where its fc never ran: the incoming hidden "
+            "states already had the embedding width, so fc was skipped",
+            module=layer.module,
+            evidence={"steps_bypassed": len(bypassed), "first_step": bypassed[0], "decoder_input_width": width},
+            step=bypassed[0],
+            source="checks.runtime",
+        )
+    ]
+
+
+def check_acceptance(records: Iterable[Acceptance], window: int = COLLAPSE_WINDOW, floor: float = COLLAPSE_MEAN) -> list[Finding]:
+    steps = [r for r in records if r.accept_lengths]
+    if len(steps) < window:
+        return []
+    means = [sum(r.accept_lengths) / len(r.accept_lengths) for r in steps]
+    for start in range(0, len(means) - window + 1):
+        chunk = means[start : start + window]
+        mean = sum(chunk) / window
+        if mean <= floor:
+            overall = sum(means) / len(means)
+            return [
+                finding(
+                    "acceptance_collapse",
+                    f"mean accept length {mean:.2f} over {window} verify steps (from step {steps[start].step}; "
+                    f"{overall:.2f} over the run, k={steps[0].draft_tokens}): the target rejects almost every draft token",
+                    evidence={"window_mean": round(mean, 3), "run_mean": round(overall, 3), "window": window, "draft_tokens": steps[0].draft_tokens},
+                    step=steps[start].step,
+                    source="checks.runtime",
+                )
+            ]
+    return []
+
+
+def chunk_skew(seen: TensorStats, ref: TensorStats) -> str | None:
+    """Why a chunk no longer looks like its reference, or None."""
+    if None in (seen.std, ref.std, seen.mean, ref.mean) or not ref.std:
+        return None
+    ratio = seen.std / ref.std if ref.std else math.inf
+    if ratio > SKEW_STD_FACTOR or ratio < 1 / SKEW_STD_FACTOR:
+        return f"std {seen.std:.3g} vs {ref.std:.3g} in training ({ratio:.2f}x)"
+    if abs(seen.mean - ref.mean) > SKEW_MEAN_STDS * ref.std:
+        return f"mean {seen.mean:.3g} vs {ref.mean:.3g} in training"
+    return None
+
+
+def check_feature_skew(seen: Fingerprint, reference: Fingerprint) -> list[Finding]:
+    if seen.chunk_width != reference.chunk_width or len(seen.chunks) != len(reference.chunks):
+        return [
+            finding(
+                "shape_mismatch",
+                f"fused draft input has {len(seen.chunks)} chunks of {seen.chunk_width}, "
+                f"training had {len(reference.chunks)} of {reference.chunk_width}",
+                module=seen.module,
+                evidence={"seen_chunks": len(seen.chunks), "reference_chunks": len(reference.chunks)},
+                source="checks.runtime",
+            )
+        ]
+    skewed = {}
+    for index, (s, r) in enumerate(zip(seen.chunks, reference.chunks)):
+        reason = chunk_skew(s, r)
+        if reason:
+            skewed[index] = reason
+    if not skewed:
+        return []
+    detail = "; ".join(f"chunk {i}: {why}" for i, why in skewed.items())
+    return [
+        finding(
+            "feature_skew",
+            f"{len(skewed)} of {len(seen.chunks)} chunks of the fused draft input do not match the training "
+            f"fingerprint ({detail})",
+            module=seen.module,
+            evidence={
+                "chunks": {str(i): why for i, why in skewed.items()},
+                "seen_boundaries": seen.boundaries,
+                "reference_boundaries": reference.boundaries,
+            },
+            source="checks.runtime",
+        )
+    ]

@@ -1,0 +1,89 @@
+"""``weights_dropped`` / ``weights_missing`` from what a weight load did.
+
+When the dropped and the missing names share their tails under different prefixes
+(``layers.0.self_attn.q_proj`` dropped, ``midlayer.self_attn.q_proj`` missing), the
+fix names the rename map.
+
+    >>> check_weights(Weights(module="draft", ignored=["layers.0.mlp.up_proj.weight"],
+    ...                       missing=["midlayer.mlp.up_proj.weight"]))[0].fix
+    "rename 'layers.0.*' to 'midlayer.*' in the checkpoint (or map it in the loader)"
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+from ..findings import finding
+from ..records import Finding, Weights
+
+MAX_NAMES = 12
+
+
+def group_by_prefix(names: list[str], depth: int = 2) -> dict[str, list[str]]:
+    """``{"layers.0": [...], "lm_head": [...]}``: names grouped by their first parts."""
+    groups: dict[str, list[str]] = defaultdict(list)
+    for name in names:
+        parts = name.split(".")
+        key = ".".join(parts[: min(depth, max(1, len(parts) - 1))])
+        groups[key].append(name)
+    return dict(groups)
+
+
+def rename_map(dropped: list[str], missing: list[str]) -> dict[str, str]:
+    """Prefix renames that turn dropped names into missing ones (``layers.0`` -> ``midlayer``)."""
+    votes: Counter[tuple[str, str]] = Counter()
+    missing_set = set(missing)
+    for name in dropped:
+        parts = name.split(".")
+        for cut in range(1, len(parts)):
+            tail = ".".join(parts[cut:])
+            for target in missing_set:
+                if target.endswith("." + tail) or target == tail:
+                    head = target[: len(target) - len(tail)].rstrip(".")
+                    votes[(".".join(parts[:cut]), head)] += 1
+            if votes:
+                break
+    result: dict[str, str] = {}
+    for (src, dst), _ in votes.most_common():
+        if src not in result and dst not in result.values():
+            result[src] = dst
+    return result
+
+
+def _listing(names: list[str]) -> str:
+    shown = ", ".join(names[:MAX_NAMES])
+    return shown + (f" (+{len(names) - MAX_NAMES} more)" if len(names) > MAX_NAMES else "")
+
+
+def check_weights(weights: Weights) -> list[Finding]:
+    findings: list[Finding] = []
+    renames = rename_map(weights.ignored, weights.missing)
+    rename_fix = None
+    if renames:
+        pairs = "; ".join(f"{src!r}.* -> {dst!r}.*" if dst else f"{src!r}.* -> (no prefix)" for src, dst in renames.items())
+        rename_fix = f"rename the checkpoint keys {pairs} (or map them in the loader)"
+    if weights.ignored:
+        groups = group_by_prefix(weights.ignored)
+        findings.append(
+            finding(
+                "weights_dropped",
+                f"{len(weights.ignored)} checkpoint tensors were ignored by the loader: {_listing(weights.ignored)}",
+                module=weights.module,
+                evidence={"dropped": weights.ignored, "by_prefix": {k: len(v) for k, v in groups.items()}, "rename_map": renames},
+                fix=rename_fix,
+                source="checks.weights",
+            )
+        )
+    if weights.missing:
+        groups = group_by_prefix(weights.missing)
+        findings.append(
+            finding(
+                "weights_missing",
+                f"{len(weights.missing)} parameters were never written and stay at init: {_listing(weights.missing)}",
+                module=weights.module,
+                evidence={"missing": weights.missing, "by_prefix": {k: len(v) for k, v in groups.items()}, "rename_map": renames},
+                fix=rename_fix,
+                source="checks.weights",
+            )
+        )
+    return findings

@@ -1,0 +1,65 @@
+"""What a draft's config.json says it was trained on, under each plausible reading.
+
+A speculators config names its ids at the top level in the speculators convention
+(boundary = id). An SGLang-format config (``eagle_config``) may come from SpecForge
+(boundary = id + 1) or be converted by hand from speculators (boundary = id): the file
+alone cannot tell, so both readings are returned, the likelier first.
+
+    >>> readings({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5]}}, 8)[0].boundaries
+    [2, 4, 6]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from .conventions import default_ids, trainer_boundaries
+
+
+@dataclass(frozen=True)
+class Reading:
+    convention: str
+    ids: list[int]
+    boundaries: list[int]
+    source: str  # where the ids came from: "eagle_config", "top-level", "default"
+
+
+def is_speculators_format(config: Mapping[str, Any]) -> bool:
+    return "speculators_model_type" in config or "transformer_layer_config" in config
+
+
+def aux_ids(config: Mapping[str, Any]) -> tuple[list[int] | None, str]:
+    """The layer ids in the config and where they sit (SGLang reads only eagle_config)."""
+    eagle = config.get("eagle_config") or {}
+    if isinstance(eagle, Mapping) and eagle.get("eagle_aux_hidden_state_layer_ids") is not None:
+        return [int(i) for i in eagle["eagle_aux_hidden_state_layer_ids"]], "eagle_config"
+    if config.get("eagle_aux_hidden_state_layer_ids") is not None:
+        return [int(i) for i in config["eagle_aux_hidden_state_layer_ids"]], "top-level"
+    return None, "default"
+
+
+def readings(config: Mapping[str, Any], num_layers: int) -> list[Reading]:
+    """Trained boundaries under each plausible trainer convention, likeliest first."""
+    ids, source = aux_ids(config)
+    if is_speculators_format(config):
+        order = ["speculators"]
+    else:
+        order = ["specforge", "speculators"]
+    found: list[Reading] = []
+    for convention in order:
+        chosen = ids if ids is not None else default_ids(convention, num_layers)
+        found.append(Reading(convention, chosen, trainer_boundaries(chosen, convention), source))
+    return found
+
+
+def uses_aux_hidden_state(config: Mapping[str, Any]) -> bool:
+    eagle = config.get("eagle_config") or {}
+    if isinstance(eagle, Mapping) and "use_aux_hidden_state" in eagle:
+        return bool(eagle["use_aux_hidden_state"])
+    return True
+
+
+def is_eagle3_architecture(config: Mapping[str, Any]) -> bool:
+    archs = config.get("architectures") or []
+    return any("Eagle3" in str(a) for a in archs) or config.get("speculators_model_type") == "eagle3"
