@@ -27,7 +27,7 @@ import torch.nn as nn
 from ..recorder import Recorder
 from ..records import Call, TensorMeta
 from .selection import ModuleFilter, select
-from .stats import device_stats, stats_supported, to_stats
+from .stats import PendingStats, device_stats, stats_supported
 from .tensors import collect
 
 
@@ -37,33 +37,6 @@ def _capturing() -> bool:
         return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
     except Exception:
         return False
-
-
-class _PendingStats:
-    """Device statistics rows of one step, waiting for their single host copy."""
-
-    def __init__(self) -> None:
-        self.rows: list[torch.Tensor] = []
-        self.targets: list[tuple[TensorMeta, int]] = []
-
-    def add(self, meta: TensorMeta, row: torch.Tensor, numel: int) -> None:
-        self.rows.append(row)
-        self.targets.append((meta, numel))
-
-    def resolve(self) -> None:
-        """One stack and one copy per device; fills ``meta.stats`` in place."""
-        if not self.rows:
-            return
-        by_device: dict[torch.device, list[int]] = {}
-        for index, row in enumerate(self.rows):
-            by_device.setdefault(row.device, []).append(index)
-        for indices in by_device.values():
-            host = torch.stack([self.rows[i] for i in indices]).to("cpu", torch.float64).tolist()
-            for i, values in zip(indices, host):
-                meta, numel = self.targets[i]
-                meta.stats = to_stats(values, numel)
-        self.rows.clear()
-        self.targets.clear()
 
 
 class Tracer:
@@ -80,7 +53,7 @@ class Tracer:
         self._local = threading.local()
         self._seq = 0
         self._calls: list[Call] = []
-        self._pending = _PendingStats()
+        self._pending = PendingStats()
         self._step_start_ns = 0
         self._hooked: dict[int, str] = {}
         self._adopted: dict[int, tuple[Any, ...]] = {}

@@ -16,7 +16,7 @@ from typing import Sequence
 
 import torch
 
-from ..records import TensorStats
+from ..records import TensorMeta, TensorStats
 
 # Row layout of one statistics vector.
 SUM, SUMSQ, ABSMAX, NAN, INF = range(5)
@@ -88,3 +88,30 @@ def to_stats(row: Sequence[float], numel: int) -> TensorStats:
 def _finite_or_none(value: float) -> float | None:
     # JSON has no NaN; a NaN mean says nothing the nan count does not say better.
     return value if math.isfinite(value) else None
+
+
+class PendingStats:
+    """Device statistics rows of one step, waiting for their single host copy."""
+
+    def __init__(self) -> None:
+        self.rows: list[torch.Tensor] = []
+        self.targets: list[tuple[TensorMeta, int]] = []
+
+    def add(self, meta: TensorMeta, row: torch.Tensor, numel: int) -> None:
+        self.rows.append(row)
+        self.targets.append((meta, numel))
+
+    def resolve(self) -> None:
+        """One stack and one copy per device; fills ``meta.stats`` in place."""
+        if not self.rows:
+            return
+        by_device: dict[torch.device, list[int]] = {}
+        for index, row in enumerate(self.rows):
+            by_device.setdefault(row.device, []).append(index)
+        for indices in by_device.values():
+            host = torch.stack([self.rows[i] for i in indices]).to("cpu", torch.float64).tolist()
+            for i, values in zip(indices, host):
+                meta, numel = self.targets[i]
+                meta.stats = to_stats(values, numel)
+        self.rows.clear()
+        self.targets.clear()
