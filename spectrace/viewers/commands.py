@@ -17,6 +17,10 @@ import time
 import traceback
 from typing import Callable
 
+from rich.console import Console, Group
+from rich.live import Live
+from rich.text import Text
+
 from .diff import DEFAULT_RTOL, diff_traces, render_diff
 from .loader import TraceFollower, TraceSet, load_traces
 from .model import ViewFilter, build_view
@@ -182,8 +186,35 @@ def _follow(args: argparse.Namespace, flt: ViewFilter) -> int:
     follower = TraceFollower(args.path)
     console = make_console()
     seen: set[str] = set()
-    changed = True
     follower.poll()
+    if args.json or not console.is_terminal:
+        return _follow_stream(args, flt, follower, console, seen)
+    # On a terminal: one screen, redrawn in place, cropped at the bottom so the header and
+    # the findings (the part that matters) stay visible however long the view grows.
+    live = Live(console=console, screen=True, auto_refresh=False, vertical_overflow="crop")
+    view = None
+    try:
+        with live:
+            changed = True
+            while True:
+                if changed:
+                    _warn_problems("spectrace view", follower.trace_set, seen)
+                    view = render_view(build_view(follower.trace_set, flt), modules=args.modules)
+                    live.update(Group(_follow_banner(args.path, follower), view), refresh=True)
+                time.sleep(max(0.05, args.interval))
+                changed = follower.poll()
+    except KeyboardInterrupt:
+        pass
+    if view is not None:  # leave the last state in the scrollback, as a plain view would
+        console.print(view)
+    return 0
+
+
+def _follow_stream(
+    args: argparse.Namespace, flt: ViewFilter, follower: TraceFollower, console: Console, seen: set[str]
+) -> int:
+    """--follow into a pipe or with --json: print each new state, separated, never redraw."""
+    changed = True
     try:
         while True:
             if changed:
@@ -193,16 +224,17 @@ def _follow(args: argparse.Namespace, flt: ViewFilter) -> int:
                     sys.stdout.write(build_view(ts, flt).model_dump_json() + "\n")
                     sys.stdout.flush()
                 else:
-                    if console.is_terminal:
-                        console.clear()
-                    else:
-                        console.rule("update")
+                    console.rule(f"{sum(f.lines_read for f in ts.files)} lines read")
                     console.print(render_view(build_view(ts, flt), modules=args.modules))
-                    console.print(f"following {args.path} (Ctrl-C to quit)", style="dim")
             time.sleep(max(0.05, args.interval))
             changed = follower.poll()
     except KeyboardInterrupt:
         return 0
+
+
+def _follow_banner(path: str, follower: TraceFollower) -> Text:
+    lines = sum(f.lines_read for f in follower.trace_set.files)
+    return Text(f"following {path}: {lines} lines, Ctrl-C quits", style="dim", no_wrap=True, overflow="ellipsis")
 
 
 # ------------------------------------------------------------------------------- diff

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from spectrace.records import (
     RECORD_ADAPTER,
@@ -40,16 +40,16 @@ MAX_CALLS_PER_FILE = 200_000  # ~ a few hundred MB of parsed records; more is co
 _SKIP_CHUNK = 1 << 16
 
 # (kind, one-line description); the count and first line number are added when reported.
-_KINDS: dict[str, str] = {
-    "truncated": "last line is truncated (writer killed or still writing)",
-    "undecodable": "undecodable lines (not UTF-8 JSON)",
-    "too_long": f"lines longer than {MAX_LINE_BYTES // (1 << 20)} MB skipped",
-    "unknown_type": "records of an unknown type skipped",
-    "invalid": "records that do not match the schema skipped",
-    "not_object": "lines that are JSON but not a record object",
-    "no_header": "first line is not a header; records read anyway",
-    "extra_header": "extra header lines ignored",
-    "calls_capped": f"call records beyond the first {MAX_CALLS_PER_FILE} not loaded",
+_KINDS: dict[str, tuple[str, str]] = {
+    "truncated": ("last line is truncated (writer killed or still writing)", ""),
+    "undecodable": ("undecodable line (not UTF-8 JSON)", "undecodable lines (not UTF-8 JSON)"),
+    "too_long": (f"line longer than {MAX_LINE_BYTES >> 20} MB skipped", f"lines longer than {MAX_LINE_BYTES >> 20} MB skipped"),
+    "unknown_type": ("record of an unknown type skipped", "records of an unknown type skipped"),
+    "invalid": ("record that does not match the schema skipped", "records that do not match the schema skipped"),
+    "not_object": ("line that is JSON but not a record object", "lines that are JSON but not record objects"),
+    "no_header": ("first line is not a header; records read anyway", ""),
+    "extra_header": ("extra header line ignored", "extra header lines ignored"),
+    "calls_capped": (f"call records beyond the first {MAX_CALLS_PER_FILE} not loaded", f"call records beyond the first {MAX_CALLS_PER_FILE} not loaded"),
 }
 
 
@@ -67,9 +67,12 @@ class LoadProblem(BaseModel):
         name = os.path.basename(self.path) or self.path
         if self.kind in ("future_schema", "not_trace", "empty", "unreadable", "missing"):
             return f"{name}: {self.detail}"
-        text = f"{name}: {self.count} {_KINDS.get(self.kind, self.kind)}"
+        one, many = _KINDS.get(self.kind, (self.kind, self.kind))
+        text = f"{name}: {self.count} {one if self.count == 1 else many or one}"
         if self.kind == "truncated":
-            text = f"{name}: {_KINDS['truncated']}; 1 line skipped"
+            text = f"{name}: {one}; 1 line skipped"
+        elif self.kind == "no_header":
+            text = f"{name}: {one}"
         elif self.first_line is not None:
             text += f" (first at line {self.first_line})"
         if self.detail:
@@ -79,8 +82,6 @@ class LoadProblem(BaseModel):
 
 class TraceFile(BaseModel):
     """The records of one process's trace file, split by type."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
 
     path: str
     header: Header | None = None

@@ -192,7 +192,7 @@ def build_view(ts: TraceSet, flt: ViewFilter | None = None) -> TraceView:
     calls = [c for f in files for c in f.calls if flt.step_ok(c.step)]
     module_calls = [c for c in calls if flt.module_ok(c.module)]
     return TraceView(
-        header=_header(ts, files, calls),
+        header=_header(ts, files, calls, flt),
         findings=_findings(files, flt),
         datapath=_datapath(files, calls),
         acceptance=_acceptance(files, flt),
@@ -200,9 +200,9 @@ def build_view(ts: TraceSet, flt: ViewFilter | None = None) -> TraceView:
     )
 
 
-def _header(ts: TraceSet, files: list[TraceFile], calls: list[Call]) -> HeaderSummary:
+def _header(ts: TraceSet, files: list[TraceFile], calls: list[Call], flt: ViewFilter) -> HeaderSummary:
     steps = {c.step for c in calls}
-    steps |= {a.step for f in files for a in f.acceptance}
+    steps |= {a.step for f in files for a in f.acceptance if flt.step_ok(a.step)}
     procs = [
         ProcessInfo(
             file=f.name,
@@ -345,7 +345,9 @@ def _draft_calls(calls: list[Call]) -> list[Call]:
     prefixes = {c.module[: -len("fc")] for c in calls if name_matches(c.module, "fc")}
     if prefixes:
         heads = {p[: -len("model.")] if p.endswith("model.") else p for p in prefixes}
-        return [c for c in calls if any(c.module.startswith(p) for p in prefixes | heads)]
+        keep = {p for p in prefixes | heads if p}  # an empty prefix would take the target too
+        if keep:
+            return [c for c in calls if any(c.module.startswith(p) for p in keep)]
     return calls
 
 
