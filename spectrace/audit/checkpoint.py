@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,9 +36,12 @@ DTYPE_BYTES: dict[str, float] = {
 }  # fmt: skip
 
 Format = Literal["speculators", "sglang", "unknown"]
-# Keys only speculators writes: their presence says the ids follow speculators' convention.
-SPECULATORS_TRACES = ("speculators_model_type", "speculators_version", "speculators_config", "transformer_layer_config")
 FLAG_KEYS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output", "embed_requires_grad")
+# Keys only speculators writes (SpecForge writes none of them): left in a hand-converted
+# config, they say the ids most likely follow speculators' convention.
+SPECULATORS_TRACES = (
+    "speculators_model_type", "speculators_version", "speculators_config", "transformer_layer_config", *FLAG_KEYS,
+)  # fmt: skip
 
 
 class AuditInputError(Exception):
@@ -266,20 +270,24 @@ def read_torch_bin(path: Path) -> dict[str, TensorInfo]:
 
     size = path.stat().st_size
     try:
-        try:
-            # mmap keeps a large zip checkpoint on disk: only the pickle is read.
-            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as err:
-            if "mmap" not in str(err) and "zip" not in str(err):
-                raise
-            if size > MAX_LEGACY_BIN_BYTES:
-                raise AuditInputError(f"{path.name}: legacy (non-zip) torch file of {size} bytes; refusing to read it whole") from None
-            obj = torch.load(path, map_location="cpu", weights_only=True)
+        # torch warns on stderr about pickle protocols; the audit's stderr is its one error line.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                # mmap keeps a large zip checkpoint on disk: only the pickle is read.
+                obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as err:
+                if "mmap" not in str(err) and "zip" not in str(err):
+                    raise
+                if size > MAX_LEGACY_BIN_BYTES:
+                    raise AuditInputError(
+                        f"{path.name}: legacy (non-zip) torch file of {size} bytes; refusing to read it whole"
+                    ) from None
+                obj = torch.load(path, map_location="cpu", weights_only=True)
     except AuditInputError:
         raise
     except pickle.UnpicklingError as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else "unpickling refused"
-        raise AuditInputError(f"{path.name}: refused by torch's weights-only loader ({first[:160]})") from None
+        raise AuditInputError(f"{path.name}: refused by torch's weights-only loader ({_why_refused(str(err))})") from None
     except Exception as err:  # noqa: BLE001 - any failure of an untrusted file is an input error
         raise AuditInputError(f"{path.name}: not a readable torch checkpoint ({type(err).__name__})") from None
     if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
@@ -287,6 +295,15 @@ def read_torch_bin(path: Path) -> dict[str, TensorInfo]:
     if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()):
         raise AuditInputError(f"{path.name}: not a state dict of named tensors")
     return {k: TensorInfo(shape=list(v.shape), dtype=str(v.dtype).removeprefix("torch."), file=path.name) for k, v in obj.items()}
+
+
+def _why_refused(text: str) -> str:
+    """The line of torch's long refusal that names the offending global or opcode."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in lines:
+        if ln.startswith(("WeightsUnpickler error:", "Unsupported")):
+            return ln.removeprefix("WeightsUnpickler error:").strip()[:160]
+    return (lines[0] if lines else "unpickling refused")[:160]
 
 
 def weight_files(root: Path) -> list[Path]:

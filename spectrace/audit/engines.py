@@ -6,8 +6,9 @@ the checkpoint's names, where it reads the aux layer ids and which capture rule 
 target applies. Nothing here imports an engine.
 
     >>> eng = get_engine("sglang", "0.5.23")
-    >>> eng.route("midlayer.self_attn.q_proj.weight", eng.params(dims_of(cfg))).param
-    'model.layers.0.self_attn.qkv_proj.weight'
+    >>> cfg = read_checkpoint(Path("tests/fixtures/specforge_tiny")).config
+    >>> eng.route("midlayer.self_attn.q_proj.weight", eng.params(dims_of(cfg)))
+    Route(kind='param', param='model.layers.0.self_attn.qkv_proj.weight', shard='q', note='')
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class Dims:
     num_layers: int
     tie: bool
     fc_bias: bool
+    norm_before_fc: bool = False
 
 
 def dims_of(cfg: DraftConfig) -> Dims:
@@ -58,6 +60,7 @@ def dims_of(cfg: DraftConfig) -> Dims:
         num_layers=cfg.num_hidden_layers,
         tie=cfg.tie_word_embeddings,
         fc_bias=cfg.fc_bias,
+        norm_before_fc=cfg.flags.get("norm_before_fc", False),
     )
 
 
@@ -109,6 +112,8 @@ class Engine:
         add("model.fc.weight", (h, aux * d.target_hidden))
         if d.fc_bias:
             add("model.fc.bias", (h,))
+        if d.norm_before_fc and self.name == "vllm":
+            add("model.input_norm.weight", (aux * d.target_hidden,))
         for i in range(d.num_layers):
             p = f"model.{self.decoder_prefix}{'' if self.decoder_prefix == 'midlayer' else f'.{i}'}"
             if self.decoder_prefix == "midlayer" and i > 0:
@@ -118,8 +123,10 @@ class Engine:
             add(f"{p}.self_attn.o_proj.weight", (h, q))
             add(f"{p}.mlp.gate_up_proj.weight", (2 * d.intermediate, h), {0: (d.intermediate, h), 1: (d.intermediate, h)})
             add(f"{p}.mlp.down_proj.weight", (h, d.intermediate))
-            add(f"{p}.hidden_norm.weight", (h,))
-            if i == 0:
+            # vLLM creates hidden_norm in every layer but uses it in layer 0 only.
+            unused = i > 0 and self.name == "vllm"
+            add(f"{p}.hidden_norm.weight", (h,), optional="unused after layer 0" if unused else None)
+            if i == 0 or self.name == "vllm":  # SGLang's later layers have input_layernorm=None
                 add(f"{p}.input_layernorm.weight", (h,))
             add(f"{p}.post_attention_layernorm.weight", (h,))
         add("model.norm.weight", (h,))
@@ -220,7 +227,8 @@ VLLM = Engine(
         "instead of being dropped",
         "aux ids are read from the top level first, then eagle_config; the target captures the residual stream "
         "entering layer k (boundary k, speculators' convention); none -> defaults [2, n//2, n-3]",
-        "norm_before_residual and norm_before_fc (input_norm) are implemented; fc_norm and norm_output were not checked",
+        "norm_before_residual and norm_before_fc are implemented, the latter as model.input_norm.weight "
+        "(name assumed); fc_norm and norm_output were not checked",
         "a draft without embed_tokens or lm_head shares the target's (the target's head has the full vocabulary)",
     ),
 )

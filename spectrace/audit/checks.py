@@ -1,0 +1,608 @@
+"""The pre-launch checks: config + tensor names/shapes [+ target config] -> findings.
+
+Pure functions, no I/O: each check replays what the engine will do with this draft
+(name mapping, id convention, flags it reads) and reports where that differs from what
+the trainer did. Layer positions are reported as canonical boundaries
+(b = Hugging Face ``hidden_states[b]``, 0 = embedding output).
+
+    >>> ckpt = read_checkpoint(Path("tests/fixtures/specforge_tiny"))
+    >>> [f.code for f in audit(ckpt.config, ckpt.tensors, get_engine("sglang"), None).findings]
+    ['aux_layers_mismatch']
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from ..eagle3.conventions import engine_boundaries, trainer_boundaries
+from ..findings import finding
+from ..records import SEVERITY_RANK, Finding
+from .checkpoint import DraftConfig, TargetConfig, TensorInfo
+from .engines import Dims, Engine, Param, dims_of
+
+# Names the trainers use for the same aux-id list, for messages.
+IDS_KEY = "eagle_aux_hidden_state_layer_ids"
+TRAINER_MEANING = {
+    "speculators": "speculators ids (id k = boundary k, 0 = embeddings)",
+    "specforge": "SpecForge ids (id k = output of block k = boundary k+1)",
+}
+# Checkpoint tensors that only exist for a trainer option the engine does not implement.
+EXTRA_TENSORS = {
+    "input_norm.": "speculators' norm_before_fc RMSNorm over cat(h_a, h_b, h_c); {engine} has no such module, so the "
+    "draft sees un-normalised fused states. Retrain with norm_before_fc=false or serve with an engine that implements it",
+    "fc_norm.": "speculators' fc_norm per-chunk RMSNorms; {engine} has no such modules. Retrain with fc_norm=false "
+    "or serve with an engine that implements it",
+    "verifier_": "a training-only copy of target weights; delete it from the checkpoint",
+}
+MAX_LISTED = 8
+# Missing parameters are reported per decoder layer, whatever the engine calls it.
+_LAYER = re.compile(r"^(model\.(?:layers\.\d+|midlayer|additional_layers\.\d+))\.")
+
+
+@dataclass
+class AuditResult:
+    findings: list[Finding]
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def _engine_label(engine: Engine) -> str:
+    return f"{'SGLang' if engine.name == 'sglang' else 'vLLM'} {engine.version}"
+
+
+def _listing(names: Sequence[str]) -> str:
+    names = list(names)
+    more = f" and {len(names) - MAX_LISTED} more" if len(names) > MAX_LISTED else ""
+    return ", ".join(names[:MAX_LISTED]) + more
+
+
+# ---------------------------------------------------------------- weights
+
+
+@dataclass
+class LoadReplay:
+    """What the engine's load_weights does with each checkpoint name."""
+
+    params: dict[str, Param]
+    written: dict[str, set[object]]
+    dropped: list[str]
+    specials: dict[str, str]
+    skipped: list[str]
+    shape_errors: list[tuple[str, str, list[int], tuple[int, ...]]]
+
+
+def replay_load(tensors: dict[str, TensorInfo], engine: Engine, dims: Dims) -> LoadReplay:
+    params = engine.params(dims)
+    replay = LoadReplay(params, defaultdict(set), [], {}, [], [])
+    for name in sorted(tensors):
+        route = engine.route(name, params)
+        if route.kind == "param" and route.param:
+            param = params[route.param]
+            if route.shard is not None and param.shards is not None:
+                expected = param.shards.get(route.shard, param.shape)
+            else:
+                expected = param.shape
+            # fc's width is judged against what the target delivers, in check_fc_width.
+            if route.param != "model.fc.weight" and tuple(tensors[name].shape) != expected:
+                replay.shape_errors.append((name, route.param, tensors[name].shape, expected))
+            replay.written[route.param].add(route.shard)
+        elif route.kind == "special" and route.param:
+            replay.specials[name] = route.param
+        elif route.kind == "skipped":
+            replay.skipped.append(name)
+        else:
+            replay.dropped.append(name)
+    return replay
+
+
+def _fully_written(param: Param, shards: set[object]) -> bool:
+    if param.shards is None:
+        return bool(shards)
+    return set(param.shards) <= shards
+
+
+def _rename_hint(name: str, candidates: list[str]) -> tuple[str, str] | None:
+    """The prefix rewrite that turns ``name`` into an accepted name (longest shared suffix, >= 2 parts)."""
+    parts = name.split(".")
+    best: tuple[int, str, str] | None = None
+    for cand in candidates:
+        cparts = cand.split(".")
+        k = 0
+        while k < min(len(parts), len(cparts)) and parts[-1 - k] == cparts[-1 - k]:
+            k += 1
+        if k < 2 or k == len(parts) and k == len(cparts):
+            continue
+        src, dst = ".".join(parts[: len(parts) - k]), ".".join(cparts[: len(cparts) - k])
+        if best is None or k > best[0]:
+            best = (k, src, dst)
+    return (best[1], best[2]) if best else None
+
+
+def check_dropped(replay: LoadReplay, engine: Engine, dims: Dims) -> list[Finding]:
+    """Checkpoint tensors no parameter consumes, grouped by the rename that would fix them."""
+    if not replay.dropped:
+        return []
+    label = _engine_label(engine)
+    unwritten = {
+        pname for pname, p in replay.params.items() if not _fully_written(p, replay.written.get(pname, set()))
+    }
+    candidates = [
+        c for c in engine.checkpoint_names(dims)
+        if engine.route(c, replay.params).param in unwritten
+    ]  # fmt: skip
+    groups: dict[tuple[str, str | None], list[str]] = defaultdict(list)
+    for name in replay.dropped:
+        hint = _rename_hint(name, candidates)
+        if hint:
+            groups[(hint[0], hint[1])].append(name)
+        else:
+            groups[(name.split(".")[0], None)].append(name)
+    how = (
+        "vLLM raises on them at load, so the server will not start"
+        if engine.unknown_names_raise
+        else f"{label} drops them without a word"
+    )
+    out = []
+    for (src, dst), names in groups.items():
+        if dst is not None:
+            old = f"{src}." if src else ""
+            new = f"{dst}." if dst else ""
+            fix = (
+                f"rename {old or '<root>.'}* -> {new or '<root>.'}* in the checkpoint, e.g. "
+                f"{{k.replace({old!r}, {new!r}, 1) if k.startswith({old!r}) else k: v for k, v in state_dict.items()}}"
+                if old
+                else f"rename * -> {new}*: {{{new!r} + k: v for k, v in state_dict.items()}}"
+            )
+            message = (
+                f"{len(names)} tensor(s) under {old or 'the root'}* match no {label} parameter: {_listing(names)}; {how}"
+                + ("" if engine.unknown_names_raise else " and the parameters they were meant for keep their random init")
+            )
+            evidence: dict[str, Any] = {"tensors": names, "rename": {"from": old, "to": new}}
+        else:
+            extra = next((why for prefix, why in EXTRA_TENSORS.items() if names[0].startswith(prefix)), None)
+            fix = extra.format(engine=label) if extra else f"map these names to {engine.draft_class} parameters or delete them"
+            message = f"{len(names)} tensor(s) match no {label} parameter: {_listing(names)}; {how}"
+            evidence = {"tensors": names}
+        out.append(finding("weights_dropped", message, module=src or None, evidence=evidence, fix=fix))
+    return out
+
+
+def check_missing(replay: LoadReplay, cfg: DraftConfig, engine: Engine, target: TargetConfig | None) -> list[Finding]:
+    """Parameters nothing writes (lm_head, d2t, decoder layer, ...), minus those the engine fills itself."""
+    label = _engine_label(engine)
+    missing: dict[str, list[str]] = defaultdict(list)
+    for pname, param in replay.params.items():
+        if param.optional or _fully_written(param, replay.written.get(pname, set())):
+            continue
+        layer = _LAYER.match(pname)
+        group = layer.group(1) if layer else pname.rsplit(".", 1)[0]
+        missing[group].append(pname)
+    out = []
+    for group, names in missing.items():
+        if group == "lm_head":
+            message = (
+                f"lm_head.weight is not in the checkpoint but the config sets draft_vocab_size={cfg.draft_vocab_size}, "
+                f"so {label} builds the draft's own {cfg.draft_vocab_size}-row head and leaves it at random init "
+                "(accept length ~1)"
+            )
+            fix = "add the trained lm_head.weight, or drop draft_vocab_size so the engine takes the target's head"
+        else:
+            message = f"{len(names)} parameter(s) of {group} receive no checkpoint tensor and stay at random init: {_listing(names)}"
+            fix = "add the missing tensors under the names the engine expects (see weights_dropped for a rename)"
+        out.append(finding("weights_missing", message, module=group, evidence={"parameters": names}, fix=fix))
+    target_vocab = target.vocab_size if target and target.vocab_size else cfg.vocab_size
+    if cfg.draft_vocab_size is not None and cfg.draft_vocab_size < target_vocab and not replay.specials:
+        where = "hot_token_id" if engine.name == "sglang" else "draft_id_to_target_id"
+        out.append(
+            finding(
+                "weights_missing",
+                f"d2t is not in the checkpoint but draft_vocab_size={cfg.draft_vocab_size} < target vocab {target_vocab}: "
+                f"{label} has no {where}, so draft token i is proposed as target token i",
+                module="d2t",
+                evidence={"parameters": ["d2t"], "draft_vocab_size": cfg.draft_vocab_size, "target_vocab": target_vocab},
+                fix="save the trainer's d2t (int64, draft_vocab_size entries: target_id - draft_id) with the checkpoint",
+            )
+        )
+    return out
+
+
+def check_tensor_shapes(replay: LoadReplay, engine: Engine) -> list[Finding]:
+    out = []
+    for name, pname, got, want in replay.shape_errors:
+        out.append(
+            finding(
+                "shape_mismatch",
+                f"{name} has shape {got} but {_engine_label(engine)} loads it into {pname} as {list(want)}",
+                module=pname.rsplit(".", 1)[0],
+                evidence={"tensor": name, "shape": got, "expected": list(want)},
+                fix="make the draft config (hidden_size, heads, head_dim, intermediate_size, vocab sizes) "
+                "describe the checkpoint it ships with",
+            )
+        )
+    return out
+
+
+# ---------------------------------------------------------------- aux layers
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One plausible meaning of the draft's ids: the trainer convention and the boundaries it trained on."""
+
+    trainer: str
+    ids: list[int] | None
+    boundaries: list[int]
+    source: str
+
+
+@dataclass(frozen=True)
+class EngineCapture:
+    ids: list[int] | None
+    source: str
+    rule: str
+    boundaries: list[int] | None  # None: defaults on an unknown layer count
+    dropped_ids: list[int]
+    error: str | None
+
+
+def _sglang_defaults(n: int) -> list[int]:
+    # set_eagle3_layers_to_capture(None) stores these as layers_to_capture directly: no +1.
+    wanted = {2, n // 2, n - 3}
+    return [b for b in range(n) if b in wanted]
+
+
+def engine_capture(cfg: DraftConfig, engine: Engine, target: TargetConfig | None) -> EngineCapture:
+    """Which ids the engine reads from this config and the boundaries its target then captures."""
+    ids, source = None, ""
+    for src in engine.ids_sources:
+        value = cfg.top_level_ids if src == "top_level" else cfg.eagle_config_ids
+        if value:
+            ids, source = value, ("top-level " if src == "top_level" else "eagle_config.") + IDS_KEY
+            break
+    arch = (target.architectures[0] if target and target.architectures else "") or (target.model_type if target else "")
+    rule = engine.capture_rule(arch)
+    n = target.num_hidden_layers if target else None
+    if ids is None:
+        return EngineCapture(None, "defaults [2, n//2, n-3]", rule, _sglang_defaults(n) if n else None, [], None)
+    # Without a target the layer count only decides what is dropped: assume enough layers.
+    res = engine_boundaries(ids, rule, n if n else max(ids) + 2)
+    return EngineCapture(ids, source, rule, res.boundaries, res.dropped_ids if n else [], res.error if n else None)
+
+
+def trained_readings(cfg: DraftConfig, n: int | None) -> list[Reading]:
+    """The boundaries the draft was trained on, under each plausible reading, most likely first."""
+    if cfg.top_level_ids:
+        ids = cfg.top_level_ids
+        return [Reading("speculators", ids, trainer_boundaries(ids, "speculators"), f"top-level {IDS_KEY}")]
+    if cfg.eagle_config_ids:
+        ids = cfg.eagle_config_ids
+        order = ["speculators", "specforge"] if cfg.speculators_traces else ["specforge", "speculators"]
+        return [Reading(t, ids, trainer_boundaries(ids, t), f"eagle_config.{IDS_KEY}") for t in order]
+    if n:
+        # Both trainers' defaults ([2, n//2, n-3] and SpecForge's [1, n//2-1, n-4]) are the same boundaries.
+        return [Reading("trainer default", None, [2, n // 2, n - 3], "no ids in the config: the trainer's default")]
+    return []
+
+
+def _ids_for(boundaries: list[int], rule: str, n: int) -> list[int] | None:
+    """Ids that make the engine capture exactly ``boundaries`` (None if its sorting forbids the order)."""
+    for cand in ([b - 1 for b in boundaries], list(boundaries)):
+        if engine_boundaries(cand, rule, n).boundaries == boundaries:
+            return cand
+    return None
+
+
+def _describe(reading: Reading) -> str:
+    if reading.ids is None:
+        return f"the trainer's default boundaries {reading.boundaries}"
+    return f"{reading.ids} read as {TRAINER_MEANING[reading.trainer]} = boundaries {reading.boundaries}"
+
+
+def check_aux_layers(cfg: DraftConfig, engine: Engine, target: TargetConfig | None) -> list[Finding]:
+    """Trained boundaries versus captured ones, under every plausible reading of the ids."""
+    label = _engine_label(engine)
+    n = target.num_hidden_layers if target else None
+    cap = engine_capture(cfg, engine, target)
+    readings = trained_readings(cfg, n)
+    out: list[Finding] = []
+    ignored_top = bool(cfg.top_level_ids) and "top_level" not in engine.ids_sources
+    engine_says = (
+        f"{label} reads {cap.source} {cap.ids} and its target ({cap.rule} rule) captures boundaries {cap.boundaries}"
+        if cap.ids is not None
+        else f"{label} finds no ids in eagle_config, so its target captures its defaults [2, n//2, n-3]"
+        + (f" = boundaries {cap.boundaries} (n={n})" if cap.boundaries is not None else "")
+    )
+    if ignored_top:
+        fix_ids = _ids_for(readings[0].boundaries, cap.rule, n or max(readings[0].boundaries) + 2) if readings else None
+        out.append(
+            finding(
+                "unsupported_config_flag",
+                f"top-level {IDS_KEY} {cfg.top_level_ids} is ignored by {label}, which reads eagle_config only"
+                + ("" if n else "; pass --target-config to see which layers the target captures instead"),
+                module="config.json",
+                evidence={"top_level_ids": cfg.top_level_ids, "eagle_config_ids": cfg.eagle_config_ids},
+                fix=f"put the ids in eagle_config.{IDS_KEY}"
+                + (f" as {fix_ids} (the {cap.rule} rule)" if fix_ids is not None else ""),
+            )
+        )
+    if cap.boundaries is None or not readings:
+        return out
+    matches = {r.trainer: r.boundaries == cap.boundaries for r in readings}
+    primary, others = readings[0], readings[1:]
+    bad_alt = [r for r in others if not matches[r.trainer]]
+    if matches[primary.trainer] and not bad_alt:
+        return out
+    n_eff = n or max(max(primary.boundaries), max(cap.boundaries)) + 2
+    fix_ids = _ids_for(primary.boundaries, cap.rule, n_eff)
+    if fix_ids is not None:
+        fix = (
+            f"set eagle_config.{IDS_KEY} to {fix_ids}: under the {cap.rule} rule that captures the trained "
+            f"boundaries {primary.boundaries}"
+        )
+    elif sorted(primary.boundaries) != primary.boundaries:
+        fix = (
+            f"the engine captures layers in ascending order; retrain with sorted ids or permute fc.weight's input "
+            f"column blocks to the order {sorted(primary.boundaries)}"
+        )
+    else:
+        fix = (
+            f"no ids make the engine capture boundaries {primary.boundaries} on this {n}-layer target; "
+            "check that the draft was trained for this target"
+        )
+    evidence: dict[str, Any] = {
+        "engine_ids": cap.ids,
+        "engine_ids_source": cap.source,
+        "engine_rule": cap.rule,
+        "engine_boundaries": cap.boundaries,
+        "readings": {r.trainer: {"ids": r.ids, "boundaries": r.boundaries, "source": r.source} for r in readings},
+        "target_layers": n,
+    }
+    tail = (
+        " The widths match, so nothing fails loudly: only acceptance drops."
+        if len(cap.boundaries) == len(primary.boundaries)
+        else " See short_capture for the width."
+    )
+    if not matches[primary.trainer]:
+        alt = "".join(
+            f" Read as {TRAINER_MEANING[r.trainer]} they mean boundaries {r.boundaries}"
+            + (", which the engine does capture." if matches[r.trainer] else ", also not captured.")
+            for r in others
+        )
+        message = f"trained on {_describe(primary)} ({primary.source}), but {engine_says}.{alt}{tail}"
+        out.append(finding("aux_layers_mismatch", message, module="config.json", evidence=evidence, fix=fix))
+    else:
+        alt = bad_alt[0]
+        message = (
+            f"the ids are ambiguous: {_describe(primary)} matches what {label} captures ({cap.boundaries}), but if "
+            f"they were written for the other trainer ({_describe(alt)}), the engine captures {cap.boundaries} "
+            f"instead of {alt.boundaries}. Check which trainer produced eagle_config.{IDS_KEY}."
+        )
+        alt_fix = _ids_for(alt.boundaries, cap.rule, n_eff)
+        out.append(
+            finding(
+                "aux_layers_mismatch",
+                message,
+                severity="warning",
+                module="config.json",
+                evidence=evidence,
+                fix=(
+                    f"if the draft was trained by {alt.trainer}, set eagle_config.{IDS_KEY} to {alt_fix}"
+                    if alt_fix is not None
+                    else fix
+                ),
+            )
+        )
+    return out
+
+
+def check_short_capture(cfg: DraftConfig, engine: Engine, target: TargetConfig | None) -> list[Finding]:
+    """Ids at or past the target's layer count (or colliding defaults) capture fewer chunks than trained."""
+    if target is None:
+        return []
+    n = target.num_hidden_layers
+    cap = engine_capture(cfg, engine, target)
+    readings = trained_readings(cfg, n)
+    want = len(readings[0].boundaries) if readings else 3
+    out = []
+    if cap.boundaries is not None and (len(cap.boundaries) < want or cap.dropped_ids):
+        how = cap.error or (
+            f"{_engine_label(engine)}'s capture loop never reaches them and drops them silently; the fused input "
+            f"is {len(cap.boundaries)} x hidden wide instead of {want} x hidden"
+        )
+        out.append(
+            finding(
+                "short_capture",
+                f"the target has {n} layers; {cap.source} {cap.ids if cap.ids is not None else ''} captures only "
+                f"{len(cap.boundaries)} distinct boundaries {cap.boundaries} of {want} (ids dropped: {cap.dropped_ids}): {how}",
+                module="config.json",
+                evidence={"target_layers": n, "engine_ids": cap.ids, "engine_boundaries": cap.boundaries, "wanted": want},
+            )
+        )
+    for r in readings[:1]:
+        beyond = [b for b in r.boundaries if b > n]
+        if beyond:
+            out.append(
+                finding(
+                    "short_capture",
+                    f"the draft was trained on boundaries {r.boundaries} but the target has only {n} layers "
+                    f"(boundaries 0..{n}): {beyond} do not exist on this target; was the draft trained for another one?",
+                    module="config.json",
+                    evidence={"target_layers": n, "trained_boundaries": r.boundaries},
+                )
+            )
+    return out
+
+
+# ---------------------------------------------------------------- widths, switches, flags
+
+
+def check_fc_width(cfg: DraftConfig, tensors: dict[str, TensorInfo], engine: Engine, target: TargetConfig | None) -> list[Finding]:
+    """fc.in_features against num_aux x target hidden (what the target delivers and what the engine builds)."""
+    out: list[Finding] = []
+    label = _engine_label(engine)
+    cfg_target_hidden = cfg.target_hidden_size or cfg.hidden_size
+    if target is not None and target.hidden_size != cfg_target_hidden:
+        key = "target_hidden_size" if cfg.target_hidden_size else "hidden_size (no target_hidden_size)"
+        out.append(
+            finding(
+                "shape_mismatch",
+                f"the draft config's {key} is {cfg_target_hidden} but the target's hidden_size is {target.hidden_size}",
+                module="config.json",
+                evidence={"draft_target_hidden": cfg_target_hidden, "target_hidden": target.hidden_size},
+                fix=f"set target_hidden_size={target.hidden_size} in the draft config (or audit against the right target)",
+            )
+        )
+    name = next((k for k in ("fc.weight", "model.fc.weight") if k in tensors), None)
+    if name is None or len(tensors[name].shape) != 2:
+        return out
+    fc_in = tensors[name].shape[1]
+    hidden = target.hidden_size if target else cfg_target_hidden
+    cap = engine_capture(cfg, engine, target)
+    delivered = len(cap.boundaries) if cap.boundaries is not None else 3
+    built = (engine.fc_aux_count or delivered) * cfg_target_hidden
+    problems = []
+    if fc_in != delivered * hidden:
+        problems.append(f"the target delivers {delivered} x {hidden} = {delivered * hidden}")
+    if fc_in != built:
+        problems.append(f"{label} builds fc for {engine.fc_aux_count or delivered} x {cfg_target_hidden} = {built}")
+    if problems:
+        why = (
+            " A fused input as wide as the draft's hidden size skips fc silently (fc bypass)."
+            if delivered * hidden == cfg.hidden_size
+            else ""
+        )
+        out.append(
+            finding(
+                "shape_mismatch",
+                f"fc.weight takes {fc_in} input features, but " + " and ".join(problems) + "." + why,
+                module="model.fc",
+                evidence={"fc_in_features": fc_in, "delivered": delivered * hidden, "engine_fc_in": built,
+                          "num_aux": delivered, "target_hidden": hidden},  # fmt: skip
+            )
+        )
+    return out
+
+
+def check_aux_enabled(cfg: DraftConfig, engine: Engine) -> list[Finding]:
+    if cfg.use_aux_hidden_state is not False:
+        return []
+    return [
+        finding(
+            "aux_capture_disabled",
+            "eagle_config.use_aux_hidden_state is false: the target captures no aux hidden states and "
+            + (
+                "the draft gets the final hidden state, fc is skipped (fc bypass)"
+                if engine.name == "sglang"
+                else "vLLM builds the draft without fc"
+            ),
+            module="config.json",
+            evidence={"use_aux_hidden_state": False},
+            fix="set eagle_config.use_aux_hidden_state=true (and launch with --speculative-algorithm EAGLE3)",
+        )
+    ]
+
+
+# flag -> (severity, what goes wrong when the engine ignores it)
+SGLANG_IGNORED_FLAGS: dict[str, tuple[str, str]] = {
+    "norm_before_residual": (
+        "error",
+        "the draft was trained with the residual taken after hidden_norm; SGLang's decoder layer takes it before, "
+        "so every draft step runs a different function than the one trained",
+    ),
+    "norm_before_fc": (
+        "error",
+        "the draft was trained with an RMSNorm over the fused aux states before fc; SGLang feeds them to fc raw",
+    ),
+    "fc_norm": ("error", "the draft was trained with a per-chunk RMSNorm before fc; SGLang feeds the chunks raw"),
+    "norm_output": (
+        "warning",
+        "the draft was trained feeding post-norm hidden states to its next step; SGLang feeds the pre-norm ones, "
+        "so draft steps after the first see other inputs",
+    ),
+    "embed_requires_grad": (
+        "warning",
+        "the draft trained its own embedding, but SGLang replaces embed_tokens with the target's at start-up "
+        "(set_embed), discarding it",
+    ),
+}
+VLLM_UNVERIFIED_FLAGS = ("fc_norm", "norm_output")
+
+
+def check_flags(cfg: DraftConfig, engine: Engine) -> list[Finding]:
+    out = []
+    label = _engine_label(engine)
+    for flag, value in cfg.flags.items():
+        if not value:
+            continue
+        if engine.name == "sglang" and flag in SGLANG_IGNORED_FLAGS:
+            severity, why = SGLANG_IGNORED_FLAGS[flag]
+            out.append(
+                finding(
+                    "unsupported_config_flag",
+                    f"{flag}=true is ignored by {label}: {why}",
+                    severity=severity,  # type: ignore[arg-type]
+                    module="config.json",
+                    evidence={flag: True},
+                    fix=f"retrain with {flag}=false, or serve with an engine that implements it (vLLM reads "
+                    "norm_before_residual and norm_before_fc)",
+                )
+            )
+        elif engine.name == "vllm" and flag in VLLM_UNVERIFIED_FLAGS:
+            out.append(
+                finding(
+                    "unsupported_config_flag",
+                    f"{flag}=true: spectrace has not verified that vLLM implements it",
+                    severity="info",
+                    module="config.json",
+                    evidence={flag: True},
+                    fix=f"check vLLM's llama_eagle3.py for {flag} before relying on it",
+                )
+            )
+    return out
+
+
+# ---------------------------------------------------------------- all together
+
+
+def audit(
+    cfg: DraftConfig,
+    tensors: dict[str, TensorInfo],
+    engine: Engine,
+    target: TargetConfig | None = None,
+) -> AuditResult:
+    """Every check, findings sorted by severity, plus the replay summary."""
+    dims = dims_of(cfg)
+    replay = replay_load(tensors, engine, dims)
+    findings: list[Finding] = []
+    findings += check_dropped(replay, engine, dims)
+    findings += check_missing(replay, cfg, engine, target)
+    findings += check_tensor_shapes(replay, engine)
+    findings += check_fc_width(cfg, tensors, engine, target)
+    findings += check_aux_enabled(cfg, engine)
+    findings += check_aux_layers(cfg, engine, target)
+    findings += check_short_capture(cfg, engine, target)
+    findings += check_flags(cfg, engine)
+    for f in findings:
+        f.source = "audit"
+    findings.sort(key=lambda f: SEVERITY_RANK[f.severity])
+    n = target.num_hidden_layers if target else None
+    cap = engine_capture(cfg, engine, target)
+    summary = {
+        "engine": {"name": engine.name, "version": engine.version, "draft_class": engine.draft_class,
+                   "assumptions": list(engine.assumptions)},  # fmt: skip
+        "trained_readings": [
+            {"trainer": r.trainer, "ids": r.ids, "boundaries": r.boundaries, "source": r.source}
+            for r in trained_readings(cfg, n)
+        ],
+        "engine_capture": {"ids": cap.ids, "source": cap.source, "rule": cap.rule, "boundaries": cap.boundaries},
+        "weights": {
+            "loaded": sorted(name for name in tensors if name not in replay.dropped and name not in replay.specials
+                             and name not in replay.skipped),  # fmt: skip
+            "dropped": replay.dropped,
+            "special": replay.specials,
+            "skipped": replay.skipped,
+        },
+    }
+    return AuditResult(findings, summary)

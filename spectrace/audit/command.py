@@ -1,0 +1,156 @@
+"""``spectrace audit DRAFT_DIR``: check a draft checkpoint against the serving engine before launch.
+
+    $ spectrace audit tests/fixtures/speculators_tiny --target-config tests/fixtures/target_llama_config.json
+
+Exit status: 0 no error finding, 1 at least one error finding, 2 unusable input (one
+line on stderr, never a traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+from pydantic import BaseModel
+
+from ..records import Finding, Severity
+from .checkpoint import AuditInputError, DraftCheckpoint, TargetConfig, read_checkpoint, read_target_config
+from .checks import AuditResult, audit
+from .engines import get_engine
+
+PROG = "spectrace audit"
+
+
+class _Parser(argparse.ArgumentParser):
+    # argparse prints usage and exits; the audit promises one error line instead.
+    def error(self, message: str) -> NoReturn:
+        raise AuditInputError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description="Audit an EAGLE-3 draft checkpoint against the serving engine before launch.")
+    p.add_argument("draft_dir", metavar="DRAFT_DIR", help="the draft checkpoint directory (config.json + weights)")
+    p.add_argument("--engine", choices=("sglang", "vllm"), default="sglang")
+    p.add_argument("--engine-version", choices=("0.5.23", "older"), default=None, help="SGLang release (default 0.5.23)")
+    p.add_argument("--target-config", metavar="PATH", help="the target's config.json (or its directory)")
+    p.add_argument("--json", action="store_true", help="print findings and a checkpoint summary as JSON")
+    return p
+
+
+def run_audit(draft_dir: Path, engine_name: str, engine_version: str | None, target_path: str | None) -> tuple[DraftCheckpoint, TargetConfig | None, AuditResult]:
+    if engine_name == "vllm" and engine_version is not None:
+        raise AuditInputError("--engine-version applies to --engine sglang only")
+    engine = get_engine(engine_name, engine_version)
+    ckpt = read_checkpoint(draft_dir)
+    target = read_target_config(Path(target_path)) if target_path else None
+    return ckpt, target, audit(ckpt.config, ckpt.tensors, engine, target)
+
+
+def summary(ckpt: DraftCheckpoint, target: TargetConfig | None, result: AuditResult) -> dict[str, Any]:
+    total = sum(_nbytes(t.shape, t.dtype) for t in ckpt.tensors.values())
+    return {
+        "path": ckpt.path,
+        "format": ckpt.config.format,
+        "files": ckpt.files,
+        "num_tensors": len(ckpt.tensors),
+        "approx_bytes": total,
+        "tensors": {name: {"shape": t.shape, "dtype": t.dtype} for name, t in sorted(ckpt.tensors.items())},
+        "config": ckpt.config.model_dump(),
+        "target": target.model_dump() if target else None,
+        **result.summary,
+    }
+
+
+def _nbytes(shape: list[int], dtype: str) -> int:
+    from .checkpoint import DTYPE_BYTES
+
+    n = 1
+    for d in shape:
+        n *= d
+    width = DTYPE_BYTES.get(dtype.upper()) or {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "bool": 1}.get(dtype, 0)
+    return int(n * width)
+
+
+class ReportFinding(BaseModel):
+    code: str
+    severity: Severity
+    message: str
+    evidence: dict[str, Any]
+    fix: str
+    module: str | None
+
+
+class AuditReport(BaseModel):
+    """What ``--json`` prints: the findings and a summary of the checkpoint and the engine's view of it."""
+
+    findings: list[ReportFinding]
+    checkpoint: dict[str, Any]
+
+
+def report(findings: list[Finding], info: dict[str, Any]) -> AuditReport:
+    return AuditReport(
+        findings=[
+            ReportFinding(code=f.code, severity=f.severity, message=f.message, evidence=f.evidence, fix=f.fix, module=f.module)
+            for f in findings
+        ],
+        checkpoint=info,
+    )
+
+
+def render(findings: list[Finding], info: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console()
+    engine = info["engine"]
+    cap = info["engine_capture"]
+    console.print(
+        f"[bold]spectrace audit[/] {escape(info['path'])}  format={info['format']}  tensors={info['num_tensors']}  "
+        f"engine={engine['name']} {engine['version']}"
+    )
+    trained = "; ".join(f"{r['trainer']}: {r['boundaries']}" for r in info["trained_readings"]) or "unknown"
+    captured = cap["boundaries"] if cap["boundaries"] is not None else "unknown (no --target-config)"
+    console.print(escape(f"trained boundaries: {trained}   engine captures: {captured}"))
+    if not findings:
+        console.print("[green]no findings[/]")
+    else:
+        colour = {"error": "red", "warning": "yellow", "info": "cyan"}
+        table = Table(show_lines=True)
+        for col in ("code", "severity", "message", "fix"):
+            table.add_column(col, overflow="fold")
+        for f in findings:
+            table.add_row(f.code, f"[{colour[f.severity]}]{f.severity}[/]", escape(f.message), escape(f.fix))
+        console.print(table)
+    for note in engine["assumptions"]:
+        console.print(f"[dim]assumed: {escape(note)}[/]")
+
+
+def main(argv: list[str]) -> int:
+    """Run the audit; every failure becomes one stderr line and exit status 2."""
+    try:
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit as stop:  # --help
+            return int(stop.code or 0)
+        ckpt, target, result = run_audit(Path(args.draft_dir), args.engine, args.engine_version, args.target_config)
+        info = summary(ckpt, target, result)
+        if args.json:
+            print(report(result.findings, info).model_dump_json(indent=2))
+        else:
+            render(result.findings, info)
+        return 1 if any(f.severity == "error" for f in result.findings) else 0
+    except AuditInputError as err:
+        reason = str(err)
+    except KeyboardInterrupt:
+        reason = "interrupted"
+    except BaseException as err:  # noqa: BLE001 - the promise is: no traceback, ever
+        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+        reason = f"internal error: {type(err).__name__}" + (f": {first}" if first else "")
+    try:
+        print(f"{PROG}: error: {reason}", file=sys.stderr)
+    except Exception:  # noqa: BLE001 - stderr closed; the exit status still says it
+        pass
+    return 2

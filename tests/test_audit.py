@@ -1,0 +1,384 @@
+"""``spectrace audit``: real trainer checkpoints, broken variants, hostile inputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from spectrace.audit.checkpoint import AuditInputError, read_checkpoint, read_safetensors_header, read_target_config
+from spectrace.audit.checks import audit
+from spectrace.audit.engines import get_engine
+
+ROOT = Path(__file__).resolve().parents[1]
+FIX = ROOT / "tests" / "fixtures"
+SPECULATORS = FIX / "speculators_tiny"
+SPECFORGE = FIX / "specforge_tiny"
+TARGET = FIX / "target_llama_config.json"
+CLI = "import sys; from spectrace.audit.command import main; sys.exit(main(sys.argv[1:]))"
+
+
+def run_cli(*args: object) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-c", CLI, *map(str, args)], capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+def run_audit(path: Path, engine: str = "sglang", version: str | None = None, target: Path | None = TARGET):
+    ckpt = read_checkpoint(path)
+    tgt = read_target_config(target) if target else None
+    return audit(ckpt.config, ckpt.tensors, get_engine(engine, version), tgt).findings
+
+
+def by_code(findings, code: str):
+    return [f for f in findings if f.code == code]
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("spectrace audit: error: ")
+    assert "Traceback" not in proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def variant(tmp_path: Path, src: Path = SPECFORGE, *, tensors=None, config=None) -> Path:
+    """A copy of a fixture with its tensors and/or config rewritten."""
+    dst = tmp_path / "draft"
+    shutil.copytree(src, dst)
+    if tensors is not None:
+        state = tensors(load_file(str(dst / "model.safetensors")))
+        save_file({k: v.contiguous() for k, v in state.items()}, str(dst / "model.safetensors"))
+    if config is not None:
+        cfg = json.loads((dst / "config.json").read_text())
+        config(cfg)
+        (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+# ------------------------------------------------------------ the real speculators checkpoint
+
+
+def test_speculators_fixture_really_comes_from_speculators() -> None:
+    cfg = json.loads((SPECULATORS / "config.json").read_text())
+    assert cfg["speculators_model_type"] == "eagle3" and cfg["speculators_version"]
+    names = read_checkpoint(SPECULATORS).tensors
+    assert "layers.0.self_attn.q_proj.weight" in names and "midlayer.self_attn.q_proj.weight" not in names
+
+
+def test_speculators_on_sglang_0523_with_target() -> None:
+    findings = run_audit(SPECULATORS)
+    [mismatch] = by_code(findings, "aux_layers_mismatch")
+    assert mismatch.severity == "error"
+    assert mismatch.evidence["engine_boundaries"] == [2, 4, 5]  # SGLang's defaults, top-level ids ignored
+    assert mismatch.evidence["readings"]["speculators"]["boundaries"] == [1, 3, 6]
+    assert "[0, 2, 5]" in mismatch.fix  # ids that make SGLang's +1 rule capture [1, 3, 6]
+    flags = {next(iter(f.evidence)): f for f in by_code(findings, "unsupported_config_flag")}
+    assert flags["norm_before_residual"].severity == "error"
+    assert flags["norm_before_fc"].severity == "error"
+    assert flags["norm_output"].severity == "warning"
+    assert "ignored" in flags["top_level_ids"].message
+    [dropped] = by_code(findings, "weights_dropped")
+    assert dropped.evidence["tensors"] == ["input_norm.weight"]
+    # 0.5.23 maps layers.0.*, fuses q/k/v and gate/up, takes d2t and lm_head: nothing else is missing.
+    assert not by_code(findings, "weights_missing")
+    assert not by_code(findings, "shape_mismatch")
+    assert not by_code(findings, "short_capture")
+
+
+def test_speculators_without_target_cannot_see_the_defaults_but_says_so() -> None:
+    findings = run_audit(SPECULATORS, target=None)
+    assert not by_code(findings, "aux_layers_mismatch")
+    ignored = [f for f in by_code(findings, "unsupported_config_flag") if "top_level_ids" in f.evidence]
+    assert ignored and "--target-config" in ignored[0].message
+
+
+def test_speculators_on_older_sglang_drops_the_decoder_layer() -> None:
+    findings = run_audit(SPECULATORS, version="older")
+    dropped = [f for f in by_code(findings, "weights_dropped") if f.evidence.get("rename")]
+    assert len(dropped) == 1
+    assert dropped[0].evidence["rename"] == {"from": "layers.0.", "to": "midlayer."}
+    assert len(dropped[0].evidence["tensors"]) == 10
+    missing = [p for f in by_code(findings, "weights_missing") for p in f.evidence["parameters"]]
+    assert "model.midlayer.self_attn.qkv_proj.weight" in missing
+
+
+def test_speculators_on_vllm_reads_its_own_format() -> None:
+    findings = run_audit(SPECULATORS, engine="vllm")
+    assert not by_code(findings, "aux_layers_mismatch")
+    assert not by_code(findings, "weights_dropped")
+    assert all(f.severity == "info" for f in findings), findings
+
+
+# ------------------------------------------------------------ SpecForge
+
+
+@pytest.mark.parametrize("version", ["0.5.23", "older"])
+def test_specforge_fixture_is_clean(version: str) -> None:
+    findings = run_audit(SPECFORGE, version=version)
+    assert not [f for f in findings if f.severity == "error"], findings
+    # The one thing a config alone cannot settle: which trainer's convention its ids use.
+    [ambiguous] = findings
+    assert ambiguous.code == "aux_layers_mismatch" and ambiguous.severity == "warning"
+    assert "specforge" in ambiguous.evidence["readings"] and "speculators" in ambiguous.evidence["readings"]
+    assert run_cli(SPECFORGE, "--target-config", TARGET, "--engine-version", version).returncode == 0
+
+
+def test_hand_converted_speculators_config_is_off_by_one(tmp_path: Path) -> None:
+    """Bug 3: speculators ids moved into eagle_config as they were; SGLang adds 1."""
+
+    def convert(cfg: dict) -> None:
+        cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [1, 3, 6]
+        cfg["norm_before_residual"] = False  # a speculators trace left behind by the conversion
+
+    findings = run_audit(variant(tmp_path, config=convert))
+    [mismatch] = by_code(findings, "aux_layers_mismatch")
+    assert mismatch.severity == "error"
+    assert mismatch.evidence["engine_boundaries"] == [2, 4, 7]
+    assert "[1, 3, 6]" in mismatch.message and "[2, 4, 7]" in mismatch.message
+    assert "SpecForge" in mismatch.message  # names the other reading too
+    assert "[0, 2, 5]" in mismatch.fix
+
+
+# ------------------------------------------------------------ broken variants
+
+
+def test_missing_lm_head(tmp_path: Path) -> None:
+    draft = variant(tmp_path, tensors=lambda s: {k: v for k, v in s.items() if k != "lm_head.weight"})
+    findings = run_audit(draft)
+    [missing] = by_code(findings, "weights_missing")
+    assert "lm_head.weight" in missing.message and missing.evidence["parameters"] == ["lm_head.weight"]
+    proc = run_cli(draft, "--target-config", TARGET)
+    assert proc.returncode == 1 and "lm_head.weight" in proc.stdout
+
+
+def test_missing_embed_tokens_is_normal(tmp_path: Path) -> None:
+    # SpecForge ships no embed_tokens: SGLang's set_embed gives the target's.
+    assert "embed_tokens.weight" not in read_checkpoint(SPECFORGE).tensors
+    assert not by_code(run_audit(SPECFORGE), "weights_missing")
+
+
+def test_missing_d2t_with_reduced_vocab(tmp_path: Path) -> None:
+    draft = variant(tmp_path, tensors=lambda s: {k: v for k, v in s.items() if k != "d2t"})
+    [missing] = by_code(run_audit(draft), "weights_missing")
+    assert missing.module == "d2t" and "hot_token_id" in missing.message
+
+
+def test_renamed_prefix_is_dropped_and_missing(tmp_path: Path) -> None:
+    draft = variant(
+        tmp_path, tensors=lambda s: {k.replace("midlayer.", "decoder.", 1): v for k, v in s.items()}
+    )
+    findings = run_audit(draft)
+    [dropped] = by_code(findings, "weights_dropped")
+    assert dropped.evidence["rename"] == {"from": "decoder.", "to": "layers.0."}
+    assert "decoder.self_attn.q_proj.weight" in dropped.evidence["tensors"]
+    assert "decoder." in dropped.fix and "layers.0." in dropped.fix
+    missing = [p for f in by_code(findings, "weights_missing") for p in f.evidence["parameters"]]
+    assert "model.layers.0.self_attn.qkv_proj.weight" in missing
+    assert "model.layers.0.mlp.gate_up_proj.weight" in missing
+
+
+def test_layers0_under_older_engine_version_cli(tmp_path: Path) -> None:
+    draft = variant(tmp_path, tensors=lambda s: {k.replace("midlayer.", "layers.0.", 1): v for k, v in s.items()})
+    assert not by_code(run_audit(draft, version="0.5.23"), "weights_dropped")
+    proc = run_cli(draft, "--engine-version", "older", "--json")
+    assert proc.returncode == 1
+    codes = {f["code"] for f in json.loads(proc.stdout)["findings"]}
+    assert {"weights_dropped", "weights_missing"} <= codes
+
+
+def test_aux_capture_disabled(tmp_path: Path) -> None:
+    draft = variant(tmp_path, config=lambda c: c["eagle_config"].update(use_aux_hidden_state=False))
+    [off] = by_code(run_audit(draft), "aux_capture_disabled")
+    assert off.severity == "error"
+
+
+def test_ids_past_the_target_are_a_short_capture(tmp_path: Path) -> None:
+    draft = variant(tmp_path, config=lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[0, 2, 8]))
+    shorts = by_code(run_audit(draft), "short_capture")
+    [short] = [f for f in shorts if "engine_boundaries" in f.evidence]
+    assert short.evidence["engine_boundaries"] == [1, 3] and short.evidence["wanted"] == 3
+    # Read as SpecForge ids, 8 means boundary 9: a layer this 8-layer target does not have.
+    assert any(f.evidence.get("trained_boundaries") == [1, 3, 9] for f in shorts)
+
+
+def test_target_hidden_size_mismatch(tmp_path: Path) -> None:
+    target = json.loads(TARGET.read_text())
+    target["hidden_size"] = 128
+    (tmp_path / "target.json").write_text(json.dumps(target))
+    findings = run_audit(SPECFORGE, target=tmp_path / "target.json")
+    shapes = by_code(findings, "shape_mismatch")
+    assert any("128" in f.message and "hidden_size" in f.message for f in shapes)
+    assert any(f.module == "model.fc" and f.evidence["delivered"] == 3 * 128 for f in shapes)
+
+
+def test_fc_width_against_four_aux_layers(tmp_path: Path) -> None:
+    draft = variant(tmp_path, config=lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[0, 2, 4, 5]))
+    [fc] = [f for f in by_code(run_audit(draft), "shape_mismatch") if f.module == "model.fc"]
+    assert fc.evidence == {**fc.evidence, "fc_in_features": 192, "delivered": 256}
+
+
+def test_norm_before_residual_on_a_sglang_config(tmp_path: Path) -> None:
+    draft = variant(tmp_path, config=lambda c: c.update(norm_before_residual=True))
+    flags = by_code(run_audit(draft), "unsupported_config_flag")
+    assert any("norm_before_residual" in f.message and f.severity == "error" for f in flags)
+
+
+# ------------------------------------------------------------ unusable input: exit 2, one line
+
+
+def test_corrupt_safetensors(tmp_path: Path) -> None:
+    draft = variant(tmp_path)
+    (draft / "model.safetensors").write_bytes(struct.pack("<Q", 40) + b"{not json at all" + b" " * 60)
+    assert_one_line_error(run_cli(draft), "model.safetensors", "not valid JSON")
+
+
+def test_truncated_safetensors(tmp_path: Path) -> None:
+    draft = variant(tmp_path)
+    data = (draft / "model.safetensors").read_bytes()
+    (draft / "model.safetensors").write_bytes(data[: len(data) // 2])
+    assert_one_line_error(run_cli(draft), "truncated")
+
+
+def test_header_claiming_ten_gigabytes_is_refused_unread(tmp_path: Path) -> None:
+    draft = variant(tmp_path)
+    (draft / "model.safetensors").write_bytes(struct.pack("<Q", 10 * 1024**3) + b"{}")
+    with pytest.raises(AuditInputError, match="header length claims"):
+        read_safetensors_header(draft / "model.safetensors")
+    assert_one_line_error(run_cli(draft), "header length claims 10737418240 bytes")
+
+
+def test_config_not_json(tmp_path: Path) -> None:
+    draft = variant(tmp_path)
+    (draft / "config.json").write_text("{'hidden_size': 64,")
+    assert_one_line_error(run_cli(draft), "not JSON")
+
+
+@pytest.mark.parametrize(
+    ("mutate", "needle"),
+    [
+        (lambda c: c.update(hidden_size="64"), "hidden_size must be a int"),
+        (lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids="1,3,6"), "list of integers"),
+        (lambda c: c.update(eagle_config=[1, 2]), "eagle_config must be an object"),
+        (lambda c: c.pop("hidden_size"), "hidden_size is missing"),
+    ],
+)
+def test_config_wrong_types(tmp_path: Path, mutate, needle: str) -> None:
+    assert_one_line_error(run_cli(variant(tmp_path, config=mutate)), needle)
+
+
+def test_missing_dir_and_missing_config(tmp_path: Path) -> None:
+    assert_one_line_error(run_cli(tmp_path / "nope"), "no such directory")
+    (tmp_path / "empty").mkdir()
+    assert_one_line_error(run_cli(tmp_path / "empty"), "config.json", "not found")
+
+
+def test_bad_arguments_are_one_line(tmp_path: Path) -> None:
+    assert_one_line_error(run_cli(SPECFORGE, "--engine", "trt"), "invalid choice")
+    assert_one_line_error(run_cli(SPECFORGE, "--target-config", tmp_path / "none.json"), "target config")
+
+
+class _WritesAFile:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+@pytest.mark.parametrize("writer", ["pickle", "torch.save"])
+def test_malicious_bin_never_runs(tmp_path: Path, writer: str) -> None:
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    shutil.copy(SPECFORGE / "config.json", draft / "config.json")
+    marker = tmp_path / "pwned"
+    payload = {"fc.weight": torch.zeros(2, 2), "evil": _WritesAFile(str(marker))}
+    if writer == "pickle":
+        (draft / "pytorch_model.bin").write_bytes(pickle.dumps(payload))
+    else:
+        torch.save(payload, draft / "pytorch_model.bin")
+    assert not marker.exists()
+    assert_one_line_error(run_cli(draft), "pytorch_model.bin")
+    assert not marker.exists()
+
+
+def test_honest_bin_is_read(tmp_path: Path) -> None:
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    shutil.copy(SPECFORGE / "config.json", draft / "config.json")
+    torch.save(load_file(str(SPECFORGE / "model.safetensors")), draft / "pytorch_model.bin")
+    ckpt = read_checkpoint(draft)
+    assert ckpt.tensors["fc.weight"].shape == [64, 192]
+    assert run_cli(draft, "--target-config", TARGET).returncode == 0
+
+
+# ------------------------------------------------------------ output
+
+
+def test_json_output_parses() -> None:
+    proc = run_cli(SPECULATORS, "--target-config", TARGET, "--json")
+    assert proc.returncode == 1, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["findings"] and set(out["findings"][0]) == {"code", "severity", "message", "evidence", "fix", "module"}
+    ck = out["checkpoint"]
+    assert ck["format"] == "speculators" and ck["num_tensors"] == 17
+    assert ck["engine_capture"]["boundaries"] == [2, 4, 5]
+    assert ck["weights"]["dropped"] == ["input_norm.weight"]
+
+
+def test_table_output_names_codes_and_fixes() -> None:
+    proc = run_cli(SPECULATORS, "--target-config", TARGET)
+    assert proc.returncode == 1 and proc.stderr == ""
+    for text in ("aux_layers_mismatch", "norm_before_residual", "input_norm.weight", "fix"):
+        assert text in proc.stdout
+
+
+# ------------------------------------------------------------ the header parser never trusts its input
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=200, deadline=None)
+@given(claimed=st.integers(0, 2**64 - 1), body=st.binary(max_size=256))
+def test_any_header_bytes_give_tensors_or_an_input_error(tmp_path_factory, claimed: int, body: bytes) -> None:
+    path = tmp_path_factory.mktemp("fuzz") / "model.safetensors"
+    path.write_bytes(struct.pack("<Q", claimed) + body)
+    try:
+        read_safetensors_header(path)
+    except AuditInputError as err:
+        assert "\n" not in str(err)
+
+
+def test_every_fixture_tensor_survives_the_hand_parser() -> None:
+    from safetensors import safe_open
+
+    ours = read_safetensors_header(SPECULATORS / "model.safetensors")
+    with safe_open(str(SPECULATORS / "model.safetensors"), "pt") as f:
+        theirs = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
+    assert {k: v.shape for k, v in ours.items()} == theirs
+
+
+def test_unexpected_exception_is_one_line_exit_2(monkeypatch, capsys) -> None:
+    import spectrace.audit.command as command
+
+    def boom(*_a, **_k):
+        raise RuntimeError("kaboom\nsecond line")
+
+    monkeypatch.setattr(command, "read_checkpoint", boom)
+    assert command.main([str(SPECFORGE)]) == 2
+    err = capsys.readouterr().err
+    assert err == "spectrace audit: error: internal error: RuntimeError: kaboom\n"
