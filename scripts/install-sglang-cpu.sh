@@ -76,29 +76,30 @@ fi
 
 PIP=("$PY" -m pip install --disable-pip-version-check -c "$CONSTRAINTS")
 
-# 1. SGLang's Python source only.
+# 1. torchvision 0.28.0 from the index is a CUDA build: its ops library does not load
+#    beside a CPU torch and `import torchvision` then raises
+#    `operator torchvision::nms does not exist` -- which breaks `from transformers
+#    import LlamaConfig` for EVERY test in the venv, not only the SGLang ones.
+#    A one-line .pth registers an empty `torchvision._meta_registrations` at start-up
+#    (no heavy import; transforms still work, torchvision.ops do not). Written first,
+#    so an interrupted install never leaves the venv's transformers unimportable.
+SITE="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+cat >"$SITE/_sglang_cpu_torchvision_stub.pth" <<'PTH'
+import sys, types; sys.modules.setdefault("torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations"))
+PTH
+
+# 2. SGLang's Python source only.
 "${PIP[@]}" --no-deps "sglang==$SGLANG_VERSION"
 # pip will then list sglang's unmet pins (torch==2.14.1, uvicorn, xgrammar, ...):
 # expected, those parts of SGLang (server, grammar, CUDA kernels) are not used here.
 
-# 2. The light deps its import chain needs (models, layers, logits processor,
+# 3. The light deps its import chain needs (models, layers, logits processor,
 #    speculative workers). Versions held by the constraints file.
 "${PIP[@]}" \
     numpy orjson psutil pybase64 requests triton packaging pillow starlette msgspec \
     pydantic pyzmq tqdm ipython aiohttp "transformers==5.19.0" "torchvision==0.28.0" dill \
     "apache-tvm-ffi==0.1.11" "sentencepiece==0.2.1" "compressed-tensors==0.18.0" gguf \
     einops "openai==2.8.0" partial-json-parser
-
-# 3. torchvision 0.28.0 from the index is a CUDA build: its ops library does not load
-#    beside a CPU torch and `import torchvision` then raises
-#    `operator torchvision::nms does not exist` -- which breaks `from transformers
-#    import LlamaConfig` for EVERY test in the venv, not only the SGLang ones.
-#    A one-line .pth registers an empty `torchvision._meta_registrations` at start-up
-#    (no heavy import; transforms still work, torchvision.ops do not).
-SITE="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-cat >"$SITE/_sglang_cpu_torchvision_stub.pth" <<'PTH'
-import sys, types; sys.modules.setdefault("torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations"))
-PTH
 
 # --- verify: torch unchanged and still CPU; the modules spectrace hooks import ----
 "$PY" - <<'PY'

@@ -47,6 +47,11 @@ os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
 _STATE: dict[str, Any] = {"ready": False}
 
+#: `layer_ids` default of the target builders: do not call
+#: `set_eagle3_layers_to_capture` at all (no aux capture; the logits processor then
+#: stores the final normed hidden state). Pass `None` for SGLang's own default ids.
+NO_CAPTURE = "no-capture"
+
 
 # --------------------------------------------------------------------------------------
 # process set-up
@@ -349,25 +354,46 @@ def _state_items(hf_state_dict_or_model) -> Iterable[tuple[str, torch.Tensor]]:
 def build_sglang_llama_target(
     hf_config,
     hf_state_dict_or_model=None,
-    layer_ids: Optional[Sequence[int]] | str = "default",
+    layer_ids: Optional[Sequence[int]] | str = NO_CAPTURE,
 ):
     """Real `sglang.srt.models.llama.LlamaForCausalLM` from a transformers
-    `LlamaConfig`, weights through its own `load_weights`, then
+    `LlamaConfig`, weights (an HF model or state dict; default: a seeded random HF
+    model) through SGLang's own `load_weights`, then
     `set_eagle3_layers_to_capture(layer_ids)` (SGLang's +1 rule: id k captures HF
     `hidden_states[k+1]`). `layer_ids=None` passes None (SGLang's default
-    `[2, n//2, n-3]`, taken literally); the string "default" or `False`-y skips the call
+    `[2, n//2, n-3]`, taken literally); `NO_CAPTURE` (the default) skips the call
     (no aux capture: the target stores its final normed hidden state)."""
     setup()
     from sglang.srt.models.llama import LlamaForCausalLM
 
     cfg = copy.deepcopy(hf_config)
     model = LlamaForCausalLM(cfg).eval()
-    if hf_state_dict_or_model is not None:
-        model.load_weights(_state_items(hf_state_dict_or_model))
-    if layer_ids != "default" and layer_ids is not False:
+    if hf_state_dict_or_model is None:  # SGLang params are torch.empty: load something
+        from transformers import LlamaForCausalLM as HFLlama
+
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            hf_state_dict_or_model = HFLlama(copy.deepcopy(hf_config)).state_dict()
+    model.load_weights(_state_items(hf_state_dict_or_model))
+    if layer_ids != NO_CAPTURE:
         model.set_eagle3_layers_to_capture(
             None if layer_ids is None else list(layer_ids)
         )
+    return model
+
+
+def randomize_weights_(model: torch.nn.Module, seed: int = 0, std: float = 0.02):
+    """Fill every parameter deterministically: norms (weights named `*norm*`) with 1,
+    the rest with N(0, std). SGLang allocates most parameters with `torch.empty` and
+    expects `load_weights` to fill them, so a model that is not loaded holds whatever
+    memory it got (NaN/inf logits are possible)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:  # RMSNorm weights: hidden_norm, input_layernorm, ...
+                p.fill_(1.0)
+            elif p.dtype.is_floating_point:
+                p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * std)
     return model
 
 
@@ -393,15 +419,21 @@ def _draft_config(config_dict: Mapping[str, Any] | Any):
 def build_sglang_eagle3_draft(
     config_dict: Mapping[str, Any] | Any,
     weights: Optional[Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor]] = None,
+    *,
+    seed: Optional[int] = 0,
 ):
     """Real `LlamaForCausalLMEagle3` from a draft config.json dict (SpecForge / SGLang
     format: `draft_vocab_size`, `target_hidden_size`, `eagle_config{...}` plus the Llama
-    fields; `num_hidden_layers` is normally 1). `weights`, if given, go through the real
-    `load_weights` (names it does not know are dropped silently there)."""
+    fields; `num_hidden_layers` is normally 1). Parameters are first filled by
+    `randomize_weights_(seed)` (`seed=None`: leave SGLang's uninitialised memory);
+    `weights`, if given, then go through the real `load_weights` (names it does not
+    know are dropped silently there)."""
     setup()
     from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
 
     model = LlamaForCausalLMEagle3(_draft_config(config_dict)).eval()
+    if seed is not None:
+        randomize_weights_(model, seed)
     if weights is not None:
         items = weights.items() if isinstance(weights, Mapping) else weights
         model.load_weights(list(items))
@@ -481,25 +513,17 @@ def tiny_deepseek_v3_config(**overrides):
 
 
 def _sglang_deepseek_fields(cfg) -> None:
-    for key, val in dict(
-        moe_layer_freq=1,
-        topk_method="noaux_tc",
-        scoring_func="sigmoid",
-        ep_size=1,
-        num_nextn_predict_layers=0,
-        norm_topk_prob=True,
-    ).items():
-        if getattr(cfg, key, None) is None or key in (
-            "moe_layer_freq",
-            "topk_method",
-            "scoring_func",
-            "ep_size",
-            "num_nextn_predict_layers",
-        ):
-            setattr(cfg, key, val)
+    """Fields SGLang's `deepseek_v2` reads that transformers' DeepseekV3Config lacks."""
+    cfg.moe_layer_freq = 1
+    cfg.topk_method = "noaux_tc"
+    cfg.scoring_func = "sigmoid"
+    cfg.ep_size = 1
+    cfg.num_nextn_predict_layers = 0
+    if getattr(cfg, "norm_topk_prob", None) is None:
+        cfg.norm_topk_prob = True
     rs = getattr(cfg, "rope_scaling", None)
     if isinstance(rs, dict) and "type" not in rs and "rope_type" in rs:
-        rs["type"] = rs["rope_type"]
+        rs["type"] = rs["rope_type"]  # SGLang's yarn path reads "type"
     cfg.architectures = ["DeepseekV3ForCausalLM"]
 
 
@@ -529,11 +553,12 @@ def hf_deepseek_to_sglang_weights(
 def build_sglang_deepseek_target(
     hf_config=None,
     hf_state_dict_or_model=None,
-    layer_ids: Optional[Sequence[int]] | str = "default",
+    layer_ids: Optional[Sequence[int]] | str = NO_CAPTURE,
 ):
     """Real `sglang.srt.models.deepseek_v2.DeepseekV3ForCausalLM` (tiny MLA + MoE).
     `hf_config` defaults to `tiny_deepseek_v3_config()`; it is deep-copied and given
-    the fields SGLang needs. Weights from a transformers model / state dict go through
+    the fields SGLang needs. Weights from a transformers model / state dict (default: a
+    seeded random transformers model of the same config) go through
     `hf_deepseek_to_sglang_weights` and SGLang's `load_weights`. `layer_ids` as in
     `build_sglang_llama_target` (0.5.23 rule: +1 only when the first id is 1)."""
     setup()
@@ -542,15 +567,16 @@ def build_sglang_deepseek_target(
     cfg = copy.deepcopy(hf_config) if hf_config is not None else tiny_deepseek_v3_config()
     _sglang_deepseek_fields(cfg)
     model = DeepseekV3ForCausalLM(cfg).eval()
-    if hf_state_dict_or_model is not None:
-        model.load_weights(hf_deepseek_to_sglang_weights(hf_state_dict_or_model))
-        post = getattr(model, "post_load_weights", None)
-        if callable(post):
-            try:
-                post()
-            except TypeError:
-                pass
-    if layer_ids != "default" and layer_ids is not False:
+    if hf_state_dict_or_model is None:
+        from transformers import DeepseekV3ForCausalLM as HFDeepseekV3
+
+        hf_cfg = copy.deepcopy(hf_config) if hf_config is not None else tiny_deepseek_v3_config()
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            hf_state_dict_or_model = HFDeepseekV3(hf_cfg).state_dict()
+    # (SGLang's load_weights ends with post_load_weights: MLA w_kc / w_vc split)
+    model.load_weights(hf_deepseek_to_sglang_weights(hf_state_dict_or_model))
+    if layer_ids != NO_CAPTURE:
         model.set_eagle3_layers_to_capture(
             None if layer_ids is None else list(layer_ids)
         )
