@@ -49,7 +49,8 @@ def check_nonfinite(calls: Iterable[Call]) -> list[Finding]:
 
 
 def _is_draft_layer(module: str) -> bool:
-    return any(glob_match(module, g) for g in DRAFT_LAYER_GLOBS) or (".layers.0" in module and "draft" in module.lower())
+    # The decoder layer itself, not its submodules (hidden_norm, self_attn, ...).
+    return any(glob_match(module, g) for g in DRAFT_LAYER_GLOBS) or (module.endswith(".layers.0") and "draft" in module.lower())
 
 
 def check_fc_called(calls: Iterable[Call]) -> list[Finding]:
@@ -65,7 +66,9 @@ def check_fc_called(calls: Iterable[Call]) -> list[Finding]:
     if not bypassed:
         return []
     layer = layer_steps[bypassed[0]]
-    width = layer.inputs[0].shape[-1] if layer.inputs and layer.inputs[0].shape else None
+    # Engines pass (positions, embeds, hidden_states): the hidden states come last.
+    widths = [m.shape[-1] for m in layer.inputs if len(m.shape) >= 2]
+    width = widths[-1] if widths else None
     return [
         finding(
             "fc_bypass",
