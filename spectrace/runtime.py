@@ -28,6 +28,21 @@ _state: dict[str, Any] = {}
 INTEGRATIONS: list[tuple[str, str]] = [
     ("transformers.modeling_utils", "spectrace.integrations.transformers:patch"),
     ("sglang.srt.models.llama_eagle3", "spectrace.integrations.sglang.patches:patch_draft_module"),
+    # The other SGLang patch points (spectrace/integrations/sglang/points.py); modules a
+    # version lacks are simply never imported.
+    ("sglang.srt.models.kimi_k25_eagle3", "spectrace.integrations.sglang.patches:patch_module"),
+    ("sglang.srt.models.llama", "spectrace.integrations.sglang.patches:patch_module"),
+    ("sglang.srt.models.deepseek_v2", "spectrace.integrations.sglang.patches:patch_module"),
+    ("sglang.srt.models.kimi_k25", "spectrace.integrations.sglang.patches:patch_module"),
+    ("sglang.srt.layers.logits_processor", "spectrace.integrations.sglang.patches:patch_module"),
+    ("sglang.srt.speculative.eagle_worker_v2", "spectrace.integrations.sglang.patches:patch_module"),
+    ("sglang.srt.speculative.eagle_worker", "spectrace.integrations.sglang.patches:patch_module"),
+    ("sglang.srt.model_executor.runner.decode_cuda_graph_runner", "spectrace.integrations.sglang.patches:patch_module"),
+    ("sglang.srt.model_executor.cuda_graph_runner", "spectrace.integrations.sglang.patches:patch_module"),
+    ("sglang.srt.speculative.eagle_draft_cuda_graph_runner", "spectrace.integrations.sglang.patches:patch_module"),
+    ("sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner", "spectrace.integrations.sglang.patches:patch_module"),
+    ("sglang.srt.runtime_context", "spectrace.integrations.sglang.patches:patch_module"),
+    ("sglang.srt.managers.scheduler", "spectrace.integrations.sglang.patches:patch_module"),
 ]
 
 

@@ -1,0 +1,69 @@
+"""Accept lengths per verify step, from the CPU lists SGLang already builds (no device sync).
+
+0.5.17 and 0.5.23 call ``EAGLEWorkerV2.on_verify_complete_cpu(num_correct_drafts_per_req,
+batch_size)`` once the accept counts are on the host; an accept length is the correct
+drafts plus the bonus token. Older SGLang (``speculative/eagle_worker.py``, EAGLEWorker v1)
+returns ``accept_length_per_req_cpu`` from ``verify``; that reader is best effort.
+A rolling window feeds the core's ``check_acceptance`` (acceptance_collapse, once).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ...checks.runtime import COLLAPSE_WINDOW, check_acceptance
+from ...records import Acceptance
+from . import state
+
+
+def _proposed(worker: Any) -> int:
+    for attr in ("speculative_num_steps",):
+        value = getattr(worker, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    value = getattr(worker, "speculative_num_draft_tokens", None)
+    return max(int(value) - 1, 1) if isinstance(value, int) else 1
+
+
+def record_step(correct: Sequence[int], k: int) -> Acceptance:
+    correct = [int(c) for c in correct]
+    record = Acceptance(
+        step=state.STATE.accept_step,
+        accept_lengths=[c + 1 for c in correct],
+        draft_tokens=k,
+        accepted_per_position=[sum(1 for c in correct if c > i) for i in range(k)],
+    )
+    state.STATE.accept_step += 1
+    state.emit(record)
+    window = state.STATE.accept_window
+    window.append(record)
+    del window[:-COLLAPSE_WINDOW]
+    if len(window) == COLLAPSE_WINDOW and "acceptance_collapse" not in state.STATE.once:
+        for found in check_acceptance(list(window)):
+            state.emit_once(found.code, lambda found=found: found)
+    return record
+
+
+def after_verify_complete_cpu(result: Any, *args: Any, **kwargs: Any) -> None:
+    """HookRegistry AFTER: ``(result, self, num_correct_drafts_per_req, batch_size=0)``."""
+    try:
+        correct = kwargs.get("num_correct_drafts_per_req", args[1] if len(args) > 1 else None)
+        if correct:
+            record_step(list(correct), _proposed(args[0]))
+    except Exception as exc:
+        state.internal_error("accept lengths", exc)
+    return None
+
+
+def after_v1_verify(result: Any, *args: Any, **kwargs: Any) -> None:
+    """Older EAGLEWorker.verify: look for ``accept_length_per_req_cpu`` in what it returns."""
+    try:
+        items = result if isinstance(result, tuple) else (result,)
+        for item in items:
+            lengths = getattr(item, "accept_length_per_req_cpu", None)
+            if isinstance(lengths, list) and lengths:
+                record_step(lengths, _proposed(args[0]))  # v1 counted accepted drafts, bonus excluded
+                return None
+    except Exception as exc:
+        state.internal_error("accept lengths (v1)", exc)
+    return None

@@ -1,0 +1,84 @@
+"""CUDA graphs: what spectrace can and cannot see, and the one check that works on replay.
+
+Python hooks inside the model run when a graph is captured, never when it replays, so
+each runner's first replay records (once, then counts) that replayed steps are not
+traced per module. ``execute`` itself is Python and runs on every replay: the
+draft-extend runner copies the incoming hidden states into its static buffer only when
+the widths match, otherwise the graph replays on stale data (0.5.17 and 0.5.23). The
+width test is host metadata (shapes), no device sync.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...findings import finding
+from ...records import Coverage
+from . import state
+
+
+def capturing() -> bool:
+    """True while a CUDA stream is capturing: no .item()/.cpu() may run then."""
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+    except Exception:
+        return False
+
+
+def _replayed(runner: str) -> None:
+    st = state.STATE
+    record = st.graph_coverage.get(runner)
+    rec = state.recorder()
+    try:
+        rec.counters.graph_replay_steps += 1
+    except Exception:
+        pass
+    if record is not None:
+        record.count += 1
+        return
+    record = Coverage(
+        kind="graph_replay",
+        detail=f"{runner} replays a captured CUDA graph: replayed steps are not traced per module "
+        "(load- and capture-time checks ran; acceptance is still recorded)",
+    )
+    st.graph_coverage[runner] = record
+    rec.warn_once(f"coverage:graph_replay:{runner}", f"not covered: {record.detail}")
+    rec.emit(record)
+
+
+def after_execute(result: Any, *args: Any, **kwargs: Any) -> None:
+    """HookRegistry AFTER on a graph runner's ``execute``."""
+    try:
+        _replayed(type(args[0]).__name__)
+    except Exception as exc:
+        state.internal_error("graph execute", exc)
+    return None
+
+
+def before_draft_extend_execute(*args: Any, **kwargs: Any) -> None:
+    """HookRegistry BEFORE on ``EAGLEDraftExtendCudaGraphRunner.execute(self, forward_batch, ...)``."""
+    try:
+        runner = args[0]
+        batch = args[1] if len(args) > 1 else kwargs.get("forward_batch")
+        incoming = getattr(getattr(batch, "spec_info", None), "hidden_states", None)
+        buffer = getattr(getattr(runner, "buffers", None), "hidden_states", None)
+        if incoming is None or buffer is None or incoming.dim() < 2 or buffer.dim() < 2:
+            return None
+        seen, expected = int(incoming.shape[-1]), int(buffer.shape[-1])
+        if seen != expected:
+            state.emit_once(
+                "graph_stale_hidden",
+                lambda: finding(
+                    "fc_bypass",
+                    f"the draft-extend CUDA graph got {seen}-wide hidden states but its buffer is {expected} wide "
+                    "(target hidden x num aux): SGLang skips the copy and replays the graph on stale hidden states",
+                    module="draft.cuda_graph_runner_for_draft_extend",
+                    evidence={"seen_width": seen, "fc_in_features": expected, "runner": type(runner).__name__},
+                    source="sglang.graphs",
+                ),
+            )
+    except Exception as exc:
+        state.internal_error("draft-extend execute", exc)
+    return None

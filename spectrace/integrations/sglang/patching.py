@@ -1,0 +1,269 @@
+"""Apply the patch points: directly (import-hook route, tests) or through SGLang's HookRegistry.
+
+Both routes run the same hook functions; neither patches twice:
+
+- a direct patch marks its wrapper with ``__spectrace_sglang__`` (the point keys it
+  carries; ``functools.wraps`` copies the mark onto any wrapper SGLang puts around it);
+- a point handed to HookRegistry is *claimed*, so the import hook, which fires while
+  HookRegistry imports the module, leaves it alone;
+- at run time a per-thread guard lets a hook that somehow sits twice on one call act once.
+
+A point missing from the installed SGLang is reported once as "not covered".
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import sys
+import threading
+from types import ModuleType
+from typing import Any, Callable
+
+from . import state
+from .points import POINTS, Point, alternatives, points_for
+
+MARK = "__spectrace_sglang__"
+_claimed: set[str] = set()
+_applied: dict[str, str] = {}  # point key -> route ("direct" | "plugin")
+_reported: set[str] = set()
+_guard = threading.local()
+
+
+def _keys(fn: Any) -> set[str]:
+    """Point keys already on ``fn`` or anything it wraps."""
+    found: set[str] = set()
+    seen = 0
+    while fn is not None and seen < 32:
+        found |= set(getattr(fn, MARK, ()) or ())
+        fn = getattr(fn, "__wrapped__", None)
+        seen += 1
+    return found
+
+
+def is_patched(fn: Any, point: Point | None = None) -> bool:
+    keys = _keys(fn)
+    return bool(keys) if point is None else point.key in keys
+
+
+def _owner(module: ModuleType, qualname: str) -> tuple[Any, str] | None:
+    *path, attr = qualname.split(".")
+    obj: Any = module
+    for part in path:
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    if attr not in getattr(obj, "__dict__", {}) and not hasattr(obj, attr):
+        return None
+    return obj, attr
+
+
+def guarded(point: Point) -> Callable[..., Any]:
+    """The point's hook with HookRegistry's signature, acting once per call even if stacked."""
+    hook = point.resolve_hook()
+    first_arg_is_fn = point.kind == "AROUND"
+
+    @functools.wraps(hook)
+    def adapter(*args: Any, **kwargs: Any) -> Any:
+        active: set[str] = getattr(_guard, "active", None) or set()
+        _guard.active = active
+        if point.key in active:
+            if first_arg_is_fn:
+                return args[0](*args[1:], **kwargs)
+            return None
+        active.add(point.key)
+        try:
+            return hook(*args, **kwargs)
+        finally:
+            active.discard(point.key)
+
+    adapter.__spectrace_hook__ = point.key  # type: ignore[attr-defined]
+    return adapter
+
+
+def _wrap(original: Callable[..., Any], point: Point) -> Callable[..., Any]:
+    """HookRegistry's BEFORE / AFTER / AROUND semantics, marked as ours."""
+    hook = guarded(point)
+    if point.kind == "BEFORE":
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            changed = hook(*args, **kwargs)
+            if changed is not None:
+                args, kwargs = changed
+            return original(*args, **kwargs)
+
+    elif point.kind == "AFTER":
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            changed = hook(result, *args, **kwargs)
+            return changed if changed is not None else result
+
+    else:
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return hook(original, *args, **kwargs)
+
+    functools.update_wrapper(wrapper, original)
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    setattr(wrapper, MARK, frozenset(_keys(original) | {point.key}))
+    return wrapper
+
+
+def not_covered(point: Point, why: str) -> None:
+    """Say once that a feature has no patch point in this SGLang (unless an alternative has)."""
+    if point.feature in _reported:
+        return
+    if any(_applied.get(alt.key) for alt in alternatives(point)):
+        return
+    _reported.add(point.feature)
+    try:
+        state.recorder().coverage("not_covered", f"SGLang {point.target} {why}: {point.feature} is not checked")
+    except Exception:
+        pass
+
+
+def _current(point: Point) -> Any:
+    """What callers of the point see now (None if its module is not imported or lacks it)."""
+    module = sys.modules.get(point.module)
+    owner = _owner(module, point.qualname) if module is not None else None
+    return getattr(*owner, None) if owner is not None else None
+
+
+def patch_point(module: ModuleType, point: Point) -> bool:
+    """Patch one point on an imported module; False if it is missing or already patched."""
+    if point.key in _claimed:
+        return False
+    owner = _owner(module, point.qualname)
+    if owner is None:
+        not_covered(point, "not found")
+        return False
+    obj, attr = owner
+    # Own attribute of a class, or the inherited function callers see; module functions as is.
+    raw = obj.__dict__.get(attr, getattr(obj, attr)) if isinstance(obj, type) else getattr(obj, attr)
+    if isinstance(raw, (classmethod, staticmethod)) or not callable(raw):
+        not_covered(point, "is not a plain function")  # no point is; a future version might make it one
+        return False
+    if is_patched(raw, point):
+        return False
+    setattr(obj, attr, _wrap(raw, point))
+    _applied[point.key] = "direct"
+    return True
+
+
+def patch_module(module: ModuleType) -> None:
+    """Import-hook callback: patch every point of ``module`` (runtime.INTEGRATIONS)."""
+    for point in points_for(module.__name__):
+        try:
+            patch_point(module, point)
+        except Exception as exc:
+            state.internal_error(f"patching {point.target}", exc)
+
+
+def module_exists(name: str) -> bool:
+    if name in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def install_direct() -> list[str]:
+    """Patch imported modules now and the others as they import; returns the keys applied now."""
+    from ...importhook import when_imported
+
+    done_before = set(_applied)
+    for module_name in dict.fromkeys(p.module for p in POINTS):
+        if module_name in sys.modules:
+            patch_module(sys.modules[module_name])
+        elif module_exists(module_name):
+            when_imported(module_name, patch_module)
+        else:
+            for point in points_for(module_name):
+                _missing_module(point)
+    return sorted(set(_applied) - done_before)
+
+
+def _missing_module(point: Point) -> None:
+    # Absent modules are normal for the other version's alternatives; report a feature
+    # only when none of its alternatives' modules exists either.
+    if any(module_exists(alt.module) for alt in alternatives(point)):
+        return
+    not_covered(point, "module not present")
+
+
+def claim(point: Point) -> None:
+    _claimed.add(point.key)
+    _applied[point.key] = "plugin"
+
+
+def applied() -> dict[str, str]:
+    return dict(_applied)
+
+
+def hooked(target_fn: Any, point: Point) -> bool:
+    """Is ``point``'s hook on ``target_fn``, by mark (direct) or inside a HookRegistry wrapper?"""
+    fn, depth = target_fn, 0
+    while fn is not None and depth < 32:
+        if point.key in set(getattr(fn, MARK, ()) or ()):
+            return True
+        for cell in getattr(fn, "__closure__", None) or ():
+            try:
+                if getattr(cell.cell_contents, "__spectrace_hook__", None) == point.key:
+                    return True
+            except ValueError:
+                continue
+        fn = getattr(fn, "__wrapped__", None)
+        depth += 1
+    return False
+
+
+def register_with_hook_registry() -> list[str]:
+    """Plugin route: hand every available point to SGLang's HookRegistry (0.5.17+).
+
+    HookRegistry imports each target's module when it applies the hooks; importing it
+    here first costs nothing more and lets a module that fails to import, or a method a
+    version lacks, be reported once as "not covered" instead of a traceback in the log.
+    """
+    import importlib
+
+    from ... import runtime
+
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    # Claim first: the import hook (runtime.activate, or the .pth bootstrap) fires while
+    # the modules below import and must leave these points to HookRegistry.
+    candidates = [p for p in POINTS if p.key not in _claimed and _applied.get(p.key) != "direct"]
+    pending = []
+    for point in candidates:
+        if is_patched(_current(point), point):
+            continue  # the import hook got there first
+        _claimed.add(point.key)
+        pending.append(point)
+    runtime.activate()  # exit flush + import hooks for anything else; idempotent
+    registered: list[str] = []
+    for point in pending:
+        if not module_exists(point.module):
+            _release(point)
+            _missing_module(point)
+            continue
+        try:
+            module = importlib.import_module(point.module)
+        except Exception as exc:
+            _release(point)
+            not_covered(point, f"cannot be imported ({type(exc).__name__}: {exc})")
+            continue
+        if _owner(module, point.qualname) is None:
+            _release(point)
+            not_covered(point, "not found")
+            continue
+        claim(point)
+        HookRegistry.register(point.target, guarded(point), HookType[point.kind])
+        registered.append(point.key)
+    return registered
+
+
+def _release(point: Point) -> None:
+    _claimed.discard(point.key)
+    _applied.pop(point.key, None)

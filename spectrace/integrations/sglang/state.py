@@ -1,0 +1,85 @@
+"""Process state shared by the SGLang hooks: where records go, what is known so far.
+
+The target's capture list and the draft's config arrive at different moments (the
+target is configured before the draft loads, or the other way round in tests), so the
+latest of each is kept here and the capture check runs when the second one arrives.
+Findings that could repeat every step are emitted once and counted afterwards.
+
+    >>> state.use_recorder(my_recorder)   # tests; a server uses runtime.recorder()
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...records import Capture, Coverage, Finding
+
+_lock = threading.RLock()
+
+
+@dataclass
+class State:
+    recorder: Any = None  # None: the process recorder (spectrace.runtime.recorder())
+    capture: Capture | None = None
+    draft_config: dict[str, Any] | None = None
+    draft_config_source: str = ""
+    algorithm: str | None = None
+    eagle3_draft: bool = False
+    checked_pairs: set[tuple[Any, Any]] = field(default_factory=set)
+    once: dict[str, Finding] = field(default_factory=dict)
+    graph_coverage: dict[str, Coverage] = field(default_factory=dict)
+    accept_step: int = 0
+    accept_window: list[Any] = field(default_factory=list)
+    rank_set: bool = False
+    captures_emitted: int = 0
+
+
+STATE = State()
+
+
+def reset(recorder: Any = None) -> State:
+    """Forget everything learned so far (tests); patches stay installed."""
+    global STATE
+    with _lock:
+        STATE = State(recorder=recorder)
+    return STATE
+
+
+def use_recorder(recorder: Any) -> None:
+    STATE.recorder = recorder
+
+
+def recorder() -> Any:
+    if STATE.recorder is not None:
+        return STATE.recorder
+    from ... import runtime
+
+    return runtime.recorder()
+
+
+def emit(record: Any) -> None:
+    recorder().emit(record)
+
+
+def emit_once(key: str, make: Any) -> None:
+    """Emit the finding ``make()`` the first time ``key`` is seen; count repeats on it."""
+    with _lock:
+        seen = STATE.once.get(key)
+        if seen is not None:
+            # In memory only: the line already written keeps count 1; the viewer reads the first.
+            seen.evidence["occurrences"] = int(seen.evidence.get("occurrences", 1)) + 1
+            return
+        record = make()
+        if record is None:
+            return
+        STATE.once[key] = record
+    emit(record)
+
+
+def internal_error(where: str, exc: BaseException) -> None:
+    try:
+        recorder().internal_error(f"sglang {where}: {type(exc).__name__}: {exc}")
+    except Exception:
+        pass

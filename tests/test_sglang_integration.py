@@ -1,0 +1,555 @@
+"""spectrace's SGLang integration on the REAL SGLang source (CPU, tests/sglang_harness.py).
+
+The hooks are installed explicitly (``spectrace.integrations.sglang.install``) on the
+real classes: target ``LlamaForCausalLM`` / ``DeepseekV3ForCausalLM``, draft
+``LlamaForCausalLMEagle3``, the logits processor, ``EAGLEWorkerV2``. The plugin route is
+run through SGLang's own ``load_plugins`` in a ``spawn`` child.
+
+Skipped when sglang is not installed (scripts/install-sglang-cpu.sh VENV).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("sglang", reason="needs scripts/install-sglang-cpu.sh")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+try:  # tests/ as a rootdir-relative module or as a package
+    import sglang_harness as sh
+except ImportError:  # pragma: no cover
+    from tests import sglang_harness as sh
+
+from spectrace.integrations import sglang as st_sglang
+from spectrace.integrations.sglang import acceptance as st_acceptance
+from spectrace.integrations.sglang import patching as st_install
+from spectrace.integrations.sglang import state as st_state
+from spectrace.recorder import Recorder
+from spectrace.records import Acceptance, Capture, Coverage, Weights
+from spectrace.settings import Settings
+
+pytestmark = pytest.mark.sglang
+
+HIDDEN = 64
+N_LAYERS = 4
+VOCAB = 128
+DRAFT_VOCAB = 32
+FIXTURES = Path(__file__).parent / "fixtures"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _stub_setproctitle() -> None:
+    """scheduler.py (imported by eagle_worker_v2) needs setproctitle, absent from the CPU venv."""
+    try:
+        import setproctitle  # noqa: F401
+    except ImportError:
+        import types
+
+        stub = types.ModuleType("setproctitle")
+        stub.setproctitle = lambda title: None
+        stub.getproctitle = lambda: ""
+        sys.modules["setproctitle"] = stub
+
+
+# ------------------------------------------------------------------------------ fixtures
+@pytest.fixture(scope="module")
+def installed():
+    sh.setup()
+    _stub_setproctitle()
+    # Import the real modules first so install() patches them now (not only on import).
+    import sglang.srt.layers.logits_processor  # noqa: F401
+    import sglang.srt.models.deepseek_v2  # noqa: F401
+    import sglang.srt.models.llama  # noqa: F401
+    import sglang.srt.models.llama_eagle3  # noqa: F401
+
+    st_sglang.install(_recorder())
+    yield
+    # The patches stay on the real classes for the rest of the session: keep their
+    # records in a quiet in-memory recorder, away from the process recorder.
+    st_state.reset(_recorder())
+
+
+@pytest.fixture
+def rec(installed):
+    recorder = _recorder()
+    st_state.reset(recorder)
+    yield recorder
+    st_state.reset(_recorder())
+
+
+def _recorder() -> Recorder:
+    return Recorder(Settings.from_env({"SPECTRACE_QUIET": "1"}), directory=None)
+
+
+@pytest.fixture(scope="module")
+def hf_llama(installed):
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=128,
+        num_hidden_layers=N_LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+    )
+    return cfg, transformers.LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def input_ids():
+    return torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(1))
+
+
+def _draft_config(layer_ids=(0, 1, 2), **extra) -> dict:
+    """SGLang/SpecForge-format EAGLE-3 draft config.json."""
+    cfg = dict(
+        architectures=["LlamaForCausalLMEagle3"],
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+        draft_vocab_size=DRAFT_VOCAB,
+        target_hidden_size=HIDDEN,
+        eagle_config={"eagle_aux_hidden_state_layer_ids": list(layer_ids), "use_aux_hidden_state": True},
+    )
+    cfg.update(extra)
+    return cfg
+
+
+def _full_draft_weights(draft) -> dict[str, torch.Tensor]:
+    """Every draft parameter under SpecForge's checkpoint names (midlayer.*, separate q/k/v)."""
+    g = torch.Generator().manual_seed(5)
+    params = dict(draft.named_parameters())
+    out: dict[str, torch.Tensor] = {}
+    for name, p in params.items():
+        if name.endswith("embed_tokens.weight"):
+            continue  # SGLang gives the draft the target's embedding
+        ckpt = name.replace("model.layers.0.", "midlayer.").replace("model.", "")
+        if ".qkv_proj." in ckpt:
+            head = HIDDEN // 4
+            for part, rows in (("q_proj", 4 * head), ("k_proj", 2 * head), ("v_proj", 2 * head)):
+                out[ckpt.replace("qkv_proj", part)] = torch.randn(rows, p.shape[1], generator=g) * 0.02
+        elif ".gate_up_proj." in ckpt:
+            half = p.shape[0] // 2
+            out[ckpt.replace("gate_up_proj", "gate_proj")] = torch.randn(half, p.shape[1], generator=g) * 0.02
+            out[ckpt.replace("gate_up_proj", "up_proj")] = torch.randn(half, p.shape[1], generator=g) * 0.02
+        elif ckpt.startswith("lm_head."):
+            out[ckpt] = torch.randn(DRAFT_VOCAB, HIDDEN, generator=g) * 0.02  # the param is padded
+        else:
+            out[ckpt] = torch.ones_like(p) if "norm" in ckpt else torch.randn(p.shape, generator=g) * 0.02
+    out["d2t"] = torch.zeros(DRAFT_VOCAB, dtype=torch.int64)
+    out["t2d"] = torch.ones(VOCAB, dtype=torch.bool)
+    return out
+
+
+def _codes(recorder, severity: str | None = None) -> list[str]:
+    return [f.code for f in recorder.findings() if severity is None or f.severity == severity]
+
+
+def _of(recorder, kind):
+    return [r for r in recorder.important if isinstance(r, kind)]
+
+
+# ------------------------------------------------------------------------------- capture
+def test_healthy_pair_has_no_error_finding(rec, hf_llama, input_ids):
+    cfg, hf = hf_llama
+    draft = sh.build_sglang_eagle3_draft(_draft_config())
+    draft.load_weights(list(_full_draft_weights(draft).items()))
+    target = sh.build_sglang_llama_target(cfg, hf, layer_ids=[0, 1, 2])
+    out = sh.run_target(target, input_ids)
+    sh.run_draft(draft, input_ids, out.hidden_states)
+
+    assert _codes(rec, "error") == []
+    (capture,) = _of(rec, Capture)
+    assert capture.boundaries == [1, 2, 3] and capture.rule == "sglang_llama"
+    assert capture.requested_ids == [0, 1, 2] and capture.num_layers == N_LAYERS and capture.hidden_size == HIDDEN
+    (weights,) = _of(rec, Weights)
+    assert weights.ignored == [] and weights.missing == []
+    # the SpecForge reading agrees; the speculators reading is named as a warning
+    assert _codes(rec, "warning") == ["aux_layers_mismatch"]
+
+
+def test_ids_past_last_layer_fc_bypass_and_short_capture(rec, hf_llama, input_ids):
+    cfg, hf = hf_llama
+    draft = sh.build_sglang_eagle3_draft(_draft_config())
+    target = sh.build_sglang_llama_target(cfg, hf, layer_ids=[2, 3, 4])  # +1 -> [3, 4, 5]
+    out = sh.run_target(target, input_ids)
+    sh.run_draft(draft, input_ids, out.hidden_states)
+    sh.run_draft(draft, input_ids, out.hidden_states)
+
+    codes = _codes(rec, "error")
+    assert "short_capture" in codes and "fc_bypass" in codes
+    assert codes.count("fc_bypass") == 1  # once, then counted
+    bypass = next(f for f in rec.findings() if f.code == "fc_bypass")
+    assert bypass.evidence["seen_width"] == HIDDEN and bypass.evidence["fc_in_features"] == 3 * HIDDEN
+    assert bypass.evidence["occurrences"] == 2
+    (capture,) = _of(rec, Capture)
+    assert capture.boundaries == [3]
+
+
+def test_multistep_draft_decode_is_not_fc_bypass(rec, hf_llama, input_ids):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    draft = sh.build_sglang_eagle3_draft(_draft_config())
+    fb, backend = sh.make_extend_batch(input_ids[:1], hidden_states=torch.zeros(1, HIDDEN))
+    fb.forward_mode = ForwardMode.DECODE  # the draft reads its own 1x hidden output here
+    from spectrace.integrations.sglang.forward import check_draft_input
+
+    check_draft_input(draft.model, fb)
+    assert _codes(rec) == []
+
+
+def test_off_by_one_against_speculators_config(rec, hf_llama):
+    """A speculators draft (ids are boundaries) served with its ids copied into eagle_config:
+    SGLang's Llama rule adds 1, every chunk is one layer late."""
+    config = json.loads((FIXTURES / "speculators_tiny" / "config.json").read_text())
+    target_cfg = transformers.LlamaConfig(**json.loads((FIXTURES / "target_llama_config.json").read_text()))
+    st_sglang.note_draft_config(config, source="speculators_tiny/config.json")
+    sh.build_sglang_llama_target(target_cfg, None, layer_ids=[1, 3, 6])
+
+    mismatch = [f for f in rec.findings() if f.code == "aux_layers_mismatch"]
+    assert len(mismatch) == 1 and mismatch[0].severity == "error"
+    assert mismatch[0].evidence["captured_boundaries"] == [2, 4, 7]
+    assert mismatch[0].evidence["readings"]["speculators"]["boundaries"] == [1, 3, 6]
+    assert "unsupported_config_flag" in _codes(rec)  # norm_before_residual: SGLang ignores it
+
+
+def test_capture_first_then_draft_config_at_load(rec, hf_llama):
+    """No server args: the draft's own config, seen at load time, completes the pair."""
+    cfg, hf = hf_llama
+    sh.build_sglang_llama_target(cfg, hf, layer_ids=[1, 2, 3])  # SGLang captures [2, 3, 4->dropped]
+    assert "aux_layers_mismatch" not in _codes(rec)
+    draft = sh.build_sglang_eagle3_draft(_draft_config(layer_ids=(0, 1, 2)))
+    draft.load_weights(list(_full_draft_weights(draft).items()))
+    assert "aux_layers_mismatch" in _codes(rec, "error")
+
+
+def test_deepseek_v3_capture_rule(rec):
+    from spectrace.integrations.sglang.correlate import note_draft_config
+
+    note_draft_config(_draft_config(layer_ids=(1, 2, 3)), source="specforge")
+    sh.build_sglang_deepseek_target(sh.tiny_deepseek_v3_config(), None, layer_ids=[1, 2, 3])
+    (capture,) = _of(rec, Capture)
+    assert capture.target_class == "DeepseekV3ForCausalLM"
+    assert capture.rule == "sglang_deepseek" and capture.boundaries == [2, 3, 4]  # +1: first id is 1
+    assert _codes(rec, "error") == []
+
+    st_state.reset(rec)
+    rec.important.clear()
+    note_draft_config({**_draft_config(layer_ids=(2, 3, 4)), "speculators_model_type": "eagle3"}, source="speculators")
+    sh.build_sglang_deepseek_target(sh.tiny_deepseek_v3_config(), None, layer_ids=[2, 3, 4])
+    (capture,) = _of(rec, Capture)
+    assert capture.boundaries == [2, 3, 4]  # literal: first id is not 1
+    assert _codes(rec, "error") == []
+
+
+def test_logits_fallback_when_target_captures_nothing(rec, hf_llama, input_ids):
+    cfg, hf = hf_llama
+    draft = sh.build_sglang_eagle3_draft(_draft_config())
+    draft.load_weights(list(_full_draft_weights(draft).items()))
+    target = sh.build_sglang_llama_target(cfg, hf)  # set_eagle3_layers_to_capture never called
+    out = sh.run_target(target, input_ids)
+    sh.run_draft(draft, input_ids, out.hidden_states)
+    codes = _codes(rec, "error")
+    assert "logits_fallback" in codes and "fc_bypass" in codes
+
+
+def test_algorithm_not_eagle3_reports_aux_capture_disabled(rec):
+    st_state.STATE.algorithm = "EAGLE"
+    draft = sh.build_sglang_eagle3_draft(_draft_config())
+    draft.load_weights(list(_full_draft_weights(draft).items()))
+    codes = _codes(rec, "error")
+    assert "algorithm_mismatch" in codes and "aux_capture_disabled" in codes
+
+
+# ------------------------------------------------------------------------------- weights
+def _speculators_draft():
+    """An SGLang-format config for the speculators fixture (hand conversion keeps the weights)."""
+    cfg = json.loads((FIXTURES / "specforge_tiny" / "config.json").read_text())
+    cfg.update(target_hidden_size=64, norm_before_fc=True)
+    cfg.pop("rope_parameters", None)
+    return sh.build_sglang_eagle3_draft(cfg)
+
+
+def _speculators_weights() -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(FIXTURES / "speculators_tiny" / "model.safetensors"))
+
+
+def test_speculators_checkpoint_loads_clean(rec):
+    draft = _speculators_draft()
+    draft.load_weights(iter(_speculators_weights().items()))
+    (weights,) = _of(rec, Weights)
+    assert weights.ignored == [] and weights.missing == []
+    assert "d2t" in weights.offered and "t2d" in weights.offered  # d2t -> hot_token_id, t2d skipped
+    assert [c for c in _codes(rec) if c.startswith("weights_")] == []
+    assert draft.hot_token_id is not None
+
+
+def test_missing_lm_head_is_named(rec):
+    draft = _speculators_draft()
+    ckpt = {k: v for k, v in _speculators_weights().items() if k != "lm_head.weight"}
+    draft.load_weights(list(ckpt.items()))
+    (missing,) = [f for f in rec.findings() if f.code == "weights_missing"]
+    assert missing.evidence["missing"] == ["lm_head.weight"]
+    assert "lm_head.weight" in missing.message and "draft_vocab_size" in missing.fix
+
+
+def test_lm_head_from_target_is_exempt(rec):
+    cfg = _draft_config()
+    cfg.pop("draft_vocab_size")  # SGLang then loads the target's head (load_lm_head_from_target)
+    draft = sh.build_sglang_eagle3_draft(cfg)
+    weights = {k: v for k, v in _full_draft_weights(draft).items() if not k.startswith("lm_head") and k not in ("d2t", "t2d")}
+    draft.load_weights(list(weights.items()))
+    assert [c for c in _codes(rec) if c.startswith("weights_")] == []
+
+
+def test_misspelled_prefix_dropped_and_missing_with_rename(rec):
+    draft = _speculators_draft()
+    ckpt = {k.replace("layers.0.", "layer.0."): v for k, v in _speculators_weights().items()}
+    draft.load_weights(list(ckpt.items()))
+    codes = _codes(rec, "error")
+    assert "weights_dropped" in codes and "weights_missing" in codes
+    dropped = next(f for f in rec.findings() if f.code == "weights_dropped")
+    assert "layer.0.self_attn.q_proj.weight" in dropped.evidence["dropped"]
+    assert dropped.evidence["rename_map"] == {"layer": "model.layers"}
+    assert "'layer'.* -> 'model.layers'.*" in dropped.fix
+    missing = next(f for f in rec.findings() if f.code == "weights_missing")
+    assert "model.layers.0.self_attn.qkv_proj.weight" in missing.evidence["missing"]
+
+
+# ---------------------------------------------------------------------------- acceptance
+def _eagle_worker_v2_module():
+    """The real EAGLEWorkerV2 if its module imports here; else a module of the same name
+    whose class has the real signature (0.5.23's scheduler chain needs uvicorn et al.,
+    absent from the CPU venv)."""
+    try:
+        import sglang.srt.speculative.eagle_worker_v2 as mod
+
+        return mod, True
+    except ImportError:
+        import types
+
+        mod = types.ModuleType("sglang.srt.speculative.eagle_worker_v2")
+
+        class EAGLEWorkerV2:
+            adaptive_controller = None
+
+            def on_verify_complete_cpu(self, num_correct_drafts_per_req: list[int], batch_size: int = 0) -> None:
+                if self.adaptive_controller is not None:
+                    self.adaptive_controller.on_verify_complete(num_correct_drafts_per_req, batch_size=batch_size)
+
+        mod.EAGLEWorkerV2 = EAGLEWorkerV2
+        st_install.patch_module(mod)  # what the import hook does when the real module loads
+        return mod, False
+
+
+def test_acceptance_from_on_verify_complete_cpu(rec):
+    mod, real = _eagle_worker_v2_module()
+    cls = mod.EAGLEWorkerV2
+    assert st_sglang.hooked(cls.on_verify_complete_cpu, _point("EAGLEWorkerV2.on_verify_complete_cpu"))
+    worker = object.__new__(cls)  # the method only; no GPU worker behind it
+    worker.adaptive_controller = None
+    worker.speculative_num_steps = 3
+    worker.on_verify_complete_cpu([2, 0, 3], batch_size=3)
+    worker.on_verify_complete_cpu([1], batch_size=1)
+    first, second = _of(rec, Acceptance)
+    assert first.accept_lengths == [3, 1, 4] and first.draft_tokens == 3
+    assert first.accepted_per_position == [2, 2, 1]
+    assert (second.step, second.accept_lengths) == (1, [2])
+
+
+def test_acceptance_collapse_once(rec):
+    for _ in range(12):
+        st_acceptance.record_step([0, 0, 0, 0], 4)
+    assert _codes(rec).count("acceptance_collapse") == 1
+
+
+# ------------------------------------------------------------------ patching and coverage
+def _point(qualname: str):
+    return next(p for p in st_sglang.POINTS if p.qualname == qualname)
+
+
+def test_no_double_patch(installed):
+    from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
+
+    before = LlamaForCausalLMEagle3.load_weights
+    assert st_sglang.install() == []  # everything imported is already patched
+    import sglang.srt.models.llama_eagle3 as mod
+    from spectrace.integrations.sglang.patches import patch_draft_module
+
+    patch_draft_module(mod)
+    assert LlamaForCausalLMEagle3.load_weights is before
+    depth, fn = 0, before
+    while getattr(fn, "__wrapped__", None) is not None:
+        depth, fn = depth + 1, fn.__wrapped__
+    assert depth == 1
+
+
+def test_missing_patch_point_reported_once(rec):
+    import types
+
+    st_install._reported.discard("kimi_capture")
+    fake = types.ModuleType("sglang.srt.models.kimi_k25")  # a version without the Kimi wrapper
+    st_install.patch_module(fake)
+    st_install.patch_module(fake)
+    cov = [r for r in _of(rec, Coverage) if r.kind == "not_covered"]
+    assert len(cov) == 1 and "KimiK25ForConditionalGeneration" in cov[0].detail
+
+
+def test_graph_replay_coverage_once(rec):
+    from spectrace.integrations.sglang.graphs import after_execute
+
+    class DecodeCudaGraphRunner:  # stands in for the runner instance; only its name is read
+        pass
+
+    for _ in range(3):
+        after_execute(None, DecodeCudaGraphRunner())
+    (cov,) = [r for r in _of(rec, Coverage) if r.kind == "graph_replay"]
+    assert cov.count == 3 and rec.counters.graph_replay_steps == 3
+
+
+# ------------------------------------------------------------------------- plugin route
+def _plugin_probe(extra_path: str | None, queue) -> None:
+    """Runs in a fresh ``spawn`` interpreter, as SGLang's scheduler does: load_plugins, then look."""
+    try:
+        if extra_path:
+            sys.path.insert(0, extra_path)
+        sys.modules.setdefault("torchvision._meta_registrations", type(sys)("torchvision._meta_registrations"))
+        from sglang.srt.plugins import load_plugins
+
+        load_plugins()
+        from sglang.srt.models.llama import LlamaForCausalLM
+        from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
+
+        fn = LlamaForCausalLMEagle3.load_weights
+        depth = 0
+        while getattr(fn, "__wrapped__", None) is not None:
+            depth, fn = depth + 1, fn.__wrapped__
+        queue.put(
+            {
+                "load_weights": st_sglang.hooked(LlamaForCausalLMEagle3.load_weights, _point("LlamaForCausalLMEagle3.load_weights")),
+                "capture": st_sglang.hooked(LlamaForCausalLM.set_eagle3_layers_to_capture, _point("LlamaForCausalLM.set_eagle3_layers_to_capture")),
+                "routes": sorted(set(st_install.applied().values())),
+                "load_weights_wrappers": depth,
+            }
+        )
+    except BaseException as exc:  # report, never hang the parent
+        queue.put({"error": f"{type(exc).__name__}: {exc}"})
+
+
+def _import_hook_probe(extra_path: str | None, queue) -> None:
+    """SPECTRACE=1 with no plugin: the .pth bootstrap's import hook patches SGLang as it
+    loads; a draft with a misspelled key is loaded, the process exits and flushes."""
+    try:
+        sh.setup()
+        from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
+
+        draft = sh.build_sglang_eagle3_draft(_draft_config())
+        weights = _full_draft_weights(draft)
+        weights["midlayer.mlp.down_prj.weight"] = weights.pop("midlayer.mlp.down_proj.weight")
+        draft.load_weights(list(weights.items()))
+        queue.put(
+            {
+                "load_weights": st_sglang.hooked(LlamaForCausalLMEagle3.load_weights, _point("LlamaForCausalLMEagle3.load_weights")),
+                "routes": sorted(set(st_install.applied().values())),
+            }
+        )
+    except BaseException as exc:
+        queue.put({"error": f"{type(exc).__name__}: {exc}"})
+
+
+def _run_child(env: dict[str, str], extra_path: str | None = None, target=None) -> dict:
+    saved = {k: v for k, v in os.environ.items() if k.startswith("SPECTRACE") or k == "SGLANG_PLUGINS"}
+    for key in saved:
+        del os.environ[key]
+    os.environ.update(env)  # a spawned interpreter starts with the parent's environment
+    try:
+        ctx = mp.get_context("spawn")
+        queue = ctx.Queue()
+        proc = ctx.Process(target=target or _plugin_probe, args=(extra_path, queue))
+        proc.start()
+    finally:
+        for key in env:
+            os.environ.pop(key, None)
+        os.environ.update(saved)
+    try:
+        result = queue.get(timeout=120)
+    finally:
+        proc.join(timeout=30)
+        if proc.is_alive():
+            proc.kill()
+    assert "error" not in result, result
+    return result
+
+
+def _fake_dist(tmp_path: Path) -> str:
+    """A throw-away dist-info declaring spectrace's entry point exactly as pyproject.toml does."""
+    info = tmp_path / "spectrace_ep_probe-0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: spectrace-ep-probe\nVersion: 0.0\n")
+    (info / "entry_points.txt").write_text("[sglang.srt.plugins]\nspectrace = spectrace.integrations.sglang.plugin:register\n")
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("on", [True, False], ids=["SPECTRACE=1", "off"])
+def test_sglang_load_plugins_in_spawn_child(tmp_path, on):
+    """SGLang's own plugin loader in a spawned process, through a declared entry point
+    (a throw-away dist-info on sys.path: runs whether or not spectrace is pip-installed)."""
+    env = {"SGLANG_PLUGINS": "spectrace"}
+    if on:
+        env.update(SPECTRACE="1", SPECTRACE_DIR=str(tmp_path / "traces"), SPECTRACE_QUIET="1")
+    result = _run_child(env, _fake_dist(tmp_path))
+    assert result["load_weights"] is on and result["capture"] is on
+    if on:
+        # modules imported before load_plugins (runtime_context) were patched by the .pth
+        # import hook, the rest through HookRegistry; each point exactly once
+        assert "plugin" in result["routes"]
+        assert result["load_weights_wrappers"] == 1
+    else:
+        assert result["routes"] == [] and result["load_weights_wrappers"] == 0
+
+
+def test_spectrace_env_import_hook_route_writes_rank_trace(tmp_path):
+    """No plugin (SGLANG_PLUGINS names another): the .pth route alone, end to end."""
+    from spectrace.viewers.loader import load_traces
+
+    env = {"SPECTRACE": "1", "SPECTRACE_DIR": str(tmp_path), "SPECTRACE_QUIET": "1", "SGLANG_PLUGINS": "not-spectrace"}
+    result = _run_child(env, target=_import_hook_probe)
+    assert result == {"load_weights": True, "routes": ["direct"]}
+    (trace,) = tmp_path.glob("trace-*.jsonl")
+    assert trace.name.endswith("-rank0.jsonl")
+    lines = [json.loads(l) for l in trace.read_text().splitlines()]
+    findings = {l["code"]: l for l in lines if l["type"] == "finding"}
+    assert findings["weights_dropped"]["evidence"]["dropped"] == ["midlayer.mlp.down_prj.weight"]
+    assert findings["weights_missing"]["evidence"]["missing"] == ["model.layers.0.mlp.down_proj.weight"]
+    assert any(l["type"] == "weights" for l in lines)
+    assert load_traces(str(trace)).files[0].findings  # what `spectrace view` reads
+
+
+def test_installed_entry_point(tmp_path):
+    from importlib.metadata import entry_points
+
+    eps = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == "spectrace"]
+    if not eps:
+        pytest.skip(
+            "spectrace's sglang.srt.plugins entry point is not installed in this environment "
+            "(reinstall spectrace with metadata: pip install --no-deps .)"
+        )
+    assert eps[0].value == "spectrace.integrations.sglang.plugin:register"
+    result = _run_child({"SPECTRACE": "1", "SPECTRACE_DIR": str(tmp_path), "SPECTRACE_QUIET": "1"})
+    assert result["load_weights"] and result["capture"]
