@@ -103,7 +103,7 @@ class Trace:
     def calls(self, module: str | None = None) -> list[Call]:
         """Calls in order; ``module`` is an exact name or a glob (``**.fc``)."""
         self.tracer.finish_step()
-        found = [r for r in self.recorder.records() if isinstance(r, Call)]
+        found = self.recorder.call_records()
         if module is None:
             return sorted(found, key=lambda c: c.seq)
         return sorted(

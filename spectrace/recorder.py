@@ -59,13 +59,18 @@ class Recorder:
         self.file_name = name
         self.sink: JsonlSink | None = None
         self.otel = otel
-        self.calls: collections.deque[Call] = collections.deque(maxlen=settings.record_cap)
+        # Calls are kept as their JSON line (~0.5 KB) rather than as pydantic objects
+        # (~7 KB): a full ring of 100k calls stays near 50 MB. Parsed again on read.
+        self.calls: collections.deque[str] = collections.deque(maxlen=settings.record_cap)
+        self._parsed: tuple[int, list[Call]] = (-1, [])
+        self._calls_added = 0
         self.important: list[Any] = []
         self.counters = Counters()
         self._pending: collections.deque[str] = collections.deque()
         self._lock = threading.RLock()
         self._warned: set[str] = set()
         self._printed_codes: set[str] = set()
+        self._coverage: dict[str, Coverage] = {}
         self._last_flush = time.monotonic()
         self._closed = False
         self.header = Header(
@@ -107,8 +112,10 @@ class Recorder:
                         # With a file, the ring only trims memory (the file keeps the call);
                         # without one the oldest call is gone, so count it.
                         self.counters.records_dropped += 1
-                    self.calls.append(call)
-                    self._queue(call)
+                    text = call.model_dump_json()
+                    self.calls.append(text)
+                    self._calls_added += 1
+                    self._queue_text(text)
             if self.otel is not None and calls:
                 self._to_otel(lambda: self.otel.export_step(step, calls, start_ns, end_ns))
             if time.monotonic() - self._last_flush >= self.settings.flush_seconds:
@@ -117,12 +124,16 @@ class Recorder:
             self.internal_error(f"emit_step failed: {type(exc).__name__}: {exc}")
 
     def _queue(self, record: Any) -> None:
+        if self.directory is not None:
+            self._queue_text(record.model_dump_json())
+
+    def _queue_text(self, text: str) -> None:
         if self.directory is None:
             return
         if len(self._pending) >= self.settings.record_cap:
             self._pending.popleft()
             self.counters.records_dropped += 1
-        self._pending.append(record.model_dump_json())
+        self._pending.append(text)
 
     # ---------------------------------------------------------------- problems
     def internal_error(self, message: str) -> None:
@@ -135,16 +146,19 @@ class Recorder:
         self.warn_once("sink:" + message[:40], f"sink error (counted, the model is unaffected): {message}")
 
     def coverage(self, kind: str, detail: str, *, step: int | None = None) -> None:
-        """Say once, loudly, what could not be seen; later repeats only count."""
-        key = f"coverage:{kind}:{detail}"
-        if key in self._warned:
-            for record in self.important:
-                if isinstance(record, Coverage) and record.kind == kind and record.detail == detail:
-                    record.count += 1
-                    return
+        """Say once, loudly, what could not be seen; later repeats only count.
+
+        The count reaches the file in the ``stats`` record at close (``coverage_counts``).
+        """
+        key = f"{kind}:{detail}"
+        existing = self._coverage.get(key)
+        if existing is not None:
+            existing.count += 1
             return
-        self.warn_once(key, f"not covered: {detail}")
-        self.emit(Coverage(kind=kind, detail=detail, step=step))  # type: ignore[arg-type]
+        record = Coverage(kind=kind, detail=detail, step=step)  # type: ignore[arg-type]
+        self._coverage[key] = record
+        self.warn_once("coverage:" + key, f"not covered: {detail}")
+        self.emit(record)
 
     def warn_once(self, key: str, message: str) -> None:
         if key in self._warned:
@@ -219,6 +233,9 @@ class Recorder:
             self._closed = True
             self.flush()
             if self.directory is not None:
+                repeated = {k: c.count for k, c in self._coverage.items() if c.count > 1}
+                if repeated:
+                    self.counters.coverage_counts = repeated  # type: ignore[attr-defined]
                 self._pending.append(self.counters.model_dump_json())
                 self.flush()
             if self.sink is not None:
@@ -228,10 +245,17 @@ class Recorder:
             self._to_otel(self.otel.shutdown)
 
     # ---------------------------------------------------------------- reading
+    def call_records(self) -> list[Call]:
+        """The kept calls, parsed once per change."""
+        with self._lock:
+            if self._parsed[0] != self._calls_added:
+                self._parsed = (self._calls_added, [Call.model_validate_json(text) for text in self.calls])
+            return list(self._parsed[1])
+
     def records(self) -> list[Any]:
         """Everything kept in memory: non-call records and the (bounded) calls."""
         with self._lock:
-            return [*self.important, *self.calls]
+            return [*self.important, *self.call_records()]
 
     def findings(self) -> list[Finding]:
         return [r for r in self.important if isinstance(r, Finding)]

@@ -168,24 +168,34 @@ class Tracer:
 
     def _close_step(self) -> None:
         self._local.depth = max(0, self._depth() - 1)
-        self.finish_step()
+        self.finish_step(wait=False)  # no host sync inside the forward
 
     def _sampled(self) -> bool:
         return self.step % self.sample == 0 if self.step >= 0 else True
 
-    def finish_step(self) -> None:
-        """Resolve the step's statistics in one host copy and hand its calls on."""
+    def finish_step(self, wait: bool = True) -> None:
+        """Start the step's statistics read-back; its calls go on once the copy landed.
+
+        On CUDA the copy is non-blocking into pinned memory behind an event; with
+        ``wait=False`` (the end of a forward) nothing blocks and the calls are handed on
+        at a later step's end, or when anything reads the trace (``wait=True``).
+        """
+        calls, self._calls = self._calls, []
+        step, start, end = self.step, self._step_start_ns or time.time_ns(), time.time_ns()
         try:
-            self._pending.resolve()
+            self._pending.resolve_async(lambda: self._emit_step(step, calls, start, end))
+            self._pending.drain(wait=wait)
         except Exception as exc:
             self.recorder.internal_error(f"statistics readback: {type(exc).__name__}: {exc}")
-        if self._calls:
-            calls, self._calls = self._calls, []
-            try:
-                self.recorder.emit_step(self.step, calls, self._step_start_ns or time.time_ns(), time.time_ns())
-            except Exception as exc:  # runs inside the host's forward: never raise
-                self.recorder.counters.records_dropped += len(calls)
-                self.recorder.internal_error(f"step hand-off: {type(exc).__name__}: {exc}")
+
+    def _emit_step(self, step: int, calls: list[Call], start: int, end: int) -> None:
+        if not calls:
+            return
+        try:
+            self.recorder.emit_step(step, calls, start, end)
+        except Exception as exc:  # runs inside the host's forward: never raise
+            self.recorder.counters.records_dropped += len(calls)
+            self.recorder.internal_error(f"step hand-off: {type(exc).__name__}: {exc}")
 
     # ----------------------------------------------------------------- hooks
     def _make_pre_hook(self, name: str) -> Callable[..., None]:
@@ -233,7 +243,7 @@ class Tracer:
                     )
                 if self.auto_step and self._depth() == 0:
                     # A hooked module called outside any wrapped root: flush per call.
-                    self.finish_step()
+                    self.finish_step(wait=False)
             except Exception as exc:
                 self.recorder.internal_error(f"post-hook {name}: {type(exc).__name__}: {exc}")
             return None

@@ -1,0 +1,31 @@
+"""The overhead benchmark runs end to end on a tiny model (a smoke test, nothing is timed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+pytestmark = pytest.mark.usefixtures("no_spectrace_env")
+
+
+def test_overhead_bench_quick_runs_every_section(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECTRACE")}
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "overhead.py"), "--device", "cpu", "--quick",
+         "--soak-calls", "1000", "--out", str(tmp_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    res = json.loads((tmp_path / "overhead-cpu.json").read_text())
+    assert not res["errors"]
+    assert set(res["eager"]) == {"bare", "off", "shapes", "stats", "anchor_item_hooks", "anchor_profiler_record_shapes"}
+    assert res["off_hooks"] == 0 and res["stats_filled"] > 0
+    assert res["bootstrap"]["import_us_median"] > 0
+    assert res["soak"]["jsonl_lines"] > 1000 and res["soak"]["jsonl_bytes_per_step"] > 0
+    assert "| stats |" in (tmp_path / "overhead-cpu.md").read_text()
