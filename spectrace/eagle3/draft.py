@@ -272,7 +272,11 @@ class Eagle3Draft(nn.Module):
     """
 
     def __init__(
-        self, config: DraftConfig, engine_version: str = "0.5.23", honor_norm_before_residual: bool = False
+        self,
+        config: DraftConfig,
+        engine_version: str = "0.5.23",
+        honor_norm_before_residual: bool = False,
+        init_seed: int = 1234,
     ) -> None:
         super().__init__()
         if engine_version not in ENGINE_VERSIONS:
@@ -291,11 +295,12 @@ class Eagle3Draft(nn.Module):
         self.register_buffer("hot_token_id", None)
         self.capture_aux_hidden_states = True
         self.load_report = LoadReport()
-        self._init_weights()
+        self._init_weights(init_seed)
 
-    def _init_weights(self) -> None:
-        # A "random init" with a sane scale, like a freshly built engine module.
-        gen = torch.Generator().manual_seed(1234)
+    def _init_weights(self, seed: int) -> None:
+        # A "random init" with a sane scale, like a freshly built engine module. The
+        # trainer starts from another seed, so a tensor that never loads stays unrelated.
+        gen = torch.Generator().manual_seed(seed)
         for name, param in self.named_parameters():
             if name.endswith("norm.weight"):
                 continue

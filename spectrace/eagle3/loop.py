@@ -11,9 +11,10 @@ recomputed over the whole sequence, which is exact and cheap for tiny models):
   bonus token from the target. The accept length is accepted + 1 (SGLang's metric), so
   1.0 means no draft token was ever accepted.
 
-    >>> result = speculate(target, draft, [3, 17, 42, 8], k=4, max_new_tokens=32)
-    >>> result.mean_accept_length
-    2.9
+    >>> scenario = build_scenario("healthy")
+    >>> result = speculate(scenario.target, scenario.draft, demo_prompts()[0], k=4, max_new_tokens=40)
+    >>> result.accept_lengths
+    [5, 5, 5, 5, 5, 5, 5, 5]
 """
 
 from __future__ import annotations
@@ -129,8 +130,9 @@ def mean_accept_length(
 ) -> float:
     """Accept length averaged over every verify step of every prompt.
 
-        >>> mean_accept_length(target, draft, demo_prompts(), k=4)
-        2.9
+        >>> s = build_scenario("fc_bypass")
+        >>> round(mean_accept_length(s.target, s.draft, demo_prompts(), k=4, max_new_tokens=40), 2)
+        1.08
     """
     lengths: list[int] = []
     for prompt in prompts:

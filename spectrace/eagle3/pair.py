@@ -1,21 +1,22 @@
 """The trained tiny target/draft pair the demo, tests and detectors run on.
 
 A random-weight tiny target decodes into short loops, and a draft can then guess from
-token ids alone, so wiring bugs stop moving acceptance. So the target is trained for a
-few seconds on a synthetic language whose next token depends on the current token *and
-the class of the previous one*: the draft sees only the newer token's embedding, and
-gets the older token's class from the target's fused hidden states.
+token ids alone, so wiring bugs stop moving acceptance. Here the target is trained for
+seconds on a language whose next token is only knowable in context (each sequence
+follows its own successor map): continuing it is a two-step lookup that a one-layer
+draft can do only through the target's states at earlier positions. Acceptance then
+really depends on the fused features: fc bypass and a shifted capture drop it to ~1.1.
 
 The draft is trained, SpecForge-style, on ``cat(hs[0], hs[2], hs[4])`` (SpecForge ids
 ``[-1, 1, 3]``) to predict the target's greedy tokens, unrolled over 4 steps the way
-serving chains them. A second draft is trained with ``norm_before_residual=True``
-(speculators' default) for the scenario where the engine ignores that flag.
+serving chains them. A second draft, the first fine-tuned with
+``norm_before_residual=True`` (speculators' default), serves the scenario where the
+engine ignores that flag.
 
 Weights ship in ``data/`` (float16) and are rebuilt by::
 
     python -m spectrace.eagle3.pair --train
 
-    >>> target_model = load_target_model()
     >>> tensors, config = load_draft_checkpoint()
     >>> config["trained_aux_boundaries"]
     [0, 2, 4]
@@ -55,6 +56,8 @@ TRAINED_BOUNDARIES = trainer_boundaries(TRAINED_IDS, TRAINER_CONVENTION)  # [0, 
 TRAIN_STEPS_K = 4  # draft steps unrolled in training = the demo's k
 
 DEMO_MAX_NEW_TOKENS = 40
+DEMO_PROMPTS = 6
+DEMO_PROMPT_LEN = 24
 
 
 # ----------------------------------------------------------------------------- language
@@ -62,38 +65,41 @@ DEMO_MAX_NEW_TOKENS = 40
 
 @dataclass
 class Language:
-    """A second-order chain: P(next | class(prev), cur); ``hot`` holds the tokens it mostly emits."""
+    """Per-sequence successor maps: each sequence draws a few hot tokens and a random
+    permutation of them, then mostly follows it (``x -> perm[x]``) with random jumps.
 
-    token_class: torch.Tensor  # (V,) class of each token
-    table: torch.Tensor  # (C, V, V) next-token probabilities
-    hot: torch.Tensor  # (H,) sorted ids the chain favours
+    The next token is only knowable *in context* (what followed this token earlier), a
+    two-step lookup a one-layer draft cannot do from token ids alone: it needs the
+    target's states, whose embedding chunk says which token sat at each earlier position.
+    """
+
+    hot: torch.Tensor  # (H,) sorted ids the sequences use; the rest never appear
+    vocab: int = VOCAB
+    active: int = 16  # tokens per sequence
+    follow: float = 0.8  # probability of following the map instead of jumping
 
 
-def make_language(vocab: int = VOCAB, classes: int = 4, hot: int = DRAFT_VOCAB, seed: int = 0) -> Language:
-    """Random peaked transition tables; the top choice always lies in a random hot set."""
+def make_language(vocab: int = VOCAB, hot: int = DRAFT_VOCAB, seed: int = 0) -> Language:
+    """A language over a random (non-contiguous) hot set, so ``d2t`` is not the identity."""
     gen = torch.Generator().manual_seed(seed)
-    token_class = torch.randint(0, classes, (vocab,), generator=gen)
     hot_ids = torch.randperm(vocab, generator=gen)[:hot].sort().values
-    table = torch.full((classes, vocab, vocab), 0.02 / vocab)
-    for c in range(classes):
-        for x in range(vocab):
-            picks = hot_ids[torch.randperm(hot, generator=gen)[:4]]
-            top = 0.45 + 0.25 * float(torch.rand((), generator=gen))
-            rest = (0.98 - top) * torch.tensor([0.5, 0.3, 0.2])
-            table[c, x, picks[0]] += top
-            table[c, x, picks[1:]] += rest
-    return Language(token_class, table / table.sum(-1, keepdim=True), hot_ids)
+    return Language(hot=hot_ids, vocab=vocab)
 
 
 def sample_language(lang: Language, n: int, length: int, gen: torch.Generator) -> torch.Tensor:
-    """``n`` sequences of ``length`` tokens drawn from the chain, (n, length) int64."""
-    vocab = lang.table.shape[-1]
+    """``n`` sequences of ``length`` tokens, (n, length) int64."""
     seqs = torch.empty(n, length, dtype=torch.long)
-    seqs[:, 0] = torch.randint(0, vocab, (n,), generator=gen)
-    seqs[:, 1] = torch.randint(0, vocab, (n,), generator=gen)
-    for t in range(2, length):
-        probs = lang.table[lang.token_class[seqs[:, t - 2]], seqs[:, t - 1]]
-        seqs[:, t] = torch.multinomial(probs, 1, generator=gen).squeeze(1)
+    for row in range(n):
+        tokens = lang.hot[torch.randperm(lang.hot.numel(), generator=gen)[: lang.active]]
+        succ = dict(zip(tokens.tolist(), tokens[torch.randperm(lang.active, generator=gen)].tolist()))
+        jumps = torch.rand(length, generator=gen) > lang.follow
+        picks = tokens[torch.randint(0, lang.active, (length,), generator=gen)].tolist()
+        cur = picks[0]
+        seq = [cur]
+        for t in range(1, length):
+            cur = picks[t] if jumps[t] else succ[cur]
+            seq.append(cur)
+        seqs[row] = torch.tensor(seq)
     return seqs
 
 
@@ -131,7 +137,9 @@ def build_target_model(config: dict[str, Any] | None = None) -> nn.Module:
     return LlamaForCausalLM(llama)
 
 
-def train_target(lang: Language, steps: int = 700, batch: int = 32, seed: int = 0, log: bool = True) -> nn.Module:
+def train_target(
+    lang: Language, steps: int = 450, batch: int = 24, seq_len: int = SEQ_LEN, seed: int = 0, log: bool = True
+) -> nn.Module:
     """Next-token training on the synthetic language, then rounded to float16 (what ships)."""
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed + 1)
@@ -142,12 +150,12 @@ def train_target(lang: Language, steps: int = 700, batch: int = 32, seed: int = 
         lr = 3e-3 * min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * step / steps))
         for group in opt.param_groups:
             group["lr"] = lr
-        ids = sample_language(lang, batch, SEQ_LEN, gen)
+        ids = sample_language(lang, batch, seq_len, gen)
         loss = model(input_ids=ids, labels=ids).loss
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if log and (step % 100 == 0 or step == steps - 1):
+        if log and (step % 50 == 0 or step == steps - 1):
             print(f"target step {step:4d} loss {loss.item():.3f}")
     model.eval()
     with torch.no_grad():
@@ -245,19 +253,27 @@ def train_draft(
     target_model: nn.Module,
     lang: Language,
     norm_before_residual: bool = False,
-    steps: int = 500,
-    batch: int = 32,
+    steps: int = 250,
+    batch: int = 24,
+    seq_len: int = SEQ_LEN,
     seed: int = 0,
+    init_from: dict[str, torch.Tensor] | None = None,
     log: bool = True,
 ) -> dict[str, torch.Tensor]:
-    """Train a draft on the target's fused states; returns its SpecForge-named checkpoint."""
+    """Train a draft on the target's fused states; returns its SpecForge-named checkpoint.
+
+    ``init_from`` (a checkpoint from this function) starts from trained weights: the
+    ``norm_before_residual`` draft is the healthy one fine-tuned under that semantics.
+    """
     torch.manual_seed(seed + 7)
     gen = torch.Generator().manual_seed(seed + 2)
-    corpus = sample_language(lang, 1024, SEQ_LEN, gen)
+    corpus = sample_language(lang, 512, seq_len, gen)
     feats, choice = _features(target_model, corpus, TRAINED_BOUNDARIES)
     d2t, t2d_index = vocab_map(choice)
     config = DraftConfig.from_dict(draft_config_dict(norm_before_residual))
-    draft = Eagle3Draft(config, honor_norm_before_residual=True)
+    draft = Eagle3Draft(config, honor_norm_before_residual=True, init_seed=seed + 2024)
+    if init_from is not None:
+        draft.load_weights((n, t.float() if t.is_floating_point() else t) for n, t in init_from.items())
     draft.set_embed(target_model.get_input_embeddings().weight.detach().clone())
     draft.model.embed_tokens.weight.requires_grad_(False)
     params = [p for p in draft.parameters() if p.requires_grad]
@@ -271,7 +287,7 @@ def train_draft(
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if log and (step % 100 == 0 or step == steps - 1):
+        if log and (step % 50 == 0 or step == steps - 1):
             print(f"draft{' (norm_before_residual)' if norm_before_residual else ''} step {step:4d} loss {loss.item():.3f}")
     t2d = torch.zeros(VOCAB, dtype=torch.bool)
     t2d[d2t + torch.arange(DRAFT_VOCAB)] = True
@@ -318,24 +334,38 @@ def speculators_checkpoint(specforge: dict[str, torch.Tensor], embed: torch.Tens
 # ----------------------------------------------------------------------------- shipped files
 
 
-def train_all(out_dir: Path = DATA_DIR, seed: int = 0, log: bool = True) -> dict[str, Any]:
-    """Train target and both drafts, write them to ``out_dir``; returns timings and sizes."""
+@dataclass
+class TrainPlan:
+    """Step counts and shapes for :func:`train_all` (defaults fit < 60 s on 2 CPU cores)."""
+
+    target_steps: int = 450
+    target_batch: int = 24
+    draft_steps: int = 400
+    nbr_steps: int = 100
+    draft_batch: int = 24
+    seq_len: int = SEQ_LEN
+
+
+def train_all(out_dir: Path = DATA_DIR, seed: int = 0, plan: TrainPlan | None = None, log: bool = True) -> dict[str, Any]:
+    """Train the target and both drafts and write them to ``out_dir``; returns timings and sizes."""
     from safetensors.torch import save_file
 
-    from .loop import mean_accept_length
-    from .target import Eagle3Target
-
-    torch.set_num_threads(2)
+    plan = plan or TrainPlan()
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     lang = make_language(seed=seed)
-    target_model = train_target(lang, seed=seed, log=log)
-    t_target = time.perf_counter() - started
-    draft_ckpt = train_draft(target_model, lang, seed=seed, log=log)
-    nbr_ckpt = train_draft(target_model, lang, norm_before_residual=True, seed=seed, log=log)
+    target_model = train_target(lang, plan.target_steps, plan.target_batch, plan.seq_len, seed=seed, log=log)
+    target_seconds = time.perf_counter() - started
+    draft_ckpt = train_draft(
+        target_model, lang, steps=plan.draft_steps, batch=plan.draft_batch, seq_len=plan.seq_len, seed=seed, log=log
+    )
+    nbr_ckpt = train_draft(
+        target_model, lang, norm_before_residual=True, steps=plan.nbr_steps, batch=plan.draft_batch,
+        seq_len=plan.seq_len, seed=seed + 1, init_from=draft_ckpt, log=log,
+    )
     elapsed = time.perf_counter() - started
 
-    # The target's state dict without the tied lm_head copy.
+    # The state dict without lm_head, which is tied to embed_tokens.
     target_tensors = {
         name: t.detach().half().contiguous()
         for name, t in target_model.state_dict().items()
@@ -347,46 +377,45 @@ def train_all(out_dir: Path = DATA_DIR, seed: int = 0, log: bool = True) -> dict
     (out_dir / "draft_config.json").write_text(json.dumps(draft_config_dict(), indent=2) + "\n")
     save_file(nbr_ckpt, str(out_dir / "draft_nbr.safetensors"))
     (out_dir / "draft_nbr_config.json").write_text(json.dumps(draft_config_dict(True), indent=2) + "\n")
-
     gen = torch.Generator().manual_seed(seed + 99)
-    prompts = sample_language(lang, 6, 16, gen).tolist()
-    (out_dir / "demo.json").write_text(
-        json.dumps({"prompts": prompts, "max_new_tokens": DEMO_MAX_NEW_TOKENS, "k": TRAIN_STEPS_K}) + "\n"
-    )
-    load_target_model.cache_clear()
-    _read_draft.cache_clear()
-    _demo.cache_clear()
-
-    target = Eagle3Target(load_target_model(), TRAINED_IDS, convention="sglang_llama")
-    healthy = mean_accept_length(target, load_draft(), prompts, k=TRAIN_STEPS_K, max_new_tokens=DEMO_MAX_NEW_TOKENS)
+    prompts = sample_language(lang, DEMO_PROMPTS, DEMO_PROMPT_LEN, gen).tolist()
+    demo = {"prompts": prompts, "max_new_tokens": DEMO_MAX_NEW_TOKENS, "k": TRAIN_STEPS_K, "seed": seed}
+    (out_dir / "demo.json").write_text(json.dumps(demo) + "\n")
+    clear_caches()
     size = sum(p.stat().st_size for p in out_dir.glob("*.safetensors"))
-    report = {"train_seconds": round(elapsed, 1), "target_seconds": round(t_target, 1), "weights_bytes": size, "healthy_accept_length": round(healthy, 3)}
+    report = {
+        "train_seconds": round(elapsed, 1),
+        "target_seconds": round(target_seconds, 1),
+        "weights_bytes": size,
+        "torch_threads": torch.get_num_threads(),
+    }
     if log:
         print(json.dumps(report))
     return report
 
 
-@functools.lru_cache(maxsize=1)
-def _target_state() -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+def clear_caches() -> None:
+    """Forget files read from disk (after retraining)."""
+    _target_state.cache_clear()
+    _read_draft.cache_clear()
+    _demo.cache_clear()
+
+
+@functools.lru_cache(maxsize=4)
+def _target_state(data_dir: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     from safetensors.torch import load_file
 
-    config = json.loads((DATA_DIR / "target_config.json").read_text())
-    return config, load_file(str(DATA_DIR / "target.safetensors"))
+    config = json.loads((data_dir / "target_config.json").read_text())
+    return config, load_file(str(data_dir / "target.safetensors"))
 
 
-@functools.lru_cache(maxsize=1)
-def load_target_model() -> nn.Module:
-    """The shipped trained target (a fresh module per cache reset; call ``fresh_target_model`` to get a copy)."""
-    return fresh_target_model()
+def load_target_model(data_dir: Path = DATA_DIR) -> nn.Module:
+    """A new ``LlamaForCausalLM`` holding the shipped trained weights (float32).
 
-
-def fresh_target_model() -> nn.Module:
-    """A new ``LlamaForCausalLM`` holding the shipped trained weights.
-
-        >>> fresh_target_model().config.num_hidden_layers
+        >>> load_target_model().config.num_hidden_layers
         6
     """
-    config, tensors = _target_state()
+    config, tensors = _target_state(Path(data_dir))
     model = build_target_model(config)
     state = {name: t.float() for name, t in tensors.items()}
     model.load_state_dict(state, strict=False)  # lm_head is tied to embed_tokens
@@ -394,19 +423,26 @@ def fresh_target_model() -> nn.Module:
     return model.eval()
 
 
-@functools.lru_cache(maxsize=2)
-def _read_draft(norm_before_residual: bool) -> tuple[dict[str, torch.Tensor], str]:
+@functools.lru_cache(maxsize=8)
+def _read_draft(data_dir: Path, norm_before_residual: bool) -> tuple[dict[str, torch.Tensor], str]:
     from safetensors.torch import load_file
 
     stem = "draft_nbr" if norm_before_residual else "draft"
-    tensors = load_file(str(DATA_DIR / f"{stem}.safetensors"))
-    return tensors, (DATA_DIR / f"{stem}_config.json").read_text()
+    tensors = load_file(str(data_dir / f"{stem}.safetensors"))
+    return tensors, (data_dir / f"{stem}_config.json").read_text()
 
 
-def load_draft_checkpoint(norm_before_residual: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The shipped SpecForge-named draft tensors (float16 as stored) and its config.json dict."""
-    tensors, config_text = _read_draft(norm_before_residual)
+def load_draft_checkpoint(
+    norm_before_residual: bool = False, data_dir: Path = DATA_DIR
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The shipped SpecForge-named draft tensors (as stored: float16, d2t int64, t2d bool) and its config dict."""
+    tensors, config_text = _read_draft(Path(data_dir), norm_before_residual)
     return dict(tensors), json.loads(config_text)
+
+
+def as_loadable(tensors: dict[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
+    """Checkpoint tensors as ``(name, tensor)`` pairs in float32 (integer and bool kept)."""
+    return [(name, t.float() if t.is_floating_point() else t) for name, t in tensors.items()]
 
 
 def load_draft(
@@ -414,33 +450,43 @@ def load_draft(
     engine_version: str = "0.5.23",
     norm_before_residual: bool = False,
     honor_norm_before_residual: bool = False,
+    data_dir: Path = DATA_DIR,
 ) -> Eagle3Draft:
-    """A draft built from the shipped config and loaded through ``load_weights``, embed set from the target."""
-    tensors, config = load_draft_checkpoint(norm_before_residual)
+    """A draft built from the shipped config, loaded through ``load_weights``, embedding set from the target.
+
+        >>> draft = load_draft()
+        >>> draft.load_report.ignored
+        []
+    """
+    tensors, config = load_draft_checkpoint(norm_before_residual, data_dir)
     draft = Eagle3Draft(DraftConfig.from_dict(config), engine_version, honor_norm_before_residual)
-    draft.load_weights((name, t.float() if t.is_floating_point() else t) for name, t in tensors.items())
+    draft.load_weights(as_loadable(tensors))
     if target_embed is None:
-        target_embed = load_target_model().get_input_embeddings().weight
+        target_embed = load_target_model(data_dir).get_input_embeddings().weight
     draft.set_embed(target_embed)
     return draft.eval()
 
 
-@functools.lru_cache(maxsize=1)
-def _demo() -> str:
-    return (DATA_DIR / "demo.json").read_text()
+@functools.lru_cache(maxsize=4)
+def _demo(data_dir: Path) -> str:
+    return (data_dir / "demo.json").read_text()
 
 
-def demo_prompts() -> list[list[int]]:
-    """The demo's prompts: six 16-token sequences sampled from the training language (seed 99).
+def demo_prompts(data_dir: Path = DATA_DIR) -> list[list[int]]:
+    """The demo's prompts: six 24-token sequences sampled from the training language (seed 99).
+
+    Each holds the start of its own successor map, so continuing it needs the in-context
+    lookup the draft can only do through the target's states.
 
         >>> len(demo_prompts()), len(demo_prompts()[0])
-        (6, 16)
+        (6, 24)
     """
-    return [list(p) for p in json.loads(_demo())["prompts"]]
+    return [list(p) for p in json.loads(_demo(Path(data_dir)))["prompts"]]
 
 
-def demo_max_new_tokens() -> int:
-    return int(json.loads(_demo())["max_new_tokens"])
+def demo_max_new_tokens(data_dir: Path = DATA_DIR) -> int:
+    """Tokens the demo generates per prompt."""
+    return int(json.loads(_demo(Path(data_dir)))["max_new_tokens"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -448,11 +494,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train", action="store_true", help="train the pair and write spectrace/eagle3/data/")
     parser.add_argument("--out", type=Path, default=DATA_DIR, help="output folder (default: the package's data/)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    parser.add_argument("--check", action="store_true", help="after training, print every scenario's accept length")
     args = parser.parse_args(argv)
-    if not args.train:
+    if not (args.train or args.check):
         parser.print_help()
         return 0
-    train_all(args.out, seed=args.seed)
+    torch.set_num_threads(args.threads)
+    if args.train:
+        train_all(args.out, seed=args.seed)
+    if args.check:
+        from .bugs import measure_all
+
+        print(json.dumps(measure_all(data_dir=args.out), indent=1))
     return 0
 
 

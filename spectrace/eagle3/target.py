@@ -125,10 +125,8 @@ class Eagle3Target(nn.Module):
         self.num_layers: int = int(model.config.num_hidden_layers)
         self.hidden_size: int = int(model.config.hidden_size)
         self.vocab_size: int = int(model.config.vocab_size)
+        self.capture: CaptureResult = engine_boundaries(list(layer_ids or []), convention, self.num_layers)
         self.aux_enabled = aux_enabled
-        self.capture: CaptureResult = engine_boundaries([], convention, self.num_layers)
-        if layer_ids is not None:
-            self.set_eagle3_layers_to_capture(layer_ids)
 
     @property
     def capture_aux_hidden_states(self) -> bool:
