@@ -18,7 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "view": ("spectrace.viewers.commands:view_main", "show a trace: findings first, then the data path"),
     "diff": ("spectrace.viewers.commands:diff_main", "compare two traces (train vs serve, good vs bad)"),
     "audit": ("spectrace.audit.command:main", "check a draft checkpoint against the serving engine before launch"),
-    "fingerprint": ("spectrace.fingerprint:main", "record the per-chunk statistics of the fused draft input"),
+    "fingerprint": ("spectrace.demo:fingerprint_main", "record the per-chunk statistics of the fused draft input"),
     "settings": ("spectrace.cli:settings_main", "print the SPECTRACE_* settings in effect"),
 }
 

@@ -66,7 +66,7 @@ CATALOGUE: dict[str, Code] = {
         ),
         Code(
             "unsupported_config_flag",
-            "warning",
+            "error",
             "the draft config sets a flag the engine ignores",
             "retrain without the flag, or serve with an engine that implements it",
         ),

@@ -95,8 +95,8 @@ def check_acceptance(records: Iterable[Acceptance], window: int = COLLAPSE_WINDO
             return [
                 finding(
                     "acceptance_collapse",
-                    f"mean accept length {mean:.2f} over {window} verify steps (from step {steps[start].step}; "
-                    f"{overall:.2f} over the run, k={steps[0].draft_tokens}): the target rejects almost every draft token",
+                    f"mean accept length {mean:.2f} over {window} verify steps from step {steps[start].step} "
+                    f"({overall:.2f} over the run, k={steps[0].draft_tokens}): the target rejects almost every draft token",
                     evidence={"window_mean": round(mean, 3), "run_mean": round(overall, 3), "window": window, "draft_tokens": steps[0].draft_tokens},
                     step=steps[start].step,
                     source="checks.runtime",

@@ -214,7 +214,7 @@ def engine_uses_aux(draft_config: dict[str, Any], algorithm: str) -> bool:
     return algorithm.upper() == "EAGLE3" and bool(eagle.get("use_aux_hidden_state", True))
 
 
-def build_scenario(name: str, data_dir: Path = DATA_DIR) -> Scenario:
+def build_scenario(name: str, data_dir: Path = DATA_DIR, load: bool = True) -> Scenario:
     """Build the engine as bug ``name`` leaves it (see ``BUGS``).
 
         >>> build_scenario("capture_id_past_end").target.capture.boundaries
@@ -240,8 +240,11 @@ def build_scenario(name: str, data_dir: Path = DATA_DIR) -> Scenario:
 
     # The engine honours nothing but its own reading of the config (norm_before_residual ignored).
     draft = Eagle3Draft(DraftConfig.from_dict(setup.draft_config), setup.engine_version, honor_norm_before_residual=False)
-    draft.load_weights(as_loadable(setup.checkpoint))
-    draft.set_embed(target.get_embed())
+    if load:
+        # With load=False the caller loads ``scenario.checkpoint`` itself (e.g. observed
+        # by spectrace) and then calls ``draft.set_embed(target.get_embed())``.
+        draft.load_weights(as_loadable(setup.checkpoint))
+        draft.set_embed(target.get_embed())
     draft.eval()
 
     return Scenario(

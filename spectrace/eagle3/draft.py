@@ -374,11 +374,12 @@ class Eagle3Draft(nn.Module):
                 report.ignored.append(offered)  # SGLang: no log, no error
                 continue
             param = params[target_name]
-            loader = getattr(param, "weight_loader", None)
-            if shard is not None and loader is not None:
+            # SGLang's lookup, verbatim: the parameter's own loader, else the default.
+            loader = getattr(param, "weight_loader", default_weight_loader)
+            if shard is not None:
                 loader(param, tensor, shard)
             else:
-                default_weight_loader(param, tensor)
+                loader(param, tensor)
             report.written.append(offered)
         self.load_report = report
 

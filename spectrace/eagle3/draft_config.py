@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .conventions import default_ids, trainer_boundaries
+from .conventions import TRAINER_CONVENTIONS, default_ids, trainer_boundaries
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,9 @@ def aux_ids(config: Mapping[str, Any]) -> tuple[list[int] | None, str]:
 def readings(config: Mapping[str, Any], num_layers: int) -> list[Reading]:
     """Trained boundaries under each plausible trainer convention, likeliest first."""
     ids, source = aux_ids(config)
+    stamped = provenance(config)
+    if stamped is not None:
+        return [stamped]
     if is_speculators_format(config):
         order = ["speculators"]
     else:
@@ -51,6 +54,23 @@ def readings(config: Mapping[str, Any], num_layers: int) -> list[Reading]:
         chosen = ids if ids is not None else default_ids(convention, num_layers)
         found.append(Reading(convention, chosen, trainer_boundaries(chosen, convention), source))
     return found
+
+
+def provenance(config: Mapping[str, Any]) -> Reading | None:
+    """The trained boundaries a config states outright, if it does.
+
+    A trainer (or the team converting a checkpoint) can stamp ``trainer_convention``
+    plus ``trained_aux_boundaries`` (or ``trained_aux_layer_ids``) into config.json; the
+    engines ignore unknown keys, and the ambiguity of the ids goes away.
+    """
+    convention = config.get("trainer_convention")
+    boundaries = config.get("trained_aux_boundaries")
+    ids = config.get("trained_aux_layer_ids")
+    if boundaries is not None:
+        return Reading(str(convention or "stated"), [int(i) for i in (ids or boundaries)], [int(b) for b in boundaries], "trained_aux_boundaries")
+    if ids is not None and convention in TRAINER_CONVENTIONS:
+        return Reading(str(convention), [int(i) for i in ids], trainer_boundaries(ids, str(convention)), "trained_aux_layer_ids")
+    return None
 
 
 def uses_aux_hidden_state(config: Mapping[str, Any]) -> bool:

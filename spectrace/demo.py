@@ -1,0 +1,210 @@
+"""``spectrace demo``: every EAGLE-3 wiring bug, reproduced, traced and diagnosed.
+
+Runs the trained tiny target/draft pair healthy and under each bug switch, with
+tracing on, writes one trace folder per scenario, and prints one row per scenario:
+mean accept length, the findings (code and one-line cause) and the trace path.
+
+    $ spectrace demo                    # all scenarios into ./spectrace-demo/
+    $ spectrace demo --bug fc_bypass    # one scenario
+    $ spectrace view spectrace-demo/fc_bypass
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .records import SEVERITY_RANK, Finding, Fingerprint
+from .settings import Settings
+
+DEFAULT_OUT = "spectrace-demo"
+K = 4
+
+
+@dataclass
+class ScenarioResult:
+    name: str
+    description: str
+    accept_length: float
+    findings: list[Finding]
+    trace_dir: str
+    seconds: float
+    steps: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "error"]
+
+
+def reference_fingerprint() -> Fingerprint:
+    """The healthy pipeline's fused-input fingerprint on training-language samples.
+
+    This stands for the fingerprint a team records while generating training data
+    (``spectrace fingerprint``): same layers, same data distribution.
+    """
+    import torch
+
+    from .eagle3.bugs import build_scenario
+    from .eagle3.fingerprint import FingerprintCollector
+    from .eagle3.pair import make_language, sample_language
+    from .eagle3.watch import NUM_AUX
+
+    healthy = build_scenario("healthy")
+    collector = FingerprintCollector(NUM_AUX)
+    lang = make_language()
+    samples = sample_language(lang, 8, 48, torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        for row in samples:
+            collector.observe(healthy.target(row).hidden_states)
+    result = collector.result("target.aux_concat", list(healthy.target.capture.boundaries))
+    assert result is not None
+    return result
+
+
+def run_scenario(name: str, out_dir: str, reference: Fingerprint | None, k: int = K) -> ScenarioResult:
+    """Build scenario ``name``, run the demo prompts traced, and collect its findings."""
+    import torch
+
+    from . import api
+    from .eagle3.bugs import BUGS, build_scenario
+    from .eagle3.loop import speculate
+    from .eagle3.pair import demo_max_new_tokens, demo_prompts
+    from .eagle3.watch import PipelineWatch
+
+    started = time.perf_counter()
+    scenario = build_scenario(name, load=False)
+    trace_dir = os.path.join(out_dir, name)
+    settings = Settings(quiet=True)
+    accept: list[int] = []
+    with api.trace(
+        {"target": scenario.target, "draft": scenario.draft}, profile="eagle3", directory=trace_dir, settings=settings
+    ) as t:
+        watch = PipelineWatch(t, scenario.target, scenario.draft, scenario.draft_config, algorithm=scenario.algorithm, reference=reference)
+        watch.load(scenario.checkpoint)
+        scenario.draft.set_embed(scenario.target.get_embed())
+        try:
+            with torch.no_grad():
+                for prompt in demo_prompts():
+                    result = speculate(scenario.target, scenario.draft, prompt, k=k, max_new_tokens=demo_max_new_tokens(), on_step=watch.on_step)
+                    accept += result.accept_lengths
+        except RuntimeError as exc:  # an engine that fails loudly (DeepSeek count check) is a result too
+            accept = []
+            t.recorder.internal_error(f"pipeline raised: {exc}")
+        findings = watch.finish()
+    mean = sum(accept) / len(accept) if accept else 0.0
+    return ScenarioResult(
+        name=name,
+        description=BUGS[name].description,
+        accept_length=mean,
+        findings=findings,
+        trace_dir=trace_dir,
+        seconds=time.perf_counter() - started,
+        steps=len(accept),
+    )
+
+
+def _table(results: list[ScenarioResult], total_seconds: float) -> Any:
+    from rich.table import Table
+
+    table = Table(title=f"spectrace demo: EAGLE-3 reference pipeline, k={K}, {total_seconds:.1f} s", show_lines=True)
+    table.add_column("scenario / trace", no_wrap=True)
+    table.add_column("accept", justify="right", no_wrap=True)
+    table.add_column("findings: code, then the cause")
+    for r in results:
+        lines = []
+        seen: set[str] = set()
+        for f in sorted(r.findings, key=lambda f: SEVERITY_RANK[f.severity]):
+            if f.code in seen:
+                continue
+            seen.add(f.code)
+            style = {"error": "bold red", "warning": "yellow", "info": "dim"}[f.severity]
+            lines.append(f"[{style}]{f.code}[/] {_short(f.message)}")
+        table.add_row(f"{r.name}\n[dim]{r.trace_dir}[/]", f"{r.accept_length:.2f}", "\n".join(lines) or "[green]no findings[/]")
+    return table
+
+
+def _short(message: str, limit: int = 90) -> str:
+    # The cause's first clause; the whole message is in the trace and in `spectrace view`.
+    text = message.split("; ")[0]
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .eagle3.bugs import BUGS
+
+    parser = argparse.ArgumentParser(
+        prog="spectrace demo",
+        description="Run the tiny EAGLE-3 pipeline healthy and under every bug switch, traced.",
+        epilog="scenarios: " + ", ".join(BUGS) + "\nthen: spectrace view DIR/<scenario>",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--bug", action="append", choices=list(BUGS), help="run only this scenario (repeatable)")
+    parser.add_argument("--out", default=DEFAULT_OUT, help=f"folder for the traces (default: ./{DEFAULT_OUT})")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    args = parser.parse_args(argv)
+
+    os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+    started = time.perf_counter()
+    names = args.bug or list(BUGS)
+    reference = reference_fingerprint()
+    results = [run_scenario(name, args.out, reference) for name in names]
+    total = time.perf_counter() - started
+    if args.json:
+        import json
+
+        print(
+            json.dumps(
+                {
+                    "seconds": round(total, 2),
+                    "scenarios": [
+                        {
+                            "name": r.name,
+                            "accept_length": round(r.accept_length, 3),
+                            "steps": r.steps,
+                            "trace_dir": r.trace_dir,
+                            "findings": [f.model_dump(mode="json") for f in r.findings],
+                        }
+                        for r in results
+                    ],
+                },
+                indent=2,
+            )
+        )
+        return 0
+    from rich.console import Console
+
+    console = Console()
+    console.print(_table(results, total))
+    console.print(f"Traces in {os.path.abspath(args.out)}. Read one with: spectrace view {os.path.join(args.out, names[-1])}")
+    healthy = [r for r in results if r.name == "healthy"]
+    if healthy and healthy[0].errors:
+        sys.stderr.write("spectrace demo: the healthy scenario produced an error finding (a false positive)\n")
+        return 1
+    return 0
+
+
+def fingerprint_main(argv: list[str] | None = None) -> int:
+    """``spectrace fingerprint --out FILE``: record the reference pipeline's fused-input fingerprint."""
+    parser = argparse.ArgumentParser(
+        prog="spectrace fingerprint",
+        description="Record per-chunk statistics of the fused draft input cat(hs[b0], hs[b1], hs[b2]) "
+        "from the healthy reference pipeline. In your own data generation, use "
+        "spectrace.eagle3.fingerprint.FingerprintCollector on the fused states and save_fingerprint().",
+    )
+    parser.add_argument("--out", required=True, help="where to write the fingerprint JSON")
+    args = parser.parse_args(argv)
+    from .eagle3.fingerprint import save_fingerprint
+
+    fp = reference_fingerprint()
+    save_fingerprint(fp, args.out)
+    print(f"wrote {args.out}: {len(fp.chunks)} chunks of {fp.chunk_width}, boundaries {fp.boundaries}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""Issue-level contract of the demo: every bug switch yields its finding, healthy yields none."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from spectrace.demo import reference_fingerprint, run_scenario
+from spectrace.eagle3.bugs import BUGS
+from spectrace.records import RECORD_ADAPTER, Acceptance, Call, Capture, Finding, Weights
+
+EXPECTED = {
+    "fc_bypass": {"fc_bypass", "aux_capture_disabled", "acceptance_collapse"},
+    "eagle_algorithm": {"algorithm_mismatch", "aux_capture_disabled", "fc_bypass"},
+    "layers0_names": {"weights_dropped", "weights_missing"},
+    "lm_head_missing": {"weights_missing"},
+    "d2t_missing": {"weights_missing"},
+    "off_by_one": {"aux_layers_mismatch"},
+    "embedding_vs_layer": {"feature_skew", "aux_layers_mismatch"},
+    "norm_before_residual": {"unsupported_config_flag"},
+    "capture_id_past_end": {"short_capture", "fc_bypass"},
+}
+# Accept-length ranges measured on the shipped pair (k=4, demo prompts).
+ACCEPT = {
+    "healthy": (4.0, 5.0),
+    "fc_bypass": (1.0, 1.5),
+    "eagle_algorithm": (1.0, 1.5),
+    "layers0_names": (1.0, 1.5),
+    "lm_head_missing": (1.0, 1.6),
+    "d2t_missing": (1.0, 1.5),
+    "embedding_vs_layer": (1.0, 1.6),
+    "capture_id_past_end": (1.0, 1.5),
+    "norm_before_residual": (2.5, 4.3),
+}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    reference = reference_fingerprint()
+    return {name: run_scenario(name, str(out), reference) for name in BUGS}
+
+
+def test_every_scenario_is_covered():
+    assert set(EXPECTED) | {"healthy"} == set(BUGS)
+
+
+def test_healthy_has_no_error_finding(results):
+    healthy = results["healthy"]
+    assert [f.code for f in healthy.findings if f.severity == "error"] == []
+    assert healthy.accept_length >= 2.0
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_bug_switch_yields_its_findings(results, name):
+    codes = {f.code for f in results[name].findings if f.severity == "error"}
+    assert EXPECTED[name] <= codes, (name, codes)
+    for f in results[name].findings:
+        assert f.fix and f.message and f.evidence is not None
+
+
+@pytest.mark.parametrize("name", sorted(ACCEPT))
+def test_accept_length_ranges(results, name):
+    low, high = ACCEPT[name]
+    assert low <= results[name].accept_length <= high
+
+
+def test_findings_name_the_tensor_or_layers(results):
+    lm = next(f for f in results["lm_head_missing"].findings if f.code == "weights_missing")
+    assert "lm_head.weight" in lm.evidence["missing"]
+    dropped = next(f for f in results["layers0_names"].findings if f.code == "weights_dropped")
+    assert all(n.startswith("layers.0.") for n in dropped.evidence["dropped"])
+    assert dropped.evidence["rename_map"] == {"layers.0": "model.midlayer"}
+    skew = next(f for f in results["embedding_vs_layer"].findings if f.code == "feature_skew")
+    assert "0" in skew.evidence["chunks"]  # the embedding chunk
+    mismatch = next(f for f in results["off_by_one"].findings if f.code == "aux_layers_mismatch")
+    assert mismatch.evidence["captured_boundaries"] == [1, 3, 5]
+
+
+def test_trace_files_hold_the_whole_story(results):
+    trace_dir = results["fc_bypass"].trace_dir
+    (path,) = [os.path.join(trace_dir, n) for n in os.listdir(trace_dir)]
+    with open(path) as handle:
+        records = [RECORD_ADAPTER.validate_json(line) for line in handle]
+    kinds = {type(r) for r in records}
+    assert {Call, Finding, Acceptance, Capture, Weights} <= kinds
+    fc_calls = [r for r in records if isinstance(r, Call) and r.module == "draft.model.fc"]
+    assert fc_calls == []  # fc never ran: the bypass is visible in the calls too
+    layer = [r for r in records if isinstance(r, Call) and r.module == "draft.model.layers.0"]
+    assert layer and all(m.shape[-1] == 64 for m in layer[0].inputs[1:])
+
+
+def test_demo_command_one_scenario(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "spectrace", "demo", "--bug", "fc_bypass", "--out", str(tmp_path), "--json"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    (row,) = data["scenarios"]
+    assert row["name"] == "fc_bypass" and row["accept_length"] < 1.5
+    assert "fc_bypass" in {f["code"] for f in row["findings"]}
