@@ -79,6 +79,7 @@ def run_scenario(name: str, out_dir: str, reference: Fingerprint | None, k: int 
     started = time.perf_counter()
     scenario = build_scenario(name, load=False)
     trace_dir = os.path.join(out_dir, name)
+    _clear_old_traces(trace_dir)
     settings = Settings(quiet=True)
     accept: list[int] = []
     with api.trace(
@@ -106,6 +107,14 @@ def run_scenario(name: str, out_dir: str, reference: Fingerprint | None, k: int 
         seconds=time.perf_counter() - started,
         steps=len(accept),
     )
+
+
+def _clear_old_traces(trace_dir: str) -> None:
+    # A re-run replaces the scenario's trace; files from earlier runs would read as more processes.
+    if os.path.isdir(trace_dir):
+        for entry in os.listdir(trace_dir):
+            if entry.startswith("trace-") and entry.endswith(".jsonl"):
+                os.remove(os.path.join(trace_dir, entry))
 
 
 def _table(results: list[ScenarioResult], total_seconds: float) -> Any:

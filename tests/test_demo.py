@@ -74,7 +74,7 @@ def test_findings_name_the_tensor_or_layers(results):
     assert "lm_head.weight" in lm.evidence["missing"]
     dropped = next(f for f in results["layers0_names"].findings if f.code == "weights_dropped")
     assert all(n.startswith("layers.0.") for n in dropped.evidence["dropped"])
-    assert dropped.evidence["rename_map"] == {"layers.0": "model.midlayer"}
+    assert dropped.evidence["rename_map"] == {"layers.0": "midlayer"}
     skew = next(f for f in results["embedding_vs_layer"].findings if f.code == "feature_skew")
     assert "0" in skew.evidence["chunks"]  # the embedding chunk
     mismatch = next(f for f in results["off_by_one"].findings if f.code == "aux_layers_mismatch")

@@ -45,6 +45,8 @@ def rename_map(dropped: list[str], missing: list[str]) -> dict[str, str]:
                 break
     result: dict[str, str] = {}
     for (src, dst), _ in votes.most_common():
+        if dst.startswith("model.") and not src.startswith("model."):
+            dst = dst[len("model.") :]  # engines add the "model." prefix themselves
         if src not in result and dst not in result.values():
             result[src] = dst
     return result
@@ -60,7 +62,7 @@ def check_weights(weights: Weights) -> list[Finding]:
     renames = rename_map(weights.ignored, weights.missing)
     rename_fix = None
     if renames:
-        pairs = "; ".join(f"{src!r}.* -> {dst!r}.*" if dst else f"{src!r}.* -> (no prefix)" for src, dst in renames.items())
+        pairs = "; ".join(f"{src}.* -> {dst}.*" if dst else f"{src}.* -> (no prefix)" for src, dst in renames.items())
         rename_fix = f"rename the checkpoint keys {pairs} (or map them in the loader)"
     if weights.ignored:
         groups = group_by_prefix(weights.ignored)

@@ -101,6 +101,7 @@ def observe_load(
     for key, attr in ATTRIBUTE_LOADS.items():
         if _attr_id(model, attr) != attrs_before[attr]:
             consumed.update(n for n in offered if _last_part(n) == key)
+            written.add(attr)
     ignored = [n for n in offered if n not in consumed and _last_part(n) not in SKIPPED_BY_DESIGN]
     exempt_set = set(exempt)
     missing = [n for n in params if n not in written and n not in exempt_set]

@@ -306,7 +306,9 @@ def _findings(files: list[TraceFile], flt: ViewFilter) -> list[FindingGroup]:
             if f.rank is not None and f.rank not in g.ranks:
                 g.ranks.append(f.rank)
     out = list(groups.values())
-    out.sort(key=lambda g: (SEVERITY_RANK.get(g.severity, 9), -g.count, g.code))
+    # Causes before symptoms: an acceptance collapse is explained by the other findings.
+    symptom = {"acceptance_collapse": 1}
+    out.sort(key=lambda g: (SEVERITY_RANK.get(g.severity, 9), symptom.get(g.code, 0), -g.count, g.code))
     return out
 
 
