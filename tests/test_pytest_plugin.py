@@ -311,7 +311,7 @@ def test_opted_out(spectrace, mlp):
 def test_warning_only(spectrace, mlp):
     from spectrace.findings import finding
     with spectrace.trace(mlp, modules="**") as t:
-        t.emit(finding("unsupported_config_flag", "norm_before_residual is ignored"))
+        t.emit(finding("unsupported_config_flag", "norm_before_residual is ignored", severity="warning"))
 """
 
 
