@@ -1,0 +1,539 @@
+"""Helpers for ``run_live_all.sh``: the live SGLang proof on the GPU machine.
+
+Standard library only: it runs on the GPU image's bare ``python3`` (spectrace is not
+installed there, the repository is on ``PYTHONPATH``). One job per sub-command:
+
+    $ python3 livekit.py boot WORK --repo REPO     # SPECTRACE=1 for every process, no pip install
+    $ python3 livekit.py wait --port 30000 --pid 1234 --timeout 300
+    $ python3 livekit.py probe --port 30000 --out probe.json
+    $ python3 livekit.py bench --port-off 30010 --port-on 30011 --out bench.json
+    $ python3 livekit.py summarize WORK OUT
+
+The pure parts (log parsing, the dist-info text, the sitecustomize source, the bench
+statistics, the markdown) are plain functions, tested on CPU by tests/test_live_scripts.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any, Iterable
+
+# Variant name -> what it is; the order is the order of the report.
+VARIANTS: dict[str, str] = {
+    "healthy": "EAGLE3, SpecForge-format draft (`midlayer.*` keys, own lm_head, d2t)",
+    "eagle": "same draft served with `--speculative-algorithm EAGLE` (no aux capture)",
+    "nolmhead": "draft without `lm_head.weight` (config keeps `draft_vocab_size`)",
+    "layers0": "draft with speculators-style `layers.0.*` decoder keys",
+}
+OVERHEAD_LABELS = ("off", "on")  # healthy server without / with SPECTRACE=1
+
+# ----------------------------------------------------------------------------- boot
+
+
+def project_metadata(pyproject_text: str) -> tuple[str, str, dict[str, dict[str, str]]]:
+    """(name, version, SGLang entry-point groups) of the project, read from pyproject.toml."""
+    import tomllib
+
+    data = tomllib.loads(pyproject_text)
+    project = data["project"]
+    groups: dict[str, dict[str, str]] = {}
+    # Only SGLang's plugin group: a pytest11 entry point would load into any pytest run on this path.
+    for group, entries in (project.get("entry-points") or {}).items():
+        if group.startswith("sglang."):
+            groups[group] = dict(entries)
+    return project["name"], project["version"], groups
+
+
+def dist_info_files(name: str, version: str, groups: dict[str, dict[str, str]]) -> dict[str, str]:
+    """The files of a minimal ``NAME-VERSION.dist-info`` that importlib.metadata can read."""
+    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    lines: list[str] = []
+    for group in sorted(groups):
+        lines.append(f"[{group}]")
+        lines += [f"{key} = {value}" for key, value in sorted(groups[group].items())]
+        lines.append("")
+    return {"METADATA": metadata, "entry_points.txt": "\n".join(lines), "INSTALLER": "spectrace-live\n"}
+
+
+def sitecustomize_source(site_dirs: Iterable[str]) -> str:
+    """A sitecustomize that makes ``site_dirs`` real site dirs (their ``.pth`` files run).
+
+    Folders on PYTHONPATH are only put on sys.path; ``site.addsitedir`` also runs their
+    ``.pth`` files, which is how an installed spectrace starts with ``SPECTRACE=1``.
+    Any other sitecustomize further down sys.path (the image's own) still runs after.
+    """
+    dirs = [os.path.abspath(d) for d in site_dirs]
+    return f'''"""Written by scripts/live/livekit.py boot: the spectrace bootstrap without pip install."""
+import importlib.machinery as _machinery
+import importlib.util as _util
+import os as _os
+import site as _site
+import sys as _sys
+
+for _d in {dirs!r}:
+    if _os.path.isdir(_d):
+        _site.addsitedir(_d)
+
+_here = _os.path.dirname(_os.path.abspath(__file__))
+_rest = [p for p in _sys.path if _os.path.abspath(p or ".") != _here]
+_spec = _machinery.PathFinder.find_spec("sitecustomize", _rest)
+if _spec is not None and _spec.origin and _os.path.abspath(_spec.origin) != _os.path.abspath(__file__):
+    try:
+        _mod = _util.module_from_spec(_spec)
+        _spec.loader.exec_module(_mod)
+    except Exception as _exc:
+        _sys.stderr.write(f"spectrace-live: the chained sitecustomize failed: {{_exc!r}}\\n")
+'''
+
+
+def make_boot(work: str, repo: str, extra_site_dirs: Iterable[str] = ()) -> dict[str, str]:
+    """Write WORK/boot (bootstrap .pth + dist-info) and WORK/sc/sitecustomize.py.
+
+    Returns the two folders; put ``sc`` (and the repository) on PYTHONPATH.
+    """
+    boot = os.path.join(work, "boot")
+    sc = os.path.join(work, "sc")
+    shutil.rmtree(boot, ignore_errors=True)
+    os.makedirs(boot)
+    os.makedirs(sc, exist_ok=True)
+    for name in ("_spectrace_bootstrap.py", "spectrace-bootstrap.pth"):
+        shutil.copyfile(os.path.join(repo, "bootstrap", name), os.path.join(boot, name))
+    with open(os.path.join(repo, "pyproject.toml"), encoding="utf-8") as fh:
+        name, version, groups = project_metadata(fh.read())
+    info = os.path.join(boot, f"{name}-{version}.dist-info")
+    os.makedirs(info)
+    for fname, text in dist_info_files(name, version, groups).items():
+        with open(os.path.join(info, fname), "w", encoding="utf-8") as fh:
+            fh.write(text)
+    with open(os.path.join(sc, "sitecustomize.py"), "w", encoding="utf-8") as fh:
+        fh.write(sitecustomize_source([boot, *extra_site_dirs]))
+    return {"boot": boot, "sc": sc}
+
+
+# --------------------------------------------------------------------------- client
+
+# The servers are local: never route them through an http_proxy from the environment.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _post(port: int, body: dict[str, Any], timeout: float) -> Any:
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/generate", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with _OPENER.open(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def _healthy(port: int) -> bool:
+    try:
+        with _OPENER.open(f"http://127.0.0.1:{port}/health", timeout=5) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    try:  # a zombie (exited, not yet reaped by the shell) is not alive
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def wait_up(port: int, pid: int, timeout: float) -> int:
+    """0 when /health answers 200, 1 if the server process died, 2 on timeout."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if _healthy(port):
+            print(f"port {port}: up after {time.monotonic() - start:.0f}s", flush=True)
+            return 0
+        if not _alive(pid):
+            print(f"port {port}: server died after {time.monotonic() - start:.0f}s", flush=True)
+            return 1
+        time.sleep(2)
+    print(f"port {port}: no health after {timeout:.0f}s", flush=True)
+    return 2
+
+
+def prompts(n: int, length: int, offset: int = 0) -> list[list[int]]:
+    """Deterministic prompts of token ids inside the tiny vocabulary (3..2047), no specials."""
+    return [[3 + (offset + 37 * i + 11 * j) % 2000 for j in range(length)] for i in range(n)]
+
+
+def probe(port: int, n_single: int = 4, batch: int = 8, max_new: int = 48) -> dict[str, Any]:
+    """Single requests, then one batch; the accept length SGLang reports for each."""
+    results: list[dict[str, Any]] = []
+    errors: list[str] = []
+
+    def take(out: Any, kind: str) -> None:
+        for o in out if isinstance(out, list) else [out]:
+            m = o.get("meta_info", {})
+            results.append({
+                "kind": kind,
+                "output_tokens": len(o.get("output_ids") or []),
+                "spec_accept_length": m.get("spec_accept_length"),
+                "spec_verify_ct": m.get("spec_verify_ct"),
+                "spec_accept_rate": m.get("spec_accept_rate"),
+            })
+
+    for i, ids in enumerate(prompts(n_single, 30, offset=5)):
+        try:
+            take(_post(port, {"input_ids": ids, "sampling_params": {"max_new_tokens": max_new, "temperature": 0}}, 120),
+                 "single")
+        except Exception as exc:
+            errors.append(f"single {i}: {type(exc).__name__}: {exc}")
+    try:
+        body = {"input_ids": prompts(batch, 30, offset=101),
+                "sampling_params": {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}}
+        take(_post(port, body, 180), "batch")
+    except Exception as exc:
+        errors.append(f"batch: {type(exc).__name__}: {exc}")
+    return {"port": port, "requests": results, "errors": errors, "mean_spec_accept_length": mean_accept(results)}
+
+
+def mean_accept(results: list[dict[str, Any]]) -> float | None:
+    """Verify-step-weighted mean of the per-request accept lengths (SGLang's own figure)."""
+    num = den = 0.0
+    for r in results:
+        a, ct = r.get("spec_accept_length"), r.get("spec_verify_ct")
+        if a is None:
+            continue
+        w = float(ct) if ct else 1.0
+        num += float(a) * w
+        den += w
+    return round(num / den, 4) if den else None
+
+
+def _timed_batch(port: int, batch: int, max_new: int, offset: int) -> dict[str, Any]:
+    body = {"input_ids": prompts(batch, 32, offset=offset),
+            "sampling_params": {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}}
+    t0 = time.perf_counter()
+    out = _post(port, body, 300)
+    wall = time.perf_counter() - t0
+    tokens = sum(len(o.get("output_ids") or []) for o in out)
+    return {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall if wall > 0 else 0.0}
+
+
+def bench(ports: dict[str, int], rounds: int, batch: int, max_new: int, warmup: int = 1,
+          max_s: float | None = None) -> dict[str, Any]:
+    """Interleaved decode throughput: each round runs every server once, the order alternating.
+
+    Stops early (after at least 3 rounds) once ``max_s`` seconds have passed.
+    """
+    labels = list(ports)
+    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in labels}
+    start = time.monotonic()
+    for w in range(warmup):
+        for k in labels:
+            _timed_batch(ports[k], batch, max_new, offset=900 + w)
+    done = 0
+    for r in range(rounds):
+        order = labels if r % 2 == 0 else labels[::-1]
+        for k in order:
+            res = _timed_batch(ports[k], batch, max_new, offset=r)  # same prompts for both servers
+            res["round"] = r
+            runs[k].append(res)
+        done += 1
+        if max_s is not None and done >= 3 and time.monotonic() - start > max_s:
+            break
+    return {"batch": batch, "max_new_tokens": max_new, "rounds": done, "rounds_asked": rounds,
+            "wall_s": round(time.monotonic() - start, 1), "runs": runs, **bench_stats(runs)}
+
+
+def bench_stats(runs: dict[str, list[dict[str, Any]]], base: str = "off", other: str = "on") -> dict[str, Any]:
+    """Median tokens/s per server and the on/off ratio (ratio of medians and median of per-round ratios)."""
+    med = {k: statistics.median(r["tok_s"] for r in v) for k, v in runs.items() if v}
+    out: dict[str, Any] = {"median_tok_s": {k: round(v, 1) for k, v in med.items()}}
+    if base in med and other in med and med[base] > 0:
+        out["ratio_of_medians"] = round(med[other] / med[base], 4)
+        by_round = {r["round"]: r["tok_s"] for r in runs[base]}
+        per_round = [r["tok_s"] / by_round[r["round"]] for r in runs[other] if by_round.get(r["round"])]
+        if per_round:
+            out["median_round_ratio"] = round(statistics.median(per_round), 4)
+            out["round_ratios"] = [round(x, 4) for x in per_round]
+    return out
+
+
+# -------------------------------------------------------------------------- the logs
+
+_ACCEPT = re.compile(r"accept len: ([0-9.]+)")
+_BLOCK = re.compile(r"^==== spectrace: (ERROR|WARNING) (\S+)(?: at (\S+))? ====$")
+_SPECTRACE_LINE = re.compile(r"^spectrace: .*$")
+_GRAPH = re.compile(r"graph|replay", re.I)
+
+
+def parse_server_log(text: str) -> dict[str, Any]:
+    """What a server log says: SGLang's accept lengths, spectrace's printed findings and notes."""
+    lines = text.splitlines()
+    accepts = [float(m.group(1)) for m in (_ACCEPT.search(ln) for ln in lines) if m]
+    blocks = [{"severity": m.group(1).lower(), "code": m.group(2), "where": m.group(3)}
+              for m in (_BLOCK.match(ln.strip()) for ln in lines) if m]
+    spectrace_lines = [ln.strip() for ln in lines if _SPECTRACE_LINE.match(ln.strip())]
+    notes = sorted(set(spectrace_lines))
+    sglang_errors = [ln.strip() for ln in lines
+                     if re.search(r"\b(Traceback|ERROR|Error:|Exception)\b", ln) and "spectrace" not in ln]
+    sglang_warnings = [ln.strip() for ln in lines if re.search(r"\bWARNING\b", ln) and "spectrace" not in ln]
+    return {
+        "accept_len_lines": accepts,
+        "accept_len_last": accepts[-1] if accepts else None,
+        "findings_printed": blocks,
+        "spectrace_lines": notes,
+        "graph_lines": [ln for ln in notes if _GRAPH.search(ln)],
+        "sglang_error_lines": sglang_errors[:20],
+        "sglang_warning_count": len(sglang_warnings),
+        "sglang_warning_lines": sglang_warnings[:10],
+        "sglang_graph_lines": [ln.strip()[-160:] for ln in lines
+                               if re.search(r"Capture .*(cuda graph|CUDA graph).*(begin|end|failed)", ln)
+                               and "Capturing" not in ln][:12],
+        "plugin_lines": sorted({ln.strip() for ln in lines if "spectrace" in ln and "plugin" in ln.lower()})[:10],
+    }
+
+
+def view_facts(view: dict[str, Any]) -> dict[str, Any]:
+    """The parts of ``spectrace view --json`` the report compares across variants."""
+    header = view.get("header", {})
+    acc = view.get("acceptance", {})
+    findings = [{"code": f.get("code"), "severity": f.get("severity"), "count": f.get("count"),
+                 "message": (f.get("message") or "")[:300]} for f in view.get("findings", [])]
+    return {
+        "processes": len(header.get("processes", [])),
+        "files": [p.get("file") for p in header.get("processes", [])],
+        "findings": findings,
+        "error_codes": sorted({f["code"] for f in findings if f["severity"] == "error"}),
+        "warning_codes": sorted({f["code"] for f in findings if f["severity"] == "warning"}),
+        "acceptance_mean": acc.get("overall_mean"),
+        "acceptance_steps": len(acc.get("steps") or []),
+        "acceptance_requests": acc.get("requests"),
+        "position_rate": acc.get("position_rate"),
+        "coverage_gaps": header.get("coverage_gaps", []),
+        "records_dropped": header.get("records_dropped", 0),
+    }
+
+
+def trace_file_facts(path: str) -> dict[str, Any]:
+    """One trace file: its process, how many records of each type, and whether it was closed.
+
+    A file is closed when its last line is the ``stats`` record that the exit flush appends;
+    a process killed before its exit flush leaves an unclosed file (or none at all).
+    """
+    types: dict[str, int] = {}
+    header: dict[str, Any] = {}
+    last = None
+    bad = 0
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                bad += 1
+                continue
+            kind = str(rec.get("type"))
+            types[kind] = types.get(kind, 0) + 1
+            if kind == "header" and not header:
+                header = rec
+            last = kind
+    return {"file": os.path.basename(path), "pid": header.get("pid"), "rank": header.get("rank"),
+            "types": dict(sorted(types.items())), "closed": last == "stats", "bad_lines": bad}
+
+
+def trace_dir_facts(directory: str) -> list[dict[str, Any]]:
+    if not os.path.isdir(directory):
+        return []
+    return [trace_file_facts(os.path.join(directory, f)) for f in sorted(os.listdir(directory)) if f.endswith(".jsonl")]
+
+
+# ----------------------------------------------------------------------- the summary
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return ""
+
+
+def _load_json(path: str) -> Any:
+    text = _read(path)
+    if not text.strip():
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def collect(work: str) -> dict[str, Any]:
+    """Everything the run left in WORK, as one JSON-able dict."""
+    summary: dict[str, Any] = {"variants": {}, "overhead": None, "phases": _load_json(os.path.join(work, "phases.json"))}
+    for name, what in VARIANTS.items():
+        log = os.path.join(work, "logs", f"server-{name}.log")
+        if not os.path.exists(log):
+            continue
+        status = _read(os.path.join(work, "logs", f"status-{name}.txt")).strip().splitlines()
+        entry: dict[str, Any] = {"what": what, "server": status[0] if status else "", "server_notes": status[1:]}
+        entry["log"] = parse_server_log(_read(log))
+        entry["client"] = _load_json(os.path.join(work, "logs", f"probe-{name}.json"))
+        view = _load_json(os.path.join(work, "views", f"{name}.json"))
+        entry["trace"] = view_facts(view) if isinstance(view, dict) else None
+        entry["trace_files"] = trace_dir_facts(os.path.join(work, "traces", name))
+        summary["variants"][name] = entry
+    bench_res = _load_json(os.path.join(work, "logs", "bench.json"))
+    if bench_res is not None:
+        ov: dict[str, Any] = {k: v for k, v in bench_res.items() if k != "runs"}
+        ov["runs"] = bench_res.get("runs")
+        for label in OVERHEAD_LABELS:
+            ov[f"log_{label}"] = parse_server_log(_read(os.path.join(work, "logs", f"server-overhead-{label}.log")))
+        view = _load_json(os.path.join(work, "views", "overhead-on.json"))
+        ov["trace_on"] = view_facts(view) if isinstance(view, dict) else None
+        ov["trace_files_on"] = trace_dir_facts(os.path.join(work, "traces", "overhead-on"))
+        summary["overhead"] = ov
+    elif os.path.exists(os.path.join(work, "logs", "status-overhead.txt")):
+        summary["overhead"] = {"status": _read(os.path.join(work, "logs", "status-overhead.txt")).strip()}
+    return summary
+
+
+def _fmt(x: Any) -> str:
+    if x is None:
+        return "—"
+    if isinstance(x, float):
+        return f"{x:.2f}"
+    if isinstance(x, (list, tuple)):
+        return ", ".join(_fmt(i) for i in x) or "—"
+    return str(x)
+
+
+def render_markdown(summary: dict[str, Any]) -> str:
+    out = ["# spectrace live run (SGLang 0.5.17, H200)", ""]
+    if summary.get("phases"):
+        out += ["Phases (s since start): " + ", ".join(f"{k} {v}" for k, v in summary["phases"].items()), ""]
+    if summary["variants"]:
+        out += ["| variant | server | errors printed in log | errors in trace | warnings in trace "
+                "| SGLang accept len (requests / log) | spectrace accept len (steps) | trace files closed |",
+                "|---|---|---|---|---|---|---|---|"]
+        for name, v in summary["variants"].items():
+            log, tr, cl = v["log"], v.get("trace") or {}, v.get("client") or {}
+            files = v.get("trace_files") or []
+            printed = sorted({b["code"] for b in log["findings_printed"]})
+            out.append(
+                f"| {name} | {v['server'] or '?'} | {_fmt(printed)} | {_fmt(tr.get('error_codes'))} "
+                f"| {_fmt(tr.get('warning_codes'))} | {_fmt(cl.get('mean_spec_accept_length'))} / "
+                f"{_fmt(log['accept_len_last'])} | {_fmt(tr.get('acceptance_mean'))} ({_fmt(tr.get('acceptance_steps'))}) "
+                f"| {sum(f['closed'] for f in files)}/{len(files)} |"
+            )
+        out.append("")
+        for name, v in summary["variants"].items():
+            tr = v.get("trace") or {}
+            out += [f"## {name}: {v['what']}", ""]
+            out += [f"- server: {v['server'] or '?'}"] + [f"- server: {n}" for n in v.get("server_notes", [])]
+            for tf in v.get("trace_files", []):
+                out.append(f"- trace file {tf['file']} (rank {tf['rank']}): "
+                           f"{'closed' if tf['closed'] else 'NOT closed (no exit flush)'}; {tf['types']}")
+            out.append(f"- records dropped: {tr.get('records_dropped', 0)}")
+            for f in tr.get("findings", []):
+                out.append(f"- {f['severity']} `{f['code']}` ×{f['count']}: {f['message']}")
+            for g in tr.get("coverage_gaps", []):
+                out.append(f"- coverage: {g}")
+            for ln in v["log"]["spectrace_lines"][:12]:
+                out.append(f"- log: `{ln}`")
+            if v["log"]["sglang_error_lines"]:
+                out.append(f"- SGLang error lines: {len(v['log']['sglang_error_lines'])} (first: `{v['log']['sglang_error_lines'][0][:200]}`)")
+            if (v.get("client") or {}).get("errors"):
+                out.append(f"- client errors: {v['client']['errors']}")
+            out.append("")
+    ov = summary.get("overhead")
+    if ov:
+        out += ["## Overhead: healthy server, SPECTRACE off vs on (interleaved)", ""]
+        if "median_tok_s" in ov:
+            out += [f"- batch {ov.get('batch')} × {ov.get('max_new_tokens')} new tokens, {ov.get('rounds')} rounds "
+                    f"({ov.get('wall_s')} s)",
+                    f"- median tokens/s: {ov['median_tok_s']}",
+                    f"- on/off, ratio of medians: {_fmt(ov.get('ratio_of_medians'))}; "
+                    f"median of per-round ratios: {_fmt(ov.get('median_round_ratio'))}",
+                    f"- per-round ratios: {_fmt(ov.get('round_ratios'))}"]
+            tr = ov.get("trace_on") or {}
+            out.append(f"- SPECTRACE=1 server's trace: errors {_fmt(tr.get('error_codes'))}, "
+                       f"acceptance mean {_fmt(tr.get('acceptance_mean'))} over {_fmt(tr.get('acceptance_steps'))} steps")
+        else:
+            out.append(f"- {ov.get('status')}")
+        out.append("")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------- the CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="livekit.py", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("boot")
+    b.add_argument("work")
+    b.add_argument("--repo", required=True)
+    b.add_argument("--site-dir", action="append", default=[])
+    w = sub.add_parser("wait")
+    w.add_argument("--port", type=int, required=True)
+    w.add_argument("--pid", type=int, required=True)
+    w.add_argument("--timeout", type=float, default=300)
+    pr = sub.add_parser("probe")
+    pr.add_argument("--port", type=int, required=True)
+    pr.add_argument("--out", required=True)
+    be = sub.add_parser("bench")
+    be.add_argument("--port-off", type=int, required=True)
+    be.add_argument("--port-on", type=int, required=True)
+    be.add_argument("--rounds", type=int, default=7)
+    be.add_argument("--batch", type=int, default=32)
+    be.add_argument("--max-new", type=int, default=256)
+    be.add_argument("--max-s", type=float, default=None)
+    be.add_argument("--out", required=True)
+    s = sub.add_parser("summarize")
+    s.add_argument("work")
+    s.add_argument("out")
+    a = p.parse_args(argv)
+
+    if a.cmd == "boot":
+        print(json.dumps(make_boot(a.work, a.repo, a.site_dir)))
+        return 0
+    if a.cmd == "wait":
+        return wait_up(a.port, a.pid, a.timeout)
+    if a.cmd == "probe":
+        res = probe(a.port)
+        with open(a.out, "w", encoding="utf-8") as fh:
+            json.dump(res, fh, indent=1)
+        print(f"port {a.port}: {len(res['requests'])} answers, SGLang accept length "
+              f"{res['mean_spec_accept_length']}, errors {len(res['errors'])}", flush=True)
+        return 0 if res["requests"] else 1
+    if a.cmd == "bench":
+        res = bench({"off": a.port_off, "on": a.port_on}, a.rounds, a.batch, a.max_new, max_s=a.max_s)
+        with open(a.out, "w", encoding="utf-8") as fh:
+            json.dump(res, fh, indent=1)
+        print(f"bench: median tok/s {res['median_tok_s']}, on/off {res.get('ratio_of_medians')} "
+              f"(per-round median {res.get('median_round_ratio')})", flush=True)
+        return 0
+    if a.cmd == "summarize":
+        summary = collect(a.work)
+        os.makedirs(a.out, exist_ok=True)
+        with open(os.path.join(a.out, "summary.json"), "w", encoding="utf-8") as fh:
+            json.dump(summary, fh, indent=1)
+        with open(os.path.join(a.out, "summary.md"), "w", encoding="utf-8") as fh:
+            fh.write(render_markdown(summary) + "\n")
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,266 @@
+#!/usr/bin/env bash
+# The live proof: SPECTRACE=1 on real SGLang 0.5.17 EAGLE-3 servers on the H200.
+# Run it ON the GPU machine, from the repository root (docs/live-sglang.md has the device call).
+# Usage: bash scripts/live/run_live_all.sh [all|variants|overhead]
+#   variants  four servers at once (healthy, --speculative-algorithm EAGLE, no lm_head, layers.0 keys),
+#             each with SPECTRACE=1 and its own SPECTRACE_DIR; requests; SIGTERM; spectrace view
+#   overhead  two healthy servers side by side (SPECTRACE off / on), interleaved throughput rounds
+#   all       both (overhead is skipped, and says so, when less than OVERHEAD_MIN_S is left)
+# Environment: OUT (required; what comes back), CARRY_TAR (default .carry/sgl/sglang-0.5.17-site.tar.xz),
+#   LIVE_BUDGET_S (default 480: waits, the bench and the overhead phase fit inside it), BENCH_ROUNDS (9),
+#   BENCH_BATCH (32), BENCH_MAX_NEW (256), SGL_EXTRA (extra server flags), STAGGER_S (6),
+#   MODELS_PYTHON (python3: the interpreter with torch + transformers for make_tiny_models.py),
+#   PORT_BASE (30000).
+# spectrace is not pip-installed there: livekit.py boot writes a sitecustomize that runs the .pth
+# bootstrap (site.addsitedir) and a dist-info carrying the sglang.srt.plugins entry point.
+set -u
+mode=${1:-all}
+case $mode in all|variants|overhead) ;; *) echo "usage: $0 [all|variants|overhead]" >&2; exit 2 ;; esac
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+out=${OUT:?set OUT to the folder whose files come back}
+carry=${CARRY_TAR:-$repo/.carry/sgl/sglang-0.5.17-site.tar.xz}
+budget=${LIVE_BUDGET_S:-480}
+overhead_min=${OVERHEAD_MIN_S:-200}
+extra=${SGL_EXTRA---cuda-graph-max-bs-decode 32 --max-total-tokens 65536}
+port_base=${PORT_BASE:-30000}   # runs on base, +10, +20, +30; the overhead pair on +100, +110
+stagger=${STAGGER_S:-6}   # seconds between server starts: each sizes its KV pool from the free memory it sees
+tmp=$(dirname "$(mktemp -u)")
+site=$tmp/sgl-site
+stubs=$tmp/sgl-stubs
+W=$tmp/spectrace-live
+mkdir -p "$out"
+exec > >(tee -a "$out/run.log") 2>&1
+SECONDS=0
+declare -A PID PORT
+phases=()
+say() { echo "[$(printf '%4d' "$SECONDS")s] $*"; }
+mark() { phases+=("\"$1\": $SECONDS"); }
+left() { echo $((budget - SECONDS)); }
+
+# ---------------------------------------------------------------------------- setup
+say "mode $mode; repo $repo; python $(python3 -c 'import sys; print(sys.version.split()[0])')"
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader 2>/dev/null || true
+if [ ! -f "$site/.ok" ]; then
+  [ -f "$carry" ] || { say "no SGLang tarball at $carry (build it with /work/shared/gpu/build_sglang_carry.sh)"; exit 1; }
+  rm -rf "$site"; mkdir -p "$site"
+  python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$carry" "$site" && touch "$site/.ok"
+  say "extracted $(basename "$carry")"
+fi
+# An unused attention backend imports deep_gemm at module level (see /work/shared/gpu/run_live.sh).
+mkdir -p "$stubs/deep_gemm" && : > "$stubs/deep_gemm/__init__.py"
+rm -rf "$W/logs" "$W/traces" "$W/views"
+mkdir -p "$W/logs" "$W/traces" "$W/views" "$W/models"
+python3 "$here/livekit.py" boot "$W" --repo "$repo" >/dev/null || { say "boot folder failed"; exit 1; }
+
+# Tiny random models, made with the image's own transformers (nothing of ours on the path).
+make_models() {  # dir flags...
+  local dir=$1; shift
+  [ -f "$dir/tiny-eagle3/model.safetensors" ] && return 0
+  env -u PYTHONPATH "${MODELS_PYTHON:-python3}" "$here/make_tiny_models.py" "$dir" "$@" > "$dir.log" 2>&1
+}
+make_models "$W/models/midlayer" --draft-keys midlayer & m1=$!
+make_models "$W/models/nolmhead" --draft-keys midlayer --no-lm-head & m2=$!
+make_models "$W/models/layers0" --draft-keys layers.0 & m3=$!
+for m in $m1 $m2 $m3; do wait "$m" || { say "make_tiny_models failed"; cat "$W"/models/*.log; exit 1; }; done
+mark setup
+say "models ready"
+
+export PYTHONPATH=$repo:$site:$stubs:$W/sc
+export SGLANG_ENABLE_JIT_DEEPGEMM=false SGLANG_IS_FLASHINFER_AVAILABLE=false HF_HUB_OFFLINE=1
+PATH=$(dirname "$(python3 -c 'import sys; print(sys.executable)')"):$PATH   # nvcc/ninja for first-use kernels
+export PATH COLUMNS=120
+unset SPECTRACE SPECTRACE_DIR SPECTRACE_QUIET
+
+# --------------------------------------------------------------------------- servers
+start_server() {  # name port algorithm models spectrace(0|1) mem-fraction [extra flags]
+  local name=$1 port=$2 algo=$3 models=$4 on=$5 frac=$6 flags=${7-$extra}
+  local envs=("SPECTRACE_DIR=$W/traces/$name")
+  [ "$on" = 1 ] && envs+=("SPECTRACE=1")
+  # shellcheck disable=SC2086  # flags is a word list on purpose
+  env -u SPECTRACE "${envs[@]}" python3 -m sglang.launch_server --model-path "$models/tiny-llama" \
+    --speculative-algorithm "$algo" --speculative-draft-model-path "$models/tiny-eagle3" \
+    --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 \
+    --attention-backend triton --sampling-backend pytorch --grammar-backend none --dtype bfloat16 \
+    --mem-fraction-static "$frac" $flags --host 127.0.0.1 --port "$port" --skip-tokenizer-init \
+    --decode-log-interval 5 --log-level info > "$W/logs/server-$name.log" 2>&1 &
+  PID[$name]=$!
+  PORT[$name]=$port
+  echo "$name port $port algo $algo spectrace $on frac $frac flags [$flags]" > "$W/logs/cmd-$name.txt"
+  say "started $name (pid ${PID[$name]}, port $port, SPECTRACE=$on)"
+}
+
+wait_server() {  # name; writes logs/status-NAME.txt; returns 0 when up
+  local name=$1 t
+  t=$(($(left) - 100)); [ "$t" -gt 330 ] && t=330; [ "$t" -lt 30 ] && t=30   # room to stop and report
+  if python3 "$here/livekit.py" wait --port "${PORT[$name]}" --pid "${PID[$name]}" --timeout "$t" \
+      > "$W/logs/status-$name.txt"; then
+    say "$name: $(cat "$W/logs/status-$name.txt")"
+    return 0
+  fi
+  say "$name: $(cat "$W/logs/status-$name.txt")"
+  grep -v Capturing "$W/logs/server-$name.log" | tail -25
+  return 1
+}
+
+alive() {  # pid: running (a zombie our shell has not reaped yet is not)
+  local st
+  st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)
+  [ -n "$st" ] && [ "$st" != Z ]
+}
+
+descendants() {  # pid -> its children, grandchildren, ...
+  local c
+  for c in $(pgrep -P "$1" 2>/dev/null); do echo "$c"; descendants "$c"; done
+}
+
+stop_servers() {  # names...: SIGTERM to each server; SGLang stops its scheduler, spectrace flushes at exit
+  local name pid n k kids
+  declare -A KIDS=()
+  for name in "$@"; do
+    pid=${PID[$name]-}
+    [ -n "$pid" ] || continue
+    KIDS[$name]=$(descendants "$pid")
+    kill -0 "$pid" 2>/dev/null && kill -TERM "$pid" 2>/dev/null
+  done
+  # SGLang 0.5.17 asks the scheduler to exit (ShutdownReq) up to 5 s after SIGTERM and SIGKILLs
+  # what is left 15 s later; spectrace's records reach the file at exit. A scheduler still up
+  # after STOP_NUDGE_S gets its own SIGTERM, so spectrace's handler flushes before the SIGKILL.
+  for n in $(seq 1 45); do
+    local up=0
+    for name in "$@"; do
+      pid=${PID[$name]-}
+      [ -n "$pid" ] && alive "$pid" && up=1
+      if [ -n "$pid" ] && [ "$n" = "${STOP_NUDGE_S:-13}" ]; then
+        for k in ${KIDS[$name]-}; do
+          if alive "$k"; then
+            kill -TERM "$k" 2>/dev/null && echo "nudged child $k with SIGTERM ${n}s after stop" >> "$W/logs/status-$name.txt"
+          fi
+        done
+      fi
+    done
+    [ $up = 0 ] && break
+    sleep 1
+  done
+  for name in "$@"; do
+    pid=${PID[$name]-}
+    [ -n "$pid" ] || continue
+    kids=${KIDS[$name]-}
+    if alive "$pid"; then
+      say "$name: still alive after SIGTERM; SIGKILL"
+      echo "forced kill after 45s" >> "$W/logs/status-$name.txt"
+      # shellcheck disable=SC2086  # kids is a list of pids
+      kill -KILL "$pid" $kids 2>/dev/null
+    fi
+    wait "$pid" 2>/dev/null
+    for n in $kids; do alive "$n" && kill -KILL "$n" 2>/dev/null; done
+    say "$name stopped; trace files: $(find "$W/traces/$name" -name '*.jsonl' 2>/dev/null | wc -l)"
+    unset "PID[$name]"
+  done
+}
+
+retry_without_extra() {  # name port algo models on frac: a flag this SGLang refuses -> once more without extras
+  if [ -n "$extra" ] && grep -q "unrecognized arguments\|error: argument" "$W/logs/server-$1.log" 2>/dev/null; then
+    say "$1: SGLang refused [$extra]; starting again without it"
+    mv "$W/logs/server-$1.log" "$W/logs/server-$1.refused.log"
+    start_server "$1" "$2" "$3" "$4" "$5" "$6" ""
+    wait_server "$1"
+    return $?
+  fi
+  return 1
+}
+
+view() {  # name: plain text and JSON views of its traces
+  local name=$1
+  env -u SPECTRACE python3 -m spectrace view "$W/traces/$name" --no-pager > "$W/views/$name.txt" 2>&1
+  env -u SPECTRACE python3 -m spectrace view "$W/traces/$name" --json > "$W/views/$name.json" 2> "$W/views/$name.json.err"
+}
+
+# shellcheck disable=SC2329  # invoked by the EXIT trap
+finish() {
+  trap - EXIT INT TERM
+  stop_servers "${!PID[@]}"
+  mark end
+  (IFS=,; echo "{${phases[*]}}") > "$W/phases.json"
+  python3 "$here/livekit.py" summarize "$W" "$out" || say "summary failed"
+  : > "$out/views.txt"
+  for f in "$W"/views/*.txt; do
+    [ -f "$f" ] || continue
+    { echo "===== spectrace view $(basename "$f" .txt) ====="; cat "$f"; echo; } >> "$out/views.txt"
+  done
+  tar -C "$W" -czf "$out/traces.tar.gz" traces views phases.json 2>/dev/null
+  tar -C "$W" -czf "$out/logs.tar.gz" logs 2>/dev/null
+  say "done; in \$OUT: $(cd "$out" && echo *)"
+  [ -f "$out/summary.md" ] && cat "$out/summary.md"
+}
+trap finish EXIT
+trap 'say "interrupted"; exit 1' INT TERM
+
+# -------------------------------------------------------------------- phase: variants
+run_variants() {
+  local v
+  declare -A ALGO=([healthy]=EAGLE3 [eagle]=EAGLE [nolmhead]=EAGLE3 [layers0]=EAGLE3)
+  declare -A MODELS=([healthy]=midlayer [eagle]=midlayer [nolmhead]=nolmhead [layers0]=layers0)
+  declare -A VPORT=([healthy]=$port_base [eagle]=$((port_base + 10)) [nolmhead]=$((port_base + 20)) [layers0]=$((port_base + 30)))
+  local order=(healthy eagle nolmhead layers0)
+  # Staggered: each server sizes its KV pool from the free memory it sees at start.
+  for v in "${order[@]}"; do
+    start_server "$v" "${VPORT[$v]}" "${ALGO[$v]}" "$W/models/${MODELS[$v]}" 1 0.15
+    sleep "$stagger"
+  done
+  for v in "${order[@]}"; do
+    wait_server "$v" || retry_without_extra "$v" "${VPORT[$v]}" "${ALGO[$v]}" "$W/models/${MODELS[$v]}" 1 0.15 || true
+  done
+  mark variants_up
+  for v in "${order[@]}"; do
+    if grep -q "^port .* up after" "$W/logs/status-$v.txt" 2>/dev/null; then
+      python3 "$here/livekit.py" probe --port "${VPORT[$v]}" --out "$W/logs/probe-$v.json" || say "$v: probe failed"
+    fi
+  done
+  sleep "$stagger"   # one more decode-log interval reaches the logs
+  mark variants_requests
+  stop_servers "${order[@]}"
+  for v in "${order[@]}"; do view "$v"; done
+  mark variants_done
+  for v in "${order[@]}"; do
+    say "$v: printed $(grep -c '^==== spectrace: ERROR' "$W/logs/server-$v.log") error block(s); $(grep 'accept len' "$W/logs/server-$v.log" | tail -1 | grep -o 'accept len: [0-9.]*')"
+  done
+}
+
+# -------------------------------------------------------------------- phase: overhead
+bench_s() {  # time the bench may take: what is left minus stopping and the report, 30..150 s
+  local t=$(($(left) - 90))
+  [ "$t" -gt 150 ] && t=150
+  [ "$t" -lt 30 ] && t=30
+  echo "$t"
+}
+
+run_overhead() {
+  start_server overhead-off "$((port_base + 100))" EAGLE3 "$W/models/midlayer" 0 0.2
+  sleep "$stagger"
+  start_server overhead-on "$((port_base + 110))" EAGLE3 "$W/models/midlayer" 1 0.2
+  local ok=1
+  wait_server overhead-off || retry_without_extra overhead-off "$((port_base + 100))" EAGLE3 "$W/models/midlayer" 0 0.2 || ok=0
+  wait_server overhead-on || retry_without_extra overhead-on "$((port_base + 110))" EAGLE3 "$W/models/midlayer" 1 0.2 || ok=0
+  mark overhead_up
+  if [ $ok = 1 ]; then
+    python3 "$here/livekit.py" bench --port-off "$((port_base + 100))" --port-on "$((port_base + 110))" --rounds "${BENCH_ROUNDS:-9}" \
+      --batch "${BENCH_BATCH:-32}" --max-new "${BENCH_MAX_NEW:-256}" --max-s "$(bench_s)" --out "$W/logs/bench.json" \
+      || echo "bench failed" > "$W/logs/status-overhead.txt"
+  else
+    echo "a server of the pair did not come up" > "$W/logs/status-overhead.txt"
+  fi
+  mark overhead_bench
+  stop_servers overhead-off overhead-on
+  view overhead-on
+  mark overhead_done
+}
+
+if [ "$mode" != overhead ]; then run_variants; fi
+if [ "$mode" = overhead ] || { [ "$mode" = all ] && [ "$(left)" -ge "$overhead_min" ]; }; then
+  run_overhead
+elif [ "$mode" = all ]; then
+  say "overhead skipped: $(left)s left of LIVE_BUDGET_S=$budget (needs $overhead_min); run mode 'overhead' as a second call"
+  echo "skipped in this call ($SECONDS s used): run 'run_live_all.sh overhead'" > "$W/logs/status-overhead.txt"
+fi
+exit 0
