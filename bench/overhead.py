@@ -356,8 +356,9 @@ def graph_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
     dev, dt = "cuda", torch.bfloat16
     L, H, I = (4, 256, 512) if args.quick else (32, 4096, 14336)
     torch.manual_seed(0)
-    W = [(torch.randn(H, 3 * H // 2, device=dev, dtype=dt) * 0.02, torch.randn(H, H, device=dev, dtype=dt) * 0.02,
-          torch.randn(H, 2 * I, device=dev, dtype=dt) * 0.02, torch.randn(I, H, device=dev, dtype=dt) * 0.02) for _ in range(L)]
+    # Scaled by 1/sqrt(fan-in) so 32 residual layers stay finite in bf16 (0.02 overflowed).
+    W = [(torch.randn(H, 3 * H // 2, device=dev, dtype=dt) * (0.5 / H**0.5), torch.randn(H, H, device=dev, dtype=dt) * (0.5 / H**0.5),
+          torch.randn(H, 2 * I, device=dev, dtype=dt) * (0.5 / H**0.5), torch.randn(I, H, device=dev, dtype=dt) * (0.5 / I**0.5)) for _ in range(L)]
 
     def layer(x: torch.Tensor, w: tuple[torch.Tensor, ...]) -> torch.Tensor:
         a = (x @ w[0])[:, :H]
@@ -444,6 +445,9 @@ def validate(got: dict[str, Any], tensors: list[torch.Tensor]) -> dict[str, floa
     for i, t in enumerate(tensors):
         s = got[f"layers.{i}"]
         r = t.double()
+        if None in (s.mean, s.std, s.absmax):
+            worst["counts_wrong"] += int(bool(torch.isfinite(r).all()))  # None is right only for non-finite data
+            continue
         worst["mean_abs"] = max(worst["mean_abs"], abs(s.mean - r.mean().item()))
         worst["std_rel"] = max(worst["std_rel"], abs(s.std - r.std(unbiased=False).item()) / max(r.std().item(), 1e-30))
         worst["absmax_rel"] = max(worst["absmax_rel"], abs(s.absmax - r.abs().max().item()) / max(r.abs().max().item(), 1e-30))

@@ -84,9 +84,12 @@ CATALOGUE: dict[str, Code] = {
         ),
         Code(
             "acceptance_collapse",
-            "error",
+            # A symptom, not a cause: the error findings beside it say why; alone, it points
+            # at the draft's training rather than at the wiring spectrace can check.
+            "warning",
             "accept length stays near 1 over a window of verify steps",
-            "look at the other findings: acceptance collapses when the draft's inputs or weights are wrong",
+            "look at the error findings: acceptance collapses when the draft's inputs or weights are wrong; "
+            "with none, check the draft's training and that it was trained for this target",
         ),
         Code(
             "nonfinite",

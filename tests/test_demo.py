@@ -14,7 +14,7 @@ from spectrace.eagle3.bugs import BUGS
 from spectrace.records import RECORD_ADAPTER, Acceptance, Call, Capture, Finding, Weights
 
 EXPECTED = {
-    "fc_bypass": {"fc_bypass", "aux_capture_disabled", "acceptance_collapse"},
+    "fc_bypass": {"fc_bypass", "aux_capture_disabled"},
     "eagle_algorithm": {"algorithm_mismatch", "aux_capture_disabled", "fc_bypass"},
     "layers0_names": {"weights_dropped", "weights_missing"},
     "lm_head_missing": {"weights_missing"},
@@ -43,6 +43,12 @@ def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
     reference = reference_fingerprint()
     return {name: run_scenario(name, str(out), reference) for name in BUGS}
+
+
+def test_collapse_is_reported_as_a_symptom(results):
+    collapse = [f for f in results["fc_bypass"].findings if f.code == "acceptance_collapse"]
+    assert collapse and collapse[0].severity == "warning"
+    assert not [f for f in results["healthy"].findings if f.code == "acceptance_collapse"]
 
 
 def test_every_scenario_is_covered():
