@@ -459,25 +459,19 @@ def validate(got: dict[str, Any], tensors: list[torch.Tensor]) -> dict[str, floa
 def bootstrap_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
     """What the .pth line costs each interpreter start when SPECTRACE is unset."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECTRACE")}
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "bootstrap"), ROOT, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     runs = 5 if args.quick else 30
-    probe = ("import sys,time,importlib,os;"
-             "installed='_spectrace_bootstrap' in sys.modules;"
-             "sys.modules.pop('_spectrace_bootstrap',None);"
-             "t=time.perf_counter_ns();import _spectrace_bootstrap;d=time.perf_counter_ns()-t;"
-             "print(int(installed),d,_spectrace_bootstrap.__file__)")
-    ns, installed, where = [], False, ""
+    pth = os.path.join(ROOT, "bootstrap", "spectrace-bootstrap.pth")
+    # Time the .pth line itself, as site.py runs it (exec of one line) at every start.
+    probe = ("import sys,time;line=open(sys.argv[1]).read();"
+             "t=time.perf_counter_ns();exec(line);d=time.perf_counter_ns()-t;"
+             "print(int('spectrace' in sys.modules),d)")
+    ns, imported = [], False
     for _ in range(runs):
-        line = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout.split()
-        installed, where = line[0] == "1", line[2]
+        line = subprocess.run([sys.executable, "-c", probe, pth], env=env, capture_output=True, text=True, check=True).stdout.split()
+        imported = imported or line[0] == "1"
         ns.append(int(line[1]))
-    # -X importtime (when the .pth is installed, it shows the import made by site)
-    it = []
-    for _ in range(runs):
-        err = subprocess.run([sys.executable, "-X", "importtime", "-c", "pass"], env=env, capture_output=True, text=True).stderr
-        for ln in err.splitlines():
-            if ln.rstrip().endswith("_spectrace_bootstrap"):
-                it.append(int(ln.split("|")[1]))
+    installed, where, it = imported, pth, []
     # whole interpreter start, with and without the .pth being processed
     def start_ms(extra: list[str]) -> float:
         ts = []
@@ -488,11 +482,10 @@ def bootstrap_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
         return statistics.median(ts)
 
     out["bootstrap"] = {
-        "pth_installed_in_this_python": installed,
-        "module": where,
-        "import_us_median": round(statistics.median(ns) / 1e3, 1),
-        "import_us_max": round(max(ns) / 1e3, 1),
-        "importtime_cumulative_us_median": statistics.median(it) if it else None,
+        "pth": where,
+        "pth_line_us_median": round(statistics.median(ns) / 1e3, 2),
+        "pth_line_us_max": round(max(ns) / 1e3, 2),
+        "imported_spectrace_when_unset": installed,
         "interpreter_start_ms_median": round(start_ms([]), 2),
         "runs": runs,
     }

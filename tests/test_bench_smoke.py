@@ -26,6 +26,6 @@ def test_overhead_bench_quick_runs_every_section(tmp_path):
     assert not res["errors"]
     assert set(res["eager"]) == {"bare", "off", "shapes", "stats", "anchor_item_hooks", "anchor_profiler_record_shapes"}
     assert res["off_hooks"] == 0 and res["stats_filled"] > 0
-    assert res["bootstrap"]["import_us_median"] > 0
+    assert res["bootstrap"]["pth_line_us_median"] > 0 and not res["bootstrap"]["imported_spectrace_when_unset"]
     assert res["soak"]["jsonl_lines"] > 1000 and res["soak"]["jsonl_bytes_per_step"] > 0
     assert "| stats |" in (tmp_path / "overhead-cpu.md").read_text()

@@ -105,8 +105,7 @@ def make_boot(work: str, repo: str, extra_site_dirs: Iterable[str] = ()) -> dict
     shutil.rmtree(boot, ignore_errors=True)
     os.makedirs(boot)
     os.makedirs(sc, exist_ok=True)
-    for name in ("_spectrace_bootstrap.py", "spectrace-bootstrap.pth"):
-        shutil.copyfile(os.path.join(repo, "bootstrap", name), os.path.join(boot, name))
+    shutil.copyfile(os.path.join(repo, "bootstrap", "spectrace-bootstrap.pth"), os.path.join(boot, "spectrace-bootstrap.pth"))
     with open(os.path.join(repo, "pyproject.toml"), encoding="utf-8") as fh:
         name, version, groups = project_metadata(fh.read())
     info = os.path.join(boot, f"{name}-{version}.dist-info")
