@@ -160,11 +160,7 @@ def timer(device: str) -> Callable[[Callable[[], None]], float]:
 def eager_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
     import spectrace
     from spectrace.hooks import stats as S
-    from spectrace.hooks.engine import Tracer
     from spectrace.settings import Settings
-
-    sys.path.insert(0, HERE)
-    import _engine_patch
 
     dev = args.device
     size = "tiny" if args.quick else ("llama8b" if dev == "cuda" else "medium")
@@ -174,13 +170,7 @@ def eager_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
     step = make_step(target, draft, ids, aux)
     models = {"target": target, "draft": draft}
     fused = S.prepare(dev) if dev == "cuda" else False
-    defers = _engine_patch.engine_defers(Tracer)
-    if args.engine_patch == "on" or (args.engine_patch == "auto" and dev == "cuda"):
-        patched = _engine_patch.apply(Tracer)
-    else:
-        patched = False
-    out["engine"] = {"engine_defers_readback": defers, "patched_at_runtime": patched,
-                     "fused_stats_kernel": fused}
+    out["engine"] = {"fused_stats_kernel": fused}
     settings = Settings()  # SPECTRACE unset: defaults (record cap 100k, stats basic)
     assert not settings.enabled
 
@@ -656,8 +646,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variant-warmup", type=int, help="untimed forwards after each variant's set-up (default: 1 cuda, 0 cpu)")
     p.add_argument("--soak-calls", type=int)
     p.add_argument("--sections", default="eager,graph,bootstrap,soak")
-    p.add_argument("--engine-patch", choices=("auto", "on", "off"), default="auto",
-                   help="apply the deferred read-back to Tracer at runtime (auto: on CUDA when the engine lacks it)")
     p.add_argument("--out", default=os.environ.get("OUT") or ".")
     p.add_argument("--soak-child", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)

@@ -11,47 +11,15 @@ os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")  # DeepSeek routing is torch.c
 
 
 def tiny_llama(layers: int = 4, hidden: int = 64, vocab: int = 128):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from spectrace.eagle3.target import tiny_llama as build
 
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
-    return LlamaForCausalLM(config).eval()
+    return build(vocab_size=vocab, hidden_size=hidden, num_layers=layers, intermediate_size=2 * hidden)
 
 
 def tiny_deepseek_v3(layers: int = 3):
-    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+    from spectrace.eagle3.target import tiny_deepseek_v3 as build
 
-    torch.manual_seed(0)
-    config = DeepseekV3Config(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        moe_intermediate_size=32,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        n_routed_experts=8,
-        num_experts_per_tok=2,
-        n_shared_experts=1,
-        n_group=2,
-        topk_group=1,
-        first_k_dense_replace=1,
-        q_lora_rank=32,
-        kv_lora_rank=16,
-        qk_rope_head_dim=8,
-        qk_nope_head_dim=8,
-        v_head_dim=16,
-        max_position_embeddings=256,
-    )
-    return DeepseekV3ForCausalLM(config).eval()
+    return build(num_layers=layers)
 
 
 @pytest.fixture

@@ -275,6 +275,20 @@ def test_algorithm_not_eagle3_reports_aux_capture_disabled(rec):
     assert "algorithm_mismatch" in codes and "aux_capture_disabled" in codes
 
 
+def test_eagle_algorithm_from_server_args_reports_at_draft_load(rec, tmp_path, monkeypatch):
+    """The live 0.5.17 path: no capture call ever comes; the server args name the draft."""
+    from spectrace.integrations.sglang import server as st_server
+
+    (tmp_path / "config.json").write_text(json.dumps(_draft_config()))
+    monkeypatch.setattr(
+        st_server, "spec_args", lambda: {"speculative_algorithm": "EAGLE", "speculative_draft_model_path": str(tmp_path)}
+    )
+    draft = sh.build_sglang_eagle3_draft(_draft_config())
+    draft.load_weights(list(_full_draft_weights(draft).items()))
+    codes = _codes(rec, "error")
+    assert "algorithm_mismatch" in codes and "aux_capture_disabled" in codes
+
+
 # ------------------------------------------------------------------------------- weights
 def _speculators_draft():
     """An SGLang-format config for the speculators fixture (hand conversion keeps the weights)."""

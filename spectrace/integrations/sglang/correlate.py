@@ -48,6 +48,9 @@ def learn_from_server() -> None:
             st.draft_config = raw
             st.draft_config_source = f"{path}/config.json"
             st.eagle3_draft = st.eagle3_draft or is_eagle3_architecture(raw)
+            # Under --speculative-algorithm EAGLE no capture call ever comes to trigger the
+            # checks (seen on a live 0.5.17 server): run them as soon as the config is known.
+            run()
 
 
 def run() -> None:
