@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 import socket
 import sys
 import threading
@@ -31,6 +32,41 @@ from .sinks.jsonl import JsonlSink, trace_file_name
 IMPORTANT_CAP = 50_000
 
 
+REDACTED = "<redacted>"
+
+
+def safe_argv(argv: list[str], keep_values: bool = False) -> list[str]:
+    """The command line as the header stores it: program and option names, no values.
+
+    A prompt, a token or a path passed on the command line would otherwise sit in every
+    trace. ``argv[0]`` and ``--option`` names stay (they say how the server was started);
+    every other token becomes ``<redacted>``. ``SPECTRACE_CAPTURE_VALUES=1`` keeps it all.
+
+        >>> safe_argv(["serve.py", "--prompt=hi there", "--port", "30000", "-v"])
+        ['serve.py', '--prompt=<redacted>', '--port', '<redacted>', '-v']
+    """
+    if keep_values:
+        return list(argv)
+    out = list(argv[:1])
+    for token in argv[1:]:
+        if token.startswith("--") and len(token) > 2:
+            name, eq, _ = token.partition("=")
+            out.append(name + (eq + REDACTED if eq else ""))
+        elif token.startswith("-") and len(token) == 2 and not token[1].isdigit():
+            out.append(token)
+        else:
+            out.append(REDACTED)
+    return out
+
+
+def _safe_settings(settings: Settings) -> dict[str, Any]:
+    data = settings.as_dict()
+    # An endpoint may carry credentials (http://user:token@host): keep scheme and host only.
+    endpoint = data.get("otlp_endpoint") or ""
+    data["otlp_endpoint"] = re.sub(r"(?<=://)[^/@]*@", REDACTED + "@", endpoint)
+    return data
+
+
 def _versions() -> dict[str, str]:
     found: dict[str, str] = {"python": sys.version.split()[0]}
     for name in ("torch", "transformers", "sglang"):
@@ -39,6 +75,11 @@ def _versions() -> dict[str, str]:
         if version:
             found[name] = str(version)
     return found
+
+
+def _kind_of(message: str) -> str:
+    """What a warning is about, without the parts that vary (counts, sizes, offsets)."""
+    return re.sub(r"\d+", "#", message.split(":")[0].split(" (")[0])[:60]
 
 
 class Recorder:
@@ -68,6 +109,9 @@ class Recorder:
         self.counters = Counters()
         self._pending: collections.deque[str] = collections.deque()
         self._lock = threading.RLock()
+        # Sink errors arrive from the OpenTelemetry export thread too; counting and
+        # warning take their own small lock so that thread never waits on a flush.
+        self._warn_lock = threading.Lock()
         self._warned: set[str] = set()
         self._printed_codes: set[str] = set()
         self._coverage: dict[str, Coverage] = {}
@@ -78,9 +122,9 @@ class Recorder:
             pid=os.getpid(),
             host=socket.gethostname(),
             rank=rank,
-            argv=list(sys.argv),
+            argv=safe_argv(list(sys.argv), settings.capture_values),
             started_unix=time.time(),
-            settings=settings.as_dict(),
+            settings=_safe_settings(settings),
             versions=_versions(),
         )
         self._header_written = False
@@ -99,6 +143,11 @@ class Recorder:
                 self._announce(record)
             if self.otel is not None:
                 self._to_otel(lambda: self.otel.export_record(record, time.time_ns()))
+            # Under CUDA graphs few calls arrive, so steps alone would rarely flush: write
+            # error findings at once (a later SIGKILL must not lose them), the rest on time.
+            urgent = isinstance(record, Finding) and record.severity == "error"
+            if urgent or time.monotonic() - self._last_flush >= self.settings.flush_seconds:
+                self.flush()
         except Exception as exc:  # never into the host
             self.internal_error(f"emit failed: {type(exc).__name__}: {exc}")
 
@@ -138,12 +187,18 @@ class Recorder:
     # ---------------------------------------------------------------- problems
     def internal_error(self, message: str) -> None:
         """Count a failure inside spectrace; warn the first time each kind is seen."""
-        self.counters.internal_errors += 1
-        self.warn_once(message.split(":")[0], f"internal error (counted, tracing continues): {message}")
+        with self._warn_lock:
+            self.counters.internal_errors += 1
+        # Keyed by the exception, not the site: one failing statistic or an unreadable
+        # tensor kind hits every hook and every dtype, and is still one warning.
+        cause = message.split(": ", 1)[1] if ": " in message else message
+        self.warn_once("internal:" + _kind_of(cause.replace(": ", " ", 1)), f"internal error (counted, tracing continues): {message}")
 
     def sink_error(self, message: str) -> None:
-        self.counters.sink_errors += 1
-        self.warn_once("sink:" + message[:40], f"sink error (counted, the model is unaffected): {message}")
+        """Count a failing sink (disk, collector); warn once per kind, never per batch."""
+        with self._warn_lock:
+            self.counters.sink_errors += 1
+        self.warn_once("sink:" + _kind_of(message), f"sink error (counted, the model is unaffected): {message}")
 
     def coverage(self, kind: str, detail: str, *, step: int | None = None) -> None:
         """Say once, loudly, what could not be seen; later repeats only count.
@@ -161,9 +216,10 @@ class Recorder:
         self.emit(record)
 
     def warn_once(self, key: str, message: str) -> None:
-        if key in self._warned:
-            return
-        self._warned.add(key)
+        with self._warn_lock:
+            if key in self._warned:
+                return
+            self._warned.add(key)
         if not self.settings.quiet:
             warn(message)
 

@@ -59,7 +59,7 @@ def _tensors() -> dict[str, torch.Tensor]:
         "bf16": (torch.randn(4, 64, generator=gen) + 1).to(torch.bfloat16),
         "f16": torch.randn(2, 33, generator=gen).to(torch.float16),
         "strided": torch.randn(16, 12, generator=gen).t(),
-        "ints": torch.randint(-50, 50, (6, 6), generator=gen),
+        "int8": torch.randint(-50, 50, (6, 6), generator=gen).to(torch.int8),
         "weird": weird,
         "only_inf": only_inf,
         "scalar": torch.tensor(-3.25),
@@ -73,6 +73,7 @@ def test_graph_stats_slots_and_values_match_float64_on_cpu():
         assert gs.record(name, t)
     assert not gs.record("bool", torch.ones(3, dtype=torch.bool))
     assert not gs.record("empty", torch.empty(0))
+    assert not gs.record("token_ids", torch.randint(0, 100, (1, 4)))  # int64 ids: never summarised
     assert list(gs.slots) == list(tensors)
     got = gs.read()
     for name, t in tensors.items():

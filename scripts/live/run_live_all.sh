@@ -236,12 +236,21 @@ bench_s() {  # time the bench may take: what is left minus stopping and the repo
 }
 
 run_overhead() {
-  start_server overhead-off "$((port_base + 100))" EAGLE3 "$W/models/midlayer" 0 0.2
-  sleep "$stagger"
-  start_server overhead-on "$((port_base + 110))" EAGLE3 "$W/models/midlayer" 1 0.2
+  # Controls: OVERHEAD_ON_SPECTRACE=0 makes an A/A pair (both off: the harness's own bias);
+  # OVERHEAD_SWAP=1 starts the SPECTRACE server first (start order decides free memory).
+  local on_flag=${OVERHEAD_ON_SPECTRACE:-1}
+  if [ "${OVERHEAD_SWAP:-0}" = 1 ]; then
+    start_server overhead-on "$((port_base + 110))" EAGLE3 "$W/models/midlayer" "$on_flag" 0.2
+    sleep "$stagger"
+    start_server overhead-off "$((port_base + 100))" EAGLE3 "$W/models/midlayer" 0 0.2
+  else
+    start_server overhead-off "$((port_base + 100))" EAGLE3 "$W/models/midlayer" 0 0.2
+    sleep "$stagger"
+    start_server overhead-on "$((port_base + 110))" EAGLE3 "$W/models/midlayer" "$on_flag" 0.2
+  fi
   local ok=1
   wait_server overhead-off || retry_without_extra overhead-off "$((port_base + 100))" EAGLE3 "$W/models/midlayer" 0 0.2 || ok=0
-  wait_server overhead-on || retry_without_extra overhead-on "$((port_base + 110))" EAGLE3 "$W/models/midlayer" 1 0.2 || ok=0
+  wait_server overhead-on || retry_without_extra overhead-on "$((port_base + 110))" EAGLE3 "$W/models/midlayer" "$on_flag" 0.2 || ok=0
   mark overhead_up
   if [ $ok = 1 ]; then
     python3 "$here/livekit.py" bench --port-off "$((port_base + 100))" --port-on "$((port_base + 110))" --rounds "${BENCH_ROUNDS:-9}" \

@@ -28,6 +28,11 @@ MAX_HEADER_BYTES = 100_000_000
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
 # A legacy (non-zip) .bin cannot be memory-mapped and would be read whole.
 MAX_LEGACY_BIN_BYTES = 1 << 30
+# Plausibility bounds: the checks walk layer indices, so a config claiming 10**12 layers
+# would keep the audit busy for hours. Real drafts have 1-2 layers, targets at most a few
+# hundred; sizes fit in 32 bits.
+MAX_LAYERS = 10_000
+MAX_CONFIG_INT = 2**31 - 1
 
 DTYPE_BYTES: dict[str, float] = {
     "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "F4": 0.5, "F6_E2M3": 0.75,
@@ -139,6 +144,11 @@ def _get(d: dict[str, Any], key: str, kind: str, where: str, default: Any = None
         raise AuditInputError(f"config.json: {where}{key} must be {want}, got {json.dumps(value)[:60]}")
     if kind == "int" and value < 0:
         raise AuditInputError(f"config.json: {where}{key} must not be negative, got {value}")
+    limit = MAX_LAYERS if key == "num_hidden_layers" else MAX_CONFIG_INT
+    if kind == "int" and value > limit:
+        raise AuditInputError(f"config.json: {where}{key} = {str(value)[:24]} is implausibly large (limit {limit})")
+    if kind == "ids" and any(abs(i) > MAX_LAYERS for i in value):
+        raise AuditInputError(f"config.json: {where}{key} holds a layer id beyond ±{MAX_LAYERS}, got {json.dumps(value)[:60]}")
     return value
 
 
@@ -156,6 +166,8 @@ def parse_draft_config(raw: dict[str, Any]) -> DraftConfig:
     traces = [k for k in SPECULATORS_TRACES if k in raw]
     if "transformer_layer_config" in raw:
         layer = _get(raw, "transformer_layer_config", "dict", "")
+        if layer is None:  # present but null: _get treats it as absent
+            raise AuditInputError("config.json: transformer_layer_config must be an object, got null")
         where = "transformer_layer_config."
         fmt: Format = "speculators"
     else:

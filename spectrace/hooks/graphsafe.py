@@ -29,7 +29,7 @@ import torch.nn as nn
 
 from ..records import TensorStats
 from .selection import ModuleFilter, select
-from .stats import _TRITON_DTYPES, ROW, _cpu_stats, _torch_stats, launch_partials, prepare, programs_for, reduce_rows, stats_supported, to_stats
+from .stats import _INDEX_DTYPES, _TRITON_DTYPES, ROW, _cpu_stats, _torch_stats, launch_partials, prepare, programs_for, reduce_rows, stats_supported, to_stats
 
 
 def _first_tensor(value: Any) -> torch.Tensor | None:
@@ -93,6 +93,8 @@ class GraphStats:
         """
         if not isinstance(tensor, torch.Tensor) or not stats_supported(tensor):
             return False
+        if str(tensor.dtype).replace("torch.", "") in _INDEX_DTYPES:
+            return False  # token ids: a mean of ids would leak them (one-token decode steps)
         index = self.slot(name)
         self.numel[index] = tensor.numel()
         self.shapes[index] = list(tensor.shape)

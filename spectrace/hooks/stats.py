@@ -3,7 +3,8 @@
 A hook never calls ``.item()`` on an accelerator: :func:`device_stats` returns a small
 device tensor, the step's tensors are reduced and copied to the host together, and
 :func:`to_stats` turns each row into a :class:`TensorStats`. A statistic that makes no
-sense for a tensor kind (bool, meta, sparse, empty) is simply absent.
+sense for a tensor kind (bool, meta, sparse, empty, index dtypes; mean and std of a
+complex tensor) is simply absent.
 
     >>> row = device_stats(torch.randn(4, 8), "basic")
     >>> to_stats(reduce_rows([row])[0].tolist(), 32).std
@@ -55,13 +56,41 @@ _FLOAT8 = tuple(
 _TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
+# Index dtypes hold token ids, positions and id maps: their mean is no statistic, and for
+# a one-token decode step it *is* the token id. They get shape and dtype only.
+_INDEX_DTYPES = ("int16", "int32", "int64", "uint16", "uint32", "uint64")
+
+
+# Sub-byte and bit dtypes: no arithmetic kernels exist for them.
+_NO_ARITHMETIC = tuple(
+    getattr(torch, name)
+    for name in ("float4_e2m1fn_x2", "bits1x8", "bits2x4", "bits4x2", "bits8", "bits16",
+                 *(f"uint{i}" for i in range(1, 8)), *(f"int{i}" for i in range(1, 8)))
+    if hasattr(torch, name)
+)  # fmt: skip
+
+
 def stats_supported(tensor: torch.Tensor) -> bool:
-    """Whether statistics mean anything for this tensor (and can be computed safely)."""
-    if tensor.is_meta or tensor.numel() == 0 or tensor.dtype == torch.bool:
+    """Whether statistics mean anything for this tensor (and can be computed safely).
+
+    No for meta, fake and other tensor subclasses, nested, empty, bool, sparse or other
+    non-strided, quantized and sub-byte tensors. Integers (int8, packed int4 in uint8),
+    float8 and complex are; a trace drops the statistics of index dtypes (see
+    :data:`_INDEX_DTYPES`) when it fills them in.
+    """
+    try:
+        # A subclass (FakeTensor, DTensor, ...) may trace, fake or communicate on every op.
+        if type(tensor) is not torch.Tensor and not isinstance(tensor, torch.nn.Parameter):
+            return False
+        if tensor.is_meta or tensor.is_nested or tensor.layout != torch.strided or tensor.is_quantized:
+            return False
+        if tensor.dtype == torch.bool or tensor.dtype in _NO_ARITHMETIC:
+            return False
+        if tensor.device.type == "meta" or tensor.numel() == 0:
+            return False
+        return True
+    except Exception:  # a tensor subclass that cannot even say this has no statistics
         return False
-    if tensor.layout != torch.strided or tensor.is_quantized:
-        return False
-    return True
 
 
 def _as_real(tensor: torch.Tensor) -> torch.Tensor:
@@ -420,25 +449,31 @@ class PendingStats:
         self.rows, self.targets = [], []
         _seen.clear()
         copies: list[_Copy] = []
+        failed: BaseException | None = None
         if rows:
             by_device: dict[torch.device, list[int]] = {}
             for index, row in enumerate(rows):
                 by_device.setdefault(row.device, []).append(index)
             for device, indices in by_device.items():
-                reduced = reduce_rows([rows[i] for i in indices])
-                if device.type == "cuda":
-                    host = torch.empty(reduced.shape, dtype=reduced.dtype, pin_memory=True)
-                    host.copy_(reduced, non_blocking=True)
-                    event = torch.cuda.Event()
-                    event.record()
-                    copies.append(_Copy(indices, host, event))
-                else:
-                    copies.append(_Copy(indices, reduced.to("cpu"), None))
-        if not copies and then is None:
-            return
-        self._inflight.append(_Batch(targets, copies, then))
-        if all(c.event is None for c in copies):
-            self.drain(wait=False)
+                try:
+                    reduced = reduce_rows([rows[i] for i in indices])
+                    if device.type == "cuda":
+                        host = torch.empty(reduced.shape, dtype=reduced.dtype, pin_memory=True)
+                        host.copy_(reduced, non_blocking=True)
+                        event = torch.cuda.Event()
+                        event.record()
+                        copies.append(_Copy(indices, host, event))
+                    else:
+                        copies.append(_Copy(indices, reduced.to("cpu"), None))
+                except Exception as exc:
+                    # Those tensors keep no statistics; the step's calls still go on.
+                    failed = failed or exc
+        if copies or then is not None:
+            self._inflight.append(_Batch(targets, copies, then))
+            if all(c.event is None for c in copies):
+                self.drain(wait=False)
+        if failed is not None:
+            raise failed
 
     def drain(self, wait: bool = True) -> int:
         """Fill the metas of finished copies (all of them when ``wait``); returns batches done.
@@ -458,7 +493,14 @@ class PendingStats:
                     copy.wait()
                     for i, values in zip(copy.indices, copy.host.tolist()):
                         meta, numel = batch.targets[i]
+                        if meta.dtype in _INDEX_DTYPES:
+                            meta.stats = None  # ids stay out of the trace (see _INDEX_DTYPES)
+                            continue
                         meta.stats = to_stats(values, numel)
+                        if meta.dtype.startswith("complex"):
+                            # Rows of a complex tensor describe |z|: absmax is max |z|, but a
+                            # "mean" of magnitudes would read as the mean of z. Drop it.
+                            meta.stats.mean = meta.stats.std = None
             except Exception as exc:
                 first_error = first_error or exc
             if batch.then is not None:

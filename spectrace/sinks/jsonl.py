@@ -2,8 +2,12 @@
 
 The file is opened with ``O_APPEND`` and every batch goes out in ``os.write`` calls
 that each carry whole lines, so a process killed with SIGKILL leaves a file whose
-complete lines all load, and two writers never interleave inside a line. The folder
-is created 0700 and the file 0600: traces describe a user's model.
+complete lines all load. Each process writes its own file (the name carries host, pid
+and rank): O_APPEND keeps concurrent whole-line writes apart, but a writer killed in the
+middle of a long write leaves a fragment that the next writer of a *shared* file would
+extend (RELIABILITY.md measures it). A short write (disk full, file size limit) is cut
+back off the file. The folder is created 0700 and the file 0600 (never
+through a symlink): traces describe a user's model.
 
     >>> sink = JsonlSink("traces", "trace-host-123.jsonl")
     >>> sink.write_lines(['{"type": "stats"}'])
@@ -11,6 +15,7 @@ is created 0700 and the file 0600: traces describe a user's model.
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 
@@ -47,7 +52,10 @@ class JsonlSink:
     def _open(self) -> int:
         if self._fd is None:
             ensure_private_dir(self.directory)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            # Read access only to check a torn tail before cutting it (see _write_all).
+            # O_NOFOLLOW: in a shared folder a planted symlink must not redirect the trace.
+            flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+            self._fd = os.open(self.path, flags, 0o600)
         return self._fd
 
     def write_lines(self, lines: list[str]) -> None:
@@ -78,5 +86,23 @@ class JsonlSink:
 def _write_all(fd: int, data: bytes) -> None:
     written = os.write(fd, data)
     if written != len(data):
-        # A short write (disk full) would leave half a line; say so rather than append more.
-        raise OSError(f"short write: {written} of {len(data)} bytes")
+        # A short write (disk full, file size limit) leaves half a line; the next write
+        # that succeeds (space freed) would glue a whole line onto it. Cut the fragment.
+        cut = _cut_torn_tail(fd, data[:written])
+        raise OSError(
+            errno.ENOSPC, f"short write: {written} of {len(data)} bytes ({'torn line removed' if cut else 'torn line left'})"
+        )
+
+
+def _cut_torn_tail(fd: int, fragment: bytes) -> bool:
+    """Truncate ``fragment`` off the end of the file if it is still the file's tail."""
+    if not fragment:
+        return True
+    try:
+        size = os.fstat(fd).st_size
+        if size >= len(fragment) and os.pread(fd, len(fragment), size - len(fragment)) == fragment:
+            os.ftruncate(fd, size - len(fragment))
+            return True
+    except OSError:
+        pass
+    return False

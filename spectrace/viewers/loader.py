@@ -225,7 +225,7 @@ class FileReader:
             return
         try:
             obj = json.loads(text.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
+        except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: "[[[[..." a million deep
             if last and self.file.readable:
                 self._count("truncated")
             else:
