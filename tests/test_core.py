@@ -342,3 +342,17 @@ def test_sigterm_flushes_before_dying(tmp_path):
     (path,) = list((tmp_path / "t").glob("*.jsonl"))
     records = _load_jsonl(str(path))
     assert sum(isinstance(r, Call) for r in records) == 5 and isinstance(records[-1], Counters)
+
+
+def test_nested_tensor_call_is_recorded_not_lost():
+    class Identity(torch.nn.Module):
+        def forward(self, x):
+            return x
+
+    model = torch.nn.Sequential(Identity())
+    nested = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)], layout=torch.jagged)
+    with spectrace.trace(model, modules="*") as t:
+        model(torch.randn(2, 3))
+        model(nested)
+    assert [c.inputs[0].shape for c in t.calls("0")] == [[2, 3], []]
+    assert t.recorder.counters.internal_errors == 0

@@ -204,7 +204,8 @@ class Tracer:
                 if not self._sampled():
                     return
                 stack = self._local.__dict__.setdefault("inputs", [])
-                stack.append(self._metas(collect(args, kwargs, side="input")))
+                stack.append([])  # the post-hook pops one entry per call, whatever happens here
+                stack[-1] = self._metas(collect(args, kwargs, side="input"))
             except Exception as exc:
                 self.recorder.internal_error(f"pre-hook {name}: {type(exc).__name__}: {exc}")
             return None
@@ -255,7 +256,11 @@ class Tracer:
             capturing = _capturing()
         metas: list[TensorMeta] = []
         for arg, tensor in tensors:
-            meta = TensorMeta(arg=arg, shape=[int(s) for s in tensor.shape], dtype=str(tensor.dtype).replace("torch.", ""), device=str(tensor.device))
+            try:
+                shape = [int(s) for s in tensor.shape]
+            except Exception:  # nested/jagged tensors have no single shape
+                shape = []
+            meta = TensorMeta(arg=arg, shape=shape, dtype=str(tensor.dtype).replace("torch.", ""), device=str(tensor.device))
             metas.append(meta)
             if self.stats_mode == "off" or capturing or not stats_supported(tensor):
                 continue
