@@ -209,7 +209,7 @@ def test_traced_forward_has_no_host_sync():
     S.prepare("cuda")
     with torch.no_grad(), spectrace.trace(model) as t:
         model(ids)  # warm-up: kernels compiled, pinned buffers cached
-        t.tracer._pending.drain(wait=True)
+        t.tracer._thread().pending.drain(wait=True)
         if not hasattr(t.tracer, "_emit_step") and "resolve_async" not in type(t.tracer).finish_step.__code__.co_names:
             pytest.skip("engine.finish_step still reads back synchronously (deferred read-back not wired)")
         torch.cuda.set_sync_debug_mode("error")

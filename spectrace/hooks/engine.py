@@ -39,6 +39,16 @@ def _capturing() -> bool:
         return False
 
 
+class _ThreadSteps:
+    """One thread's open step: threads sharing a model never mix their calls."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.start_ns = 0
+        self.calls: list[Call] = []
+        self.pending = PendingStats()
+
+
 class Tracer:
     """Hooks modules and produces one list of call records per step."""
 
@@ -52,9 +62,7 @@ class Tracer:
         self._wrapped: list[tuple[nn.Module, Any, bool]] = []
         self._local = threading.local()
         self._seq = 0
-        self._calls: list[Call] = []
-        self._pending = PendingStats()
-        self._step_start_ns = 0
+        self._counter_lock = threading.Lock()
         self._hooked: dict[int, str] = {}
         self._adopted: dict[int, tuple[Any, ...]] = {}
 
@@ -147,12 +155,19 @@ class Tracer:
         self.finish_step()
 
     # ----------------------------------------------------------------- steps
+    def _thread(self) -> _ThreadSteps:
+        state = getattr(self._local, "steps", None)
+        if state is None:
+            state = self._local.steps = _ThreadSteps(self.step)
+        return state
+
     def set_step(self, step: int) -> None:
         """Take over step numbering (a speculative loop marks its own steps)."""
         self.finish_step()
         self.auto_step = False
         self.step = step
-        self._step_start_ns = time.time_ns()
+        state = self._thread()
+        state.step, state.start_ns = step, time.time_ns()
 
     def _depth(self) -> int:
         return getattr(self._local, "depth", 0)
@@ -161,8 +176,11 @@ class Tracer:
         depth = self._depth()
         self._local.depth = depth + 1
         if depth == 0 and self.auto_step:
-            self.step += 1
-            self._step_start_ns = time.time_ns()
+            with self._counter_lock:
+                self.step += 1
+                step = self.step
+            state = self._thread()
+            state.step, state.start_ns = step, time.time_ns()
             return True
         return False
 
@@ -171,7 +189,8 @@ class Tracer:
         self.finish_step(wait=False)  # no host sync inside the forward
 
     def _sampled(self) -> bool:
-        return self.step % self.sample == 0 if self.step >= 0 else True
+        step = self._thread().step
+        return step % self.sample == 0 if step >= 0 else True
 
     def finish_step(self, wait: bool = True) -> None:
         """Start the step's statistics read-back; its calls go on once the copy landed.
@@ -180,11 +199,12 @@ class Tracer:
         ``wait=False`` (the end of a forward) nothing blocks and the calls are handed on
         at a later step's end, or when anything reads the trace (``wait=True``).
         """
-        calls, self._calls = self._calls, []
-        step, start, end = self.step, self._step_start_ns or time.time_ns(), time.time_ns()
+        state = self._thread()
+        calls, state.calls = state.calls, []
+        step, start, end = state.step, state.start_ns or time.time_ns(), time.time_ns()
         try:
-            self._pending.resolve_async(lambda: self._emit_step(step, calls, start, end))
-            self._pending.drain(wait=wait)
+            state.pending.resolve_async(lambda: self._emit_step(step, calls, start, end))
+            state.pending.drain(wait=wait)
         except Exception as exc:
             self.recorder.internal_error(f"statistics readback: {type(exc).__name__}: {exc}")
 
@@ -215,18 +235,22 @@ class Tracer:
     def _make_post_hook(self, name: str, module_type: str, root: str) -> Callable[..., None]:
         def post_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
             try:
-                self.recorder.counters.calls_seen += 1
+                with self._counter_lock:
+                    self.recorder.counters.calls_seen += 1
                 if not self._sampled():
                     return
                 stack = self._local.__dict__.get("inputs") or [[]]
                 inputs = stack.pop() if stack else []
                 capturing = _capturing()
                 outputs = self._metas(collect((), None, output, side="output"), capturing)
-                self._seq += 1
-                self._calls.append(
+                state = self._thread()
+                with self._counter_lock:
+                    self._seq += 1
+                    seq = self._seq
+                state.calls.append(
                     Call(
-                        step=self.step,
-                        seq=self._seq,
+                        step=state.step,
+                        seq=seq,
                         module=name,
                         module_type=module_type,
                         root=root,
@@ -240,7 +264,7 @@ class Tracer:
                     self.recorder.coverage(
                         "graph_replay",
                         "modules ran under CUDA-graph capture: shapes recorded once, replays are not traced per module",
-                        step=self.step,
+                        step=state.step,
                     )
                 if self.auto_step and self._depth() == 0:
                     # A hooked module called outside any wrapped root: flush per call.
@@ -265,7 +289,7 @@ class Tracer:
             if self.stats_mode == "off" or capturing or not stats_supported(tensor):
                 continue
             try:
-                self._pending.add(meta, device_stats(tensor, self.stats_mode), tensor.numel())
+                self._thread().pending.add(meta, device_stats(tensor, self.stats_mode), tensor.numel())
             except Exception as exc:
                 self.recorder.internal_error(f"statistic on {tensor.dtype}: {type(exc).__name__}: {exc}")
         return metas
