@@ -187,10 +187,12 @@ def test_diff_modules_and_acceptance(healthy: Path, bug1: Path) -> None:
 
 
 def test_diff_main(healthy: Path, bug3: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert diff_main([str(healthy), str(bug3), "--rtol", "0.2"]) == 0
+    assert diff_main([str(healthy), str(bug3), "--rtol", "0.2"]) == 1  # they differ, as diff(1) says
     out = capsys.readouterr().out
     assert "fingerprint" in out and "differences:" in out.splitlines()[-1]
-    assert diff_main([str(healthy), str(bug3), "--json"]) == 0
+    assert diff_main([str(healthy), str(healthy)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "traces agree"
+    assert diff_main([str(healthy), str(bug3), "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["differences"]
     assert diff_main([str(healthy), str(healthy / "nope")]) == 2
     assert "spectrace diff: error: B:" in capsys.readouterr().err

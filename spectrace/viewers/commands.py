@@ -239,7 +239,7 @@ def _follow_banner(path: str, follower: TraceFollower) -> Text:
 
 # ------------------------------------------------------------------------------- diff
 def diff_main(argv: list[str]) -> int:
-    """Entry point of ``spectrace diff``; returns the exit status (0 also when traces differ)."""
+    """Entry point of ``spectrace diff``; like diff(1): 0 the traces agree, 1 they differ, 2 trouble."""
     return _guard("spectrace diff", _diff, argv)
 
 
@@ -254,8 +254,9 @@ def _diff(argv: list[str]) -> int:
             return 2
         _warn_problems("spectrace diff", ts)
     result = diff_traces(sets[0], sets[1], rtol=args.rtol)
+    status = 1 if result.differences else 0  # scripts can gate on "train and serve agree"
     if args.json:
         sys.stdout.write(result.model_dump_json(indent=2) + "\n")
-        return 0
+        return status
     make_console().print(render_diff(result))
-    return 0
+    return status
