@@ -356,3 +356,22 @@ def test_nested_tensor_call_is_recorded_not_lost():
         model(nested)
     assert [c.inputs[0].shape for c in t.calls("0")] == [[2, 3], []]
     assert t.recorder.counters.internal_errors == 0
+
+
+def test_traces_closed_out_of_order_leave_a_clean_model(llama):
+    ids = torch.randint(0, 128, (1, 4))
+    outer = spectrace.trace(llama, modules="lm_head")
+    inner = spectrace.trace(llama, modules="model.norm")
+    with torch.no_grad():
+        llama(ids)
+        outer.close()  # closed first although opened first: inner still traces
+        llama(ids)
+        inner.close()
+        llama(ids)
+    assert len(outer.calls("lm_head")) == 1
+    assert len(inner.calls("model.norm")) == 2
+    # What is left is at most a pass-through; no hook and no trace sees the third forward.
+    assert not llama.lm_head._forward_hooks and not llama.model.norm._forward_hooks
+    with torch.no_grad(), spectrace.trace(llama, modules="lm_head") as again:
+        llama(ids)
+    assert len(again.calls("lm_head")) == 1

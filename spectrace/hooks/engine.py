@@ -59,7 +59,8 @@ class Tracer:
         self.step = -1
         self.auto_step = True
         self._handles: list[Any] = []
-        self._wrapped: list[tuple[nn.Module, Any, bool]] = []
+        self._wrapped: list[tuple[nn.Module, Any, bool, Any]] = []
+        self._active = True
         self._local = threading.local()
         self._seq = 0
         self._counter_lock = threading.Lock()
@@ -115,13 +116,15 @@ class Tracer:
 
     def wrap_forward(self, root: nn.Module) -> None:
         """Make every call of ``root.forward`` (direct or through ``__call__``) a step."""
-        if any(r is root for r, _, _ in self._wrapped):
+        if any(entry[0] is root for entry in self._wrapped):
             return
         had_own = "forward" in root.__dict__
         original = root.forward
 
         @functools.wraps(original)
         def forward(*args: Any, **kwargs: Any) -> Any:
+            if not self._active:  # detached while another wrapper still sits on top
+                return original(*args, **kwargs)
             if self._adopted and self._depth() == 0:
                 self._attach_adopted(root)
             opened = self._open_step()
@@ -132,7 +135,7 @@ class Tracer:
                     self._close_step()
 
         root.forward = forward  # type: ignore[method-assign]
-        self._wrapped.append((root, original, had_own))
+        self._wrapped.append((root, original, had_own, forward))
 
     def detach(self) -> None:
         """Remove every hook and restore every wrapped forward (called from ``finally``)."""
@@ -142,8 +145,13 @@ class Tracer:
             except Exception:
                 pass
         self._handles.clear()
-        for root, original, had_own in self._wrapped:
+        self._active = False
+        for root, original, had_own, wrapper in self._wrapped:
             try:
+                if root.__dict__.get("forward") is not wrapper:
+                    # Another trace wrapped on top of ours: unwinding here would drop its
+                    # wrapper too. Ours stays inside the chain as a pass-through.
+                    continue
                 if had_own:
                     root.forward = original  # type: ignore[method-assign]
                 else:
