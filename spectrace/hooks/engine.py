@@ -27,7 +27,7 @@ import torch.nn as nn
 from ..recorder import Recorder
 from ..records import Call, TensorMeta
 from .selection import ModuleFilter, select
-from .stats import PendingStats, device_stats, stats_supported
+from .stats import _INDEX_DTYPES, PendingStats, device_stats, stats_supported
 from .tensors import collect
 
 
@@ -287,6 +287,10 @@ class Tracer:
         if capturing is None:
             capturing = _capturing()
         metas: list[TensorMeta] = []
+        # "basic" summarises the first tensor of each side that statistics apply to (the
+        # hidden states); "full" every tensor. Shapes are always recorded for all of them.
+        # Rotary cos/sin, masks and ids repeat in every layer and would double the cost.
+        budget = None if self.stats_mode == "full" else 1
         for arg, tensor in tensors:
             try:
                 shape = [int(s) for s in tensor.shape]
@@ -294,8 +298,12 @@ class Tracer:
                 shape = []
             meta = TensorMeta(arg=arg, shape=shape, dtype=str(tensor.dtype).replace("torch.", ""), device=str(tensor.device))
             metas.append(meta)
-            if self.stats_mode == "off" or capturing or not stats_supported(tensor):
+            if self.stats_mode == "off" or capturing or budget == 0 or meta.dtype in _INDEX_DTYPES:
                 continue
+            if not stats_supported(tensor):
+                continue
+            if budget is not None:
+                budget -= 1
             try:
                 self._thread().pending.add(meta, device_stats(tensor, self.stats_mode), tensor.numel())
             except Exception as exc:
