@@ -343,6 +343,24 @@ def forward(model, forward_batch, backend: TorchSDPABackend):
 # --------------------------------------------------------------------------------------
 
 
+def tiny_hf_llama(vocab: int = 128, hidden: int = 64, layers: int = 4, seed: int = 0):
+    """``(config, model)``: the tiny random-weight HF Llama both SGLang test files load."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+    )
+    return cfg, LlamaForCausalLM(cfg).eval()
+
+
 def _state_items(hf_state_dict_or_model) -> Iterable[tuple[str, torch.Tensor]]:
     if isinstance(hf_state_dict_or_model, torch.nn.Module):
         sd = hf_state_dict_or_model.state_dict()

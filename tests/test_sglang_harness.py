@@ -40,18 +40,7 @@ def sglang_ready():
 
 @pytest.fixture(scope="module")
 def hf_llama(sglang_ready):
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        intermediate_size=128,
-        num_hidden_layers=N_LAYERS,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=False,
-    )
-    return cfg, transformers.LlamaForCausalLM(cfg).eval()
+    return sh.tiny_hf_llama(VOCAB, HIDDEN, N_LAYERS)
 
 
 @pytest.fixture(scope="module")
