@@ -463,3 +463,11 @@ def test_tmux_colour_and_no_color(bug1: Path) -> None:
         plain_screen = subprocess.run(t.sock + ["capture-pane", "-e", "-p", "-t", t.name], capture_output=True, text=True).stdout
     assert colour.search(coloured), "a terminal should get colours"
     assert "fc_bypass" in plain_screen and not colour.search(plain_screen)
+
+
+def test_folder_of_scenario_folders_points_one_level_down(healthy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "demo"
+    shutil.copytree(healthy, root / "healthy")
+    assert view_main([str(root), "--no-pager"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "its subfolders do: healthy (view one of them)" in err

@@ -362,9 +362,7 @@ class TraceFollower:
         else:
             paths = trace_paths(self.path)
             if not paths:
-                problems.append(
-                    LoadProblem(path=self.path, kind="empty", detail="folder holds no trace-*.jsonl files")
-                )
+                problems.append(LoadProblem(path=self.path, kind="empty", detail=_empty_detail(self.path)))
             for p in paths:
                 if p not in self.readers:
                     self.readers[p] = FileReader(p)
@@ -375,3 +373,20 @@ class TraceFollower:
         self.trace_set.set_problems = problems
         self.trace_set.files = [r.file for r in self.readers.values()]
         return changed
+
+
+def _empty_detail(path: str) -> str:
+    """Say where the traces are when they sit one folder down (spectrace demo's layout)."""
+    detail = "folder holds no trace-*.jsonl files"
+    try:
+        below = sorted(
+            entry.name
+            for entry in os.scandir(path)
+            if entry.is_dir() and any(n.startswith("trace-") and n.endswith(".jsonl") for n in os.listdir(entry.path))
+        )
+    except OSError:
+        return detail
+    if below:
+        shown = ", ".join(below[:6]) + (f" (+{len(below) - 6} more)" if len(below) > 6 else "")
+        detail += f"; its subfolders do: {shown} (view one of them)"
+    return detail
