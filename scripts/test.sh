@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-venv.sh --with-sglang
-exec .venv/bin/python -m pytest -q -n 2 "$@"
+# --dist loadfile: a module-scoped fixture (the demo runs) is built once, on one worker.
+exec .venv/bin/python -m pytest -q -n 2 --dist loadfile "$@"

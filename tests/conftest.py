@@ -8,6 +8,10 @@ import pytest
 import torch
 
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")  # DeepSeek routing is torch.compiled; eager is faster for tiny models
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Two workers on two cores: OpenMP pools of two threads each spin against each other
+    # and tiny-model tests crawl. One thread per worker keeps the cores busy, not fighting.
+    torch.set_num_threads(1)
 
 
 def tiny_llama(layers: int = 4, hidden: int = 64, vocab: int = 128):
