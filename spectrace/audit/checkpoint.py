@@ -22,6 +22,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from ..eagle3.draft_config import SPECULATORS_FLAGS, speculators_traces
+
 # The safetensors library refuses headers above 100 MB; a real header is a few KB per
 # hundred tensors, so anything larger is corrupt or hostile.
 MAX_HEADER_BYTES = 100_000_000
@@ -41,12 +43,8 @@ DTYPE_BYTES: dict[str, float] = {
 }  # fmt: skip
 
 Format = Literal["speculators", "sglang", "unknown"]
-FLAG_KEYS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output", "embed_requires_grad")
-# Keys only speculators writes (SpecForge writes none of them): left in a hand-converted
-# config, they say the ids most likely follow speculators' convention.
-SPECULATORS_TRACES = (
-    "speculators_model_type", "speculators_version", "speculators_config", "transformer_layer_config", *FLAG_KEYS,
-)  # fmt: skip
+# One list of speculators-only keys for the audit and the runtime checks alike.
+FLAG_KEYS = SPECULATORS_FLAGS
 
 
 class AuditInputError(Exception):
@@ -163,7 +161,7 @@ def _require(d: dict[str, Any], key: str, where: str) -> int:
 
 def parse_draft_config(raw: dict[str, Any]) -> DraftConfig:
     """Normalise a SpecForge/SGLang-format or speculators-format draft config."""
-    traces = [k for k in SPECULATORS_TRACES if k in raw]
+    traces = speculators_traces(raw)
     if "transformer_layer_config" in raw:
         layer = _get(raw, "transformer_layer_config", "dict", "")
         if layer is None:  # present but null: _get treats it as absent

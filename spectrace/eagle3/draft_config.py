@@ -17,12 +17,26 @@ from typing import Any, Mapping
 from .conventions import TRAINER_CONVENTIONS, default_ids, trainer_boundaries
 
 
+# Flags only the speculators trainer writes, and its own keys. SpecForge writes none of
+# them: left in an SGLang-format config, they say it was converted by hand from a
+# speculators checkpoint, so its ids most likely follow speculators' convention.
+SPECULATORS_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output", "embed_requires_grad")
+SPECULATORS_TRACES = (
+    "speculators_model_type", "speculators_version", "speculators_config", "transformer_layer_config", *SPECULATORS_FLAGS,
+)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Reading:
     convention: str
     ids: list[int]
     boundaries: list[int]
     source: str  # where the ids came from: "eagle_config", "top-level", "default"
+
+
+def speculators_traces(config: Mapping[str, Any]) -> list[str]:
+    """The speculators-only keys present in ``config``."""
+    return [key for key in SPECULATORS_TRACES if key in config]
 
 
 def is_speculators_format(config: Mapping[str, Any]) -> bool:
@@ -45,8 +59,10 @@ def readings(config: Mapping[str, Any], num_layers: int) -> list[Reading]:
     stamped = provenance(config)
     if stamped is not None:
         return [stamped]
-    if is_speculators_format(config):
-        order = ["speculators"]
+    if is_speculators_format(config) or source == "top-level":
+        order = ["speculators"]  # SGLang never reads top-level ids; only speculators writes them
+    elif speculators_traces(config):
+        order = ["speculators", "specforge"]
     else:
         order = ["specforge", "speculators"]
     found: list[Reading] = []
