@@ -16,7 +16,7 @@ the ``spectrace`` fixture, command-line options and teardown checks.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from .api import Models, Trace
 from .api import trace as _api_trace
@@ -260,6 +260,30 @@ def assert_not_called(trace: Trace, module: str) -> None:
         )
 
 
+def _contract_problems(
+    calls: list[Call],
+    input: Any,
+    output: Any,
+    input_arg: str | None,
+    output_arg: str | None,
+    broken: Callable[[Any, Any], str | None],
+) -> list[str]:
+    """One line per call side whose chosen tensor is absent or ``broken`` (shape or dtype)."""
+    problems: list[str] = []
+    for c in calls:
+        for side, want, arg, metas in (("input", input, input_arg, c.inputs), ("output", output, output_arg, c.outputs)):
+            if want is None:
+                continue
+            meta = _pick(metas, arg)
+            if meta is None:
+                problems.append(f"{c.module} (step {c.step} #{c.seq}) has no {arg or f'first {side}'} tensor; it had: {_side(metas)}")
+                continue
+            why = broken(meta, want)
+            if why is not None:
+                problems.append(f"{c.module} (step {c.step} #{c.seq}) {_label(meta, arg, side)} is {why}")
+    return problems
+
+
 def assert_shape(
     trace: Trace,
     module: str,
@@ -279,20 +303,13 @@ def assert_shape(
     if input is None and output is None:
         raise ValueError("assert_shape needs input=, output= or both")
     calls = _select(calls_of(trace, module), call)
-    problems: list[str] = []
-    for c in calls:
-        for side, pattern, arg, metas in (("input", input, input_arg, c.inputs), ("output", output, output_arg, c.outputs)):
-            if pattern is None:
-                continue
-            meta = _pick(metas, arg)
-            label = arg or f"first {side}"
-            if meta is None:
-                problems.append(f"{c.module} (step {c.step} #{c.seq}) has no {label} tensor; it had: {_side(metas)}")
-            elif not shape_matches(meta.shape, pattern):
-                problems.append(
-                    f"{c.module} (step {c.step} #{c.seq}) {_label(meta, arg, side)} is {format_shape(meta.shape)}, "
-                    f"expected {format_pattern(pattern)}"
-                )
+
+    def broken(meta: Any, pattern: Any) -> str | None:
+        if shape_matches(meta.shape, pattern):
+            return None
+        return f"{format_shape(meta.shape)}, expected {format_pattern(pattern)}"
+
+    problems = _contract_problems(calls, input, output, input_arg, output_arg, broken)
     if problems:
         head = f"shape contract of {module!r} broken in {len(problems)} place{'s' if len(problems) > 1 else ''}:\n  "
         raise ShapeContractError(explain(trace, head + "\n  ".join(problems[:10]), [module]))
@@ -314,17 +331,11 @@ def assert_dtype(
     if input is None and output is None:
         raise ValueError("assert_dtype needs input=, output= or both")
     calls = _select(calls_of(trace, module), call)
-    problems: list[str] = []
-    for c in calls:
-        for side, want, arg, metas in (("input", input, input_arg, c.inputs), ("output", output, output_arg, c.outputs)):
-            if want is None:
-                continue
-            meta = _pick(metas, arg)
-            label = arg or f"first {side}"
-            if meta is None:
-                problems.append(f"{c.module} (step {c.step} #{c.seq}) has no {label} tensor; it had: {_side(metas)}")
-            elif meta.dtype != _dtype_name(want):
-                problems.append(f"{c.module} (step {c.step} #{c.seq}) {_label(meta, arg, side)} is {meta.dtype}, expected {_dtype_name(want)}")
+
+    def broken(meta: Any, want: Any) -> str | None:
+        return None if meta.dtype == _dtype_name(want) else f"{meta.dtype}, expected {_dtype_name(want)}"
+
+    problems = _contract_problems(calls, input, output, input_arg, output_arg, broken)
     if problems:
         head = f"dtype contract of {module!r} broken in {len(problems)} place{'s' if len(problems) > 1 else ''}:\n  "
         raise DtypeContractError(explain(trace, head + "\n  ".join(problems[:10]), [module]))

@@ -64,26 +64,19 @@ def check_weights(weights: Weights) -> list[Finding]:
     if renames:
         pairs = "; ".join(f"{src}.* -> {dst}.*" if dst else f"{src}.* -> (no prefix)" for src, dst in renames.items())
         rename_fix = f"rename the checkpoint keys {pairs} (or map them in the loader)"
-    if weights.ignored:
-        groups = group_by_prefix(weights.ignored)
+    for code, names, key, what in (
+        ("weights_dropped", weights.ignored, "dropped", "checkpoint tensors were ignored by the loader"),
+        ("weights_missing", weights.missing, "missing", "parameters were never written and stay at init"),
+    ):
+        if not names:
+            continue
+        groups = group_by_prefix(names)
         findings.append(
             finding(
-                "weights_dropped",
-                f"{len(weights.ignored)} checkpoint tensors were ignored by the loader: {_listing(weights.ignored)}",
+                code,
+                f"{len(names)} {what}: {_listing(names)}",
                 module=weights.module,
-                evidence={"dropped": weights.ignored, "by_prefix": {k: len(v) for k, v in groups.items()}, "rename_map": renames},
-                fix=rename_fix,
-                source="checks.weights",
-            )
-        )
-    if weights.missing:
-        groups = group_by_prefix(weights.missing)
-        findings.append(
-            finding(
-                "weights_missing",
-                f"{len(weights.missing)} parameters were never written and stay at init: {_listing(weights.missing)}",
-                module=weights.module,
-                evidence={"missing": weights.missing, "by_prefix": {k: len(v) for k, v in groups.items()}, "rename_map": renames},
+                evidence={key: names, "by_prefix": {k: len(v) for k, v in groups.items()}, "rename_map": renames},
                 fix=rename_fix,
                 source="checks.weights",
             )
