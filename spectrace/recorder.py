@@ -151,17 +151,21 @@ class Recorder:
         except Exception as exc:  # never into the host
             self.internal_error(f"emit failed: {type(exc).__name__}: {exc}")
 
-    def emit_step(self, step: int, calls: list[Call], start_ns: int, end_ns: int) -> None:
-        """Keep the call records of one step and mirror them as one step span."""
+    def emit_step(self, step: int, calls: list[Call], start_ns: int, end_ns: int, texts: list[str] | None = None) -> None:
+        """Keep the call records of one step and mirror them as one step span.
+
+        ``texts``: the calls already serialised (the record worker does it outside the lock).
+        """
         try:
+            if texts is None or len(texts) != len(calls):
+                texts = [call.model_dump_json() for call in calls]
             with self._lock:
                 self.counters.steps += 1
-                for call in calls:
+                for text in texts:
                     if len(self.calls) == self.calls.maxlen and self.directory is None:
                         # With a file, the ring only trims memory (the file keeps the call);
                         # without one the oldest call is gone, so count it.
                         self.counters.records_dropped += 1
-                    text = call.model_dump_json()
                     self.calls.append(text)
                     self._calls_added += 1
                     self._queue_text(text)

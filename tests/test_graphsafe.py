@@ -1,4 +1,4 @@
-"""Graph-safe statistics (static buffer slots) and the deferred read-back of PendingStats.
+"""Graph-safe statistics (static buffer slots) and the deferred read-back of StepStats.
 
 The CUDA-graph parts run only where CUDA is present; on the CPU the same objects run
 eagerly, which tests slots, reduction and values against float64. With
@@ -112,34 +112,34 @@ def test_graph_stats_for_modules_refreshes_per_call_and_removes_hooks():
     assert all(not m._forward_hooks for m in model.modules())
 
 
-def test_device_stats_reuses_the_row_of_an_unchanged_tensor():
+def test_step_stats_reduce_an_unchanged_tensor_once():
     x = torch.randn(8, 8)
-    a = S.device_stats(x, "basic")
-    assert S.device_stats(x, "basic") is a
+    step = S.StepStats()
+    a = step.add(x)
+    assert step.add(x) == a and len(step) == 1  # layer i's output is layer i+1's input
     x.add_(1.0)  # in place: a new version, so a new row
-    b = S.device_stats(x, "basic")
-    assert b is not a and b[S.SUM].item() == pytest.approx(x.double().sum().item(), abs=1e-3)
-    pending = S.PendingStats()
-    pending.add(TensorMeta(arg="x", shape=[8, 8], dtype="float32", device="cpu"), b, 64)
-    pending.resolve()  # a step ends: the cache is cleared
-    assert S._seen.get(x) is None
+    b = step.add(x)
+    assert b != a and len(step) == 2
+    readback = step.start_readback()
+    assert len(step) == 0 and step.generation != readback.generation  # the next step starts clean
+    values = readback.values()
+    assert values[b][S.SUM] == pytest.approx(x.double().sum().item(), abs=1e-3)
+    assert values[a][S.SUM] == pytest.approx(x.double().sum().item() - 64, abs=1e-3)
 
 
-def test_pending_stats_async_runs_callbacks_in_order_and_fills_first():
-    pending = S.PendingStats()
-    order = []
-    metas = []
-    for step in range(3):
-        meta = TensorMeta(arg="x", shape=[4], dtype="float32", device="cpu")
-        metas.append(meta)
-        t = torch.full((4,), float(step + 1))
-        pending.add(meta, S.device_stats(t, "basic"), 4)
-        pending.resolve_async(lambda step=step, meta=meta: order.append((step, meta.stats.mean)))
-    assert pending.drain(wait=False) == 0  # CPU batches completed at once
-    assert order == [(0, 1.0), (1, 2.0), (2, 3.0)]
-    assert pending.in_flight == 0
-    pending.resolve_async(lambda: order.append("empty step"))
-    assert order[-1] == "empty step"
+def test_step_stats_read_back_in_entry_order_and_empty_steps_give_none():
+    step = S.StepStats()
+    tensors = [torch.full((4,), float(i + 1)) for i in range(3)]
+    indices = [step.add(t) for t in tensors]
+    values = step.start_readback().values()
+    assert [S.to_stats(values[i], 4).mean for i in indices] == [1.0, 2.0, 3.0]
+    assert step.start_readback() is None
+
+
+def test_statistics_of_huge_values_do_not_overflow():
+    x = torch.full((16,), 3e20)  # a float32 square overflows above 1.8e19
+    stats = S.to_stats(S.device_stats(x).tolist(), 16)
+    assert stats.std == pytest.approx(0.0, abs=1e15) and stats.mean == pytest.approx(3e20, rel=1e-6)
 
 
 def test_reduce_rows_combines_partials():
@@ -209,12 +209,32 @@ def test_traced_forward_has_no_host_sync():
     S.prepare("cuda")
     with torch.no_grad(), spectrace.trace(model) as t:
         model(ids)  # warm-up: kernels compiled, pinned buffers cached
-        t.tracer._thread().pending.drain(wait=True)
-        if not hasattr(t.tracer, "_emit_step") and "resolve_async" not in type(t.tracer).finish_step.__code__.co_names:
-            pytest.skip("engine.finish_step still reads back synchronously (deferred read-back not wired)")
+        t.tracer.finish_step()
         torch.cuda.set_sync_debug_mode("error")
         try:
             model(ids)
         finally:
             torch.cuda.set_sync_debug_mode(0)
     assert all(m.stats is not None for c in t.calls() for m in c.outputs)
+
+
+def test_step_readback_reduces_each_slot_of_a_step_buffer():
+    """The fused path's read-back: one row per slot, then the torch-path rows, back in entry order."""
+    tensors = [torch.randn(40, generator=torch.Generator().manual_seed(i)) * (i + 1) for i in range(3)]
+    buffer = S._SlotBuffer(torch.device("cpu"), capacity=4)
+    programs = buffer.tensor.shape[1]
+    entries = []
+    for slot, t in enumerate(tensors[:2]):
+        buffer.tensor[slot].zero_()
+        for p, chunk in enumerate(t.chunk(programs)):  # what the kernel writes: partials per program
+            c = chunk.double()
+            buffer.tensor[slot, p] = torch.tensor([c.sum(), (c * c).sum(), c.abs().max(), 0, 0])
+        buffer.used += 1
+        entries.append(("slot", buffer, slot))
+    entries.insert(1, ("row", S._cpu_stats(tensors[2])))  # a slow-path row between the slots
+    copy = S._copy_rows(torch.device("cpu"), entries, [0, 1, 2], buffer)
+    values = dict(zip(copy.indices, copy.host.tolist()))
+    for index, t in zip([0, 2, 1], tensors):
+        got = S.to_stats(values[index], t.numel())
+        assert got.mean == pytest.approx(t.double().mean().item(), abs=1e-6)
+        assert got.absmax == pytest.approx(t.abs().max().item(), rel=1e-6)

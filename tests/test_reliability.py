@@ -327,12 +327,12 @@ def test_planted_symlink_is_not_followed(tmp_path: Path) -> None:
 if __name__ != "__main__":
 
     def test_statistic_that_raises(small, monkeypatch, capfd) -> None:
-        from spectrace.hooks import engine
+        from spectrace.hooks import stats
 
-        def broken(tensor: Any, mode: str) -> Any:
+        def broken(tensor: Any) -> Any:
             raise FloatingPointError("reduction kernel failed")
 
-        monkeypatch.setattr(engine, "device_stats", broken)
+        monkeypatch.setattr(stats, "_cpu_stats", broken)
         model, ids, ref = small
         t, _ = _run_traced(model, ids, ref, steps=3)
         assert len(t.calls()) == 3 * 5 and all(m.stats is None for c in t.calls() for m in c.outputs)

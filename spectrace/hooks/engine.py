@@ -2,9 +2,11 @@
 
 A :class:`Tracer` hooks the selected modules of one or more roots and wraps each
 root's ``forward`` (SGLang calls ``.forward()`` directly, so a hook on the root would
-never fire). Each outermost root call is a *step*: its calls are collected, their
-statistics (device vectors, see :mod:`.stats`) are copied to the host in one go after
-the step, and the finished records go to the :class:`~spectrace.recorder.Recorder`.
+never fire). Each outermost root call is a *step*. Hooks stay cheap: a call is noted as
+a plain tuple (names, shapes, a statistics slot, see :mod:`.stats`); at the step's end
+the statistics copy is enqueued and the step goes to the :class:`.worker.RecordWorker`,
+which builds the pydantic records and hands them to the
+:class:`~spectrace.recorder.Recorder` off the host's thread.
 
 A hook never raises into the model: every internal failure becomes a counted
 ``internal_error``. Hooks only read tensors, so outputs are bit-identical.
@@ -16,6 +18,7 @@ A hook never raises into the model: every internal failure becomes a counted
 
 from __future__ import annotations
 
+import collections
 import functools
 import threading
 import time
@@ -27,8 +30,32 @@ import torch.nn as nn
 from ..recorder import Recorder
 from ..records import Call, TensorMeta
 from .selection import ModuleFilter, select
-from .stats import _INDEX_DTYPES, PendingStats, device_stats, stats_supported
+from .stats import _INDEX_DTYPES, Readback, StepStats, stats_for, stats_supported
 from .tensors import collect
+from .worker import RecordWorker
+
+# One tensor as a hook notes it: (arg, shape, dtype, device, statistics generation,
+# statistics index or -1, numel).
+RawTensor = tuple[str, tuple[int, ...], str, str, int, int, int]
+# One call: (step, seq, module, module_type, root, inputs, outputs, t_unix, graph_capture).
+RawCall = tuple[int, int, str, str, str, list[RawTensor], list[RawTensor], float, bool]
+
+_DTYPE_NAMES: dict[Any, str] = {}
+_DEVICE_NAMES: dict[Any, str] = {}
+
+
+def _dtype_name(dtype: Any) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
+    return name
+
+
+def _device_name(device: Any) -> str:
+    name = _DEVICE_NAMES.get(device)
+    if name is None:
+        name = _DEVICE_NAMES[device] = str(device)
+    return name
 
 
 def _capturing() -> bool:
@@ -45,8 +72,16 @@ class _ThreadSteps:
     def __init__(self, step: int) -> None:
         self.step = step
         self.start_ns = 0
-        self.calls: list[Call] = []
-        self.pending = PendingStats()
+        self.capturing = False
+        self.calls: list[RawCall] = []
+        self.stats = StepStats()
+
+
+class _FinishedStep:
+    __slots__ = ("step", "calls", "start_ns", "end_ns", "readback")
+
+    def __init__(self, step: int, calls: list[RawCall], start_ns: int, end_ns: int, readback: Readback | None) -> None:
+        self.step, self.calls, self.start_ns, self.end_ns, self.readback = step, calls, start_ns, end_ns, readback
 
 
 class Tracer:
@@ -66,6 +101,8 @@ class Tracer:
         self._counter_lock = threading.Lock()
         self._hooked: dict[int, str] = {}
         self._adopted: dict[int, tuple[Any, ...]] = {}
+        self._values: collections.OrderedDict[int, list[list[float] | None]] = collections.OrderedDict()  # worker side
+        self._worker = RecordWorker(self._build_step, self._drop_step)
 
     # ---------------------------------------------------------------- set-up
     def attach(
@@ -161,6 +198,7 @@ class Tracer:
         self._wrapped.clear()
         self._hooked.clear()
         self.finish_step()
+        self._worker.close()
 
     # ----------------------------------------------------------------- steps
     def _thread(self) -> _ThreadSteps:
@@ -171,11 +209,12 @@ class Tracer:
 
     def set_step(self, step: int) -> None:
         """Take over step numbering (a speculative loop marks its own steps)."""
-        self.finish_step()
+        self.finish_step(wait=False)
         self.auto_step = False
         self.step = step
         state = self._thread()
         state.step, state.start_ns = step, time.time_ns()
+        state.capturing = _capturing()
 
     def _depth(self) -> int:
         return getattr(self._local, "depth", 0)
@@ -189,6 +228,8 @@ class Tracer:
                 step = self.step
             state = self._thread()
             state.step, state.start_ns = step, time.time_ns()
+            # Graphs are captured around whole forwards: one check per step, not per call.
+            state.capturing = _capturing()
             return True
         return False
 
@@ -201,27 +242,67 @@ class Tracer:
         return step % self.sample == 0 if step >= 0 else True
 
     def finish_step(self, wait: bool = True) -> None:
-        """Start the step's statistics read-back; its calls go on once the copy landed.
+        """End this thread's step: start its statistics copy and queue it for the worker.
 
-        On CUDA the copy is non-blocking into pinned memory behind an event; with
-        ``wait=False`` (the end of a forward) nothing blocks and the calls are handed on
-        at a later step's end, or when anything reads the trace (``wait=True``).
+        Nothing here waits for the device. With ``wait=True`` (anything about to read the
+        trace) it then waits until the worker has turned every queued step into records.
         """
         state = self._thread()
         calls, state.calls = state.calls, []
         step, start, end = state.step, state.start_ns or time.time_ns(), time.time_ns()
+        readback = None
         try:
-            state.pending.resolve_async(lambda: self._emit_step(step, calls, start, end))
-            state.pending.drain(wait=wait)
+            readback = state.stats.start_readback()
         except Exception as exc:
             self.recorder.internal_error(f"statistics readback: {type(exc).__name__}: {exc}")
+        if calls or readback is not None:
+            # A step without calls may still hold the input statistics of a call that ends
+            # in the next step: the worker keeps them by generation.
+            self._worker.submit(_FinishedStep(step, calls, start, end, readback))
+        if wait:
+            if not self._worker.flush():
+                self.recorder.internal_error("record worker: flush timed out (records still queued)")
 
-    def _emit_step(self, step: int, calls: list[Call], start: int, end: int) -> None:
+    def _build_step(self, item: _FinishedStep) -> None:
+        """On the worker thread: wait for the statistics, build the records, hand them on."""
+        if item.readback is not None:
+            values: list[list[float] | None] = []
+            if item.readback.error is not None:
+                exc = item.readback.error
+                self.recorder.internal_error(f"statistics readback: {type(exc).__name__}: {exc}")
+            try:
+                values = item.readback.values()
+            except Exception as exc:
+                self.recorder.internal_error(f"statistics readback: {type(exc).__name__}: {exc}")
+            self._values[item.readback.generation] = values
+            while len(self._values) > 64:
+                self._values.popitem(last=False)
+        calls: list[Call] = []
+        texts: list[str] = []
+        try:
+            for raw in item.calls:
+                call = _to_call(raw, self._values)
+                calls.append(call)
+                texts.append(call.model_dump_json())
+                # Let a host thread that wants the GIL have it now: otherwise it waits for
+                # the interpreter's switch interval (5 ms) each time it releases the GIL.
+                time.sleep(0)
+        except Exception as exc:
+            self.recorder.counters.records_dropped += len(item.calls)
+            self.recorder.internal_error(f"record build: {type(exc).__name__}: {exc}")
+            return
+        self._emit_step(item.step, calls, item.start_ns, item.end_ns, texts)
+
+    def _drop_step(self, item: _FinishedStep) -> None:
+        self.recorder.counters.records_dropped += len(item.calls)
+        self.recorder.coverage("dropped", "call records dropped: the record worker was stuck for seconds (counted in records_dropped)")
+
+    def _emit_step(self, step: int, calls: list[Call], start: int, end: int, texts: list[str] | None = None) -> None:
         if not calls:
             return
         try:
-            self.recorder.emit_step(step, calls, start, end)
-        except Exception as exc:  # runs inside the host's forward: never raise
+            self.recorder.emit_step(step, calls, start, end, texts)
+        except Exception as exc:  # never raise, wherever it runs
             self.recorder.counters.records_dropped += len(calls)
             self.recorder.internal_error(f"step hand-off: {type(exc).__name__}: {exc}")
 
@@ -233,7 +314,10 @@ class Tracer:
                     return
                 stack = self._local.__dict__.setdefault("inputs", [])
                 stack.append([])  # the post-hook pops one entry per call, whatever happens here
-                stack[-1] = self._metas(collect(args, kwargs, side="input"))
+                state = self._thread()
+                if self._depth() == 0:  # a hooked module called outside any wrapped root
+                    state.capturing = _capturing()
+                stack[-1] = self._note(collect(args, kwargs, side="input"), state)
             except Exception as exc:
                 self.recorder.internal_error(f"pre-hook {name}: {type(exc).__name__}: {exc}")
             return None
@@ -243,69 +327,87 @@ class Tracer:
     def _make_post_hook(self, name: str, module_type: str, root: str) -> Callable[..., None]:
         def post_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
             try:
+                if not self._sampled():
+                    with self._counter_lock:
+                        self.recorder.counters.calls_seen += 1
+                    return
                 with self._counter_lock:
                     self.recorder.counters.calls_seen += 1
-                if not self._sampled():
-                    return
-                stack = self._local.__dict__.get("inputs") or [[]]
-                inputs = stack.pop() if stack else []
-                capturing = _capturing()
-                outputs = self._metas(collect((), None, output, side="output"), capturing)
-                state = self._thread()
-                with self._counter_lock:
                     self._seq += 1
                     seq = self._seq
-                state.calls.append(
-                    Call(
-                        step=state.step,
-                        seq=seq,
-                        module=name,
-                        module_type=module_type,
-                        root=root,
-                        inputs=inputs,
-                        outputs=outputs,
-                        t_unix=time.time(),
-                        graph_capture=capturing,
-                    )
-                )
-                if capturing:
+                stack = self._local.__dict__.get("inputs") or [[]]
+                inputs = stack.pop() if stack else []
+                state = self._thread()
+                outside = self._depth() == 0  # a hooked module called outside any wrapped root
+                if outside:
+                    state.capturing = _capturing()
+                outputs = self._note(collect((), None, output, side="output"), state)
+                state.calls.append((state.step, seq, name, module_type, root, inputs, outputs, time.time(), state.capturing))
+                if state.capturing:
                     self.recorder.coverage(
                         "graph_replay",
                         "modules ran under CUDA-graph capture: shapes recorded once, replays are not traced per module",
                         step=state.step,
                     )
-                if self.auto_step and self._depth() == 0:
-                    # A hooked module called outside any wrapped root: flush per call.
-                    self.finish_step(wait=False)
+                if self.auto_step and outside:
+                    self.finish_step(wait=False)  # flush per call
             except Exception as exc:
                 self.recorder.internal_error(f"post-hook {name}: {type(exc).__name__}: {exc}")
             return None
 
         return post_hook
 
-    def _metas(self, tensors: list[tuple[str, torch.Tensor]], capturing: bool | None = None) -> list[TensorMeta]:
-        if capturing is None:
-            capturing = _capturing()
-        metas: list[TensorMeta] = []
+    def _note(self, tensors: list[tuple[str, torch.Tensor]], state: _ThreadSteps) -> list[RawTensor]:
+        """Shapes of every tensor, and statistics enqueued for the ones that get them."""
+        noted: list[RawTensor] = []
+        want = self.stats_mode != "off" and not state.capturing
         # "basic" summarises the first tensor of each side that statistics apply to (the
         # hidden states); "full" every tensor. Shapes are always recorded for all of them.
         # Rotary cos/sin, masks and ids repeat in every layer and would double the cost.
         budget = None if self.stats_mode == "full" else 1
         for arg, tensor in tensors:
             try:
-                shape = [int(s) for s in tensor.shape]
+                shape = tuple(tensor.shape)
             except Exception:  # nested/jagged tensors have no single shape
-                shape = []
-            meta = TensorMeta(arg=arg, shape=shape, dtype=str(tensor.dtype).replace("torch.", ""), device=str(tensor.device))
-            metas.append(meta)
-            if self.stats_mode == "off" or capturing or budget == 0 or meta.dtype in _INDEX_DTYPES:
-                continue
-            if not stats_supported(tensor):
-                continue
-            if budget is not None:
-                budget -= 1
-            try:
-                self._thread().pending.add(meta, device_stats(tensor, self.stats_mode), tensor.numel())
-            except Exception as exc:
-                self.recorder.internal_error(f"statistic on {tensor.dtype}: {type(exc).__name__}: {exc}")
-        return metas
+                shape = ()
+            dtype = _dtype_name(tensor.dtype)
+            index = -1
+            numel = 0
+            if want and budget != 0 and dtype not in _INDEX_DTYPES and stats_supported(tensor):
+                if budget is not None:
+                    budget -= 1
+                try:
+                    numel = tensor.numel()
+                    index = state.stats.add(tensor)
+                except Exception as exc:
+                    self.recorder.internal_error(f"statistic on {tensor.dtype}: {type(exc).__name__}: {exc}")
+            noted.append((arg, shape, dtype, _device_name(tensor.device), state.stats.generation, index, numel))
+        return noted
+
+
+def _to_call(raw: RawCall, values: dict[int, list[list[float] | None]]) -> Call:
+    """One call record from a hook's note (on the worker thread)."""
+    step, seq, module, module_type, root, inputs, outputs, t_unix, capture = raw
+    return Call(
+        step=step,
+        seq=seq,
+        module=module,
+        module_type=module_type,
+        root=root,
+        inputs=[_to_meta(t, values) for t in inputs],
+        outputs=[_to_meta(t, values) for t in outputs],
+        t_unix=t_unix,
+        graph_capture=capture,
+    )
+
+
+def _to_meta(raw: RawTensor, values: dict[int, list[list[float] | None]]) -> TensorMeta:
+    arg, shape, dtype, device, generation, index, numel = raw
+    rows = values.get(generation) if index >= 0 else None
+    row = rows[index] if rows is not None and index < len(rows) else None
+    stats = stats_for(row, numel, dtype) if row is not None else None
+    try:
+        dims = [int(s) for s in shape]
+    except Exception:  # a symbolic (jagged) size has no single value
+        dims = []
+    return TensorMeta(arg=arg, shape=dims, dtype=dtype, device=device, stats=stats)

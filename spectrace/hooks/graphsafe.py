@@ -29,7 +29,7 @@ import torch.nn as nn
 
 from ..records import TensorStats
 from .selection import ModuleFilter, select
-from .stats import _INDEX_DTYPES, _TRITON_DTYPES, ROW, _cpu_stats, _torch_stats, launch_partials, prepare, programs_for, reduce_rows, stats_supported, to_stats
+from .stats import _INDEX_DTYPES, _TRITON_DTYPES, ROW, _cpu_stats, _torch_stats, launch_partials, prepare, programs_for, reduce_partials, stats_supported, to_stats
 
 
 def _first_tensor(value: Any) -> torch.Tensor | None:
@@ -49,7 +49,7 @@ def _first_tensor(value: Any) -> torch.Tensor | None:
 
 
 class GraphStats:
-    """A static ``(capacity, P, 5)`` float32 buffer and the kernels that fill it.
+    """A static ``(capacity, P, 5)`` float64 buffer and the kernels that fill it.
 
     ``fused``: use the single-pass Triton kernel (None: when available on this device
     and it passed its float64 self-check).
@@ -65,7 +65,7 @@ class GraphStats:
         self.programs = programs_for(self.device) if self.fused else 1
         self.capacity = capacity
         # Zeroed once: rows a torch-path slot never writes stay neutral (0 adds, 0 is <= any absmax).
-        self.buffer = torch.zeros(capacity, self.programs, ROW, device=self.device, dtype=torch.float32)
+        self.buffer = torch.zeros(capacity, self.programs, ROW, device=self.device, dtype=torch.float64)
         self.slots: dict[str, int] = {}
         self.numel: list[int] = []
         self.shapes: list[list[int]] = []
@@ -102,7 +102,7 @@ class GraphStats:
         if x.device != self.device:
             raise ValueError(f"{name}: tensor on {x.device}, GraphStats on {self.device}")
         if self.fused and x.dtype in _TRITON_DTYPES and x.is_contiguous():
-            launch_partials(x, self.buffer[index])
+            launch_partials(x, self.buffer, index)
         elif x.device.type == "cpu":
             self.buffer[index, 0].copy_(_cpu_stats(x))
         else:
@@ -153,7 +153,7 @@ class GraphStats:
         used = len(self.slots)
         if used == 0:
             return torch.zeros(0, ROW, dtype=torch.float64, device=self.device)
-        return reduce_rows([self.buffer[i] for i in range(used)])
+        return reduce_partials(self.buffer[:used])
 
     def read(self, names: Iterable[str] | None = None) -> dict[str, TensorStats | None]:
         """Statistics per slot name after a replay (one reduction and one host copy).

@@ -15,29 +15,30 @@ Three paths, all giving the same numbers (``[sum, sumsq, absmax, nan, inf]``):
   only computed when the sum is not finite (a finite sum proves there are none), which
   CPU can test for free because nothing there is asynchronous.
 - **CUDA with Triton**: one kernel per tensor reads it once and writes per-program
-  partial rows (``[P, 5]``); the partials of the whole step are reduced together at the
-  step's end. No float32 copy of the tensor is ever made (a bf16 logits tensor is read
-  as bf16). The kernel is checked against a float64 reference on first use per device
-  and disabled if it disagrees.
+  partial rows (``[P, 5]``, float64 sums) into the next slot of a reused step buffer;
+  the partials of the whole step are reduced together at the step's end. No float32
+  copy of the tensor is ever made (a bf16 logits tensor is read as bf16). The kernel
+  is checked against a float64 reference on first use per device and disabled if it
+  disagrees.
 - **Anything else** (no Triton, non-contiguous, float8, integer): torch reductions with
   ``dtype=float32`` accumulation.
 
 A tensor seen twice in one step (layer ``i``'s output is layer ``i+1``'s input) is
 reduced once: the row is reused while the same tensor object is alive and unmodified.
 
-Read-back: :meth:`PendingStats.resolve` is blocking (one copy per device per step).
-:meth:`PendingStats.resolve_async` instead enqueues a non-blocking copy into pinned
-memory plus an event, and :meth:`PendingStats.drain` fills the metas (and runs the
-step's callback) once the copy has landed: no host sync inside the forward.
+Read-back: :meth:`StepStats.start_readback` ends a step by enqueueing one reduction
+and one non-blocking copy into pinned memory (plus an event) per device; nothing waits
+for the device there. :meth:`Readback.values` blocks until the copy landed, and is
+called by the record worker thread, never inside the forward.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import threading
 import weakref
-from collections import deque
 from typing import Any, Callable, Sequence
 
 import torch
@@ -106,64 +107,22 @@ def _as_real(tensor: torch.Tensor) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------ one tensor
-class _SeenCache:
-    """Rows of tensors already reduced in this step, keyed by object identity.
-
-    A hit needs the very same tensor object, still alive (a weak reference, so a freed
-    tensor whose id is reused never matches) and with the same version counter (an
-    in-place write in between makes it a miss).
-    """
-
-    CAP = 4096
-
-    def __init__(self) -> None:
-        self._rows: dict[int, tuple[Any, int, torch.Tensor]] = {}
-
-    def get(self, tensor: torch.Tensor) -> torch.Tensor | None:
-        entry = self._rows.get(id(tensor))
-        if entry is None:
-            return None
-        ref, version, row = entry
-        if ref() is tensor and tensor._version == version:
-            return row
-        return None
-
-    def put(self, tensor: torch.Tensor, row: torch.Tensor) -> None:
-        try:
-            ref = weakref.ref(tensor)
-        except TypeError:
-            return
-        if len(self._rows) >= self.CAP:
-            self._rows.clear()
-        self._rows[id(tensor)] = (ref, tensor._version, row)
-
-    def clear(self) -> None:
-        self._rows.clear()
-
-
-_seen = _SeenCache()
-
-
-def device_stats(tensor: torch.Tensor, mode: str) -> torch.Tensor:
-    """Statistics of ``tensor`` on its device, without a host sync on accelerators.
+def device_stats(tensor: torch.Tensor, mode: str = "basic") -> torch.Tensor:
+    """Statistics of one ``tensor`` on its device, without a host sync on accelerators.
 
     Returns either a row ``[sum, sumsq, absmax, nan, inf]`` (shape ``(5,)``) or, on the
-    fused CUDA path, per-program partial rows (shape ``(P, 5)``) that
-    :func:`reduce_rows` (called by :class:`PendingStats`) combines. ``mode`` ("basic" or
-    "full") gives the same numbers today; it is kept for callers that pass it.
+    fused CUDA path, per-program partial rows (shape ``(P, 5)``) that :func:`reduce_rows`
+    combines. A traced step goes through :class:`StepStats` instead, which writes fused
+    partials into a reused buffer. ``mode`` ("basic" or "full") gives the same numbers.
     """
     x = tensor.detach()
-    hit = _seen.get(tensor)
-    if hit is not None:
-        return hit
     if x.device.type == "cpu":
-        row = _cpu_stats(x)
-    elif _fused_ok(x):
-        row = _fused_partials(x)
-    else:
-        row = _torch_stats(x)
-    _seen.put(tensor, row)
-    return row
+        return _cpu_stats(x)
+    if _fused_ok(x):
+        out = torch.empty(programs_for(x.device), ROW, device=x.device, dtype=torch.float64)
+        launch_partials(x, out)
+        return out
+    return _torch_stats(x)
 
 
 def _cpu_stats(x: torch.Tensor) -> torch.Tensor:
@@ -173,9 +132,12 @@ def _cpu_stats(x: torch.Tensor) -> torch.Tensor:
         flat = x.view(-1)
         total = float(torch.sum(flat))
         sumsq = float(torch.dot(flat, flat))
+        if math.isinf(sumsq) and math.isfinite(total):
+            # Values above 1.8e19 overflow a float32 square; the norm does not.
+            sumsq = float(torch.linalg.vector_norm(x, 2, dtype=torch.float64)) ** 2
     else:
         total = float(torch.sum(x, dtype=torch.float32))
-        sumsq = float(torch.linalg.vector_norm(x, 2, dtype=torch.float32)) ** 2
+        sumsq = float(torch.linalg.vector_norm(x, 2, dtype=torch.float64)) ** 2
     low, high = torch.aminmax(x)
     absmax = max(-float(low), float(high))
     nan = inf = 0
@@ -192,17 +154,24 @@ def _torch_stats(x: torch.Tensor) -> torch.Tensor:
     """The portable accelerator path: torch reductions accumulating in float32."""
     x = _as_real(x)
     total = torch.sum(x, dtype=torch.float32)
-    sumsq = torch.linalg.vector_norm(x, 2, dtype=torch.float32).square()
+    # Accumulated in float64: squares of activations above 1.8e19 overflow float32.
+    sumsq = torch.linalg.vector_norm(x, 2, dtype=torch.float64).square()
     absmax = torch.linalg.vector_norm(x, math.inf, dtype=torch.float32)
     nan = torch.isnan(x).sum(dtype=torch.float32)
     inf = torch.isinf(x).sum(dtype=torch.float32)
-    return torch.stack([total, sumsq, absmax, nan, inf])
+    return torch.stack([total.double(), sumsq, absmax.double(), nan.double(), inf.double()])
 
 
 # ------------------------------------------------------------ fused CUDA kernel
 _triton_state: dict[Any, Any] = {}
 _lock = threading.Lock()
+# Launch shape of the fused kernel: PROGRAMS_PER_SM programs per multiprocessor, each
+# looping over its chunk BLOCK elements at a time with WARPS warps. Enough programs must
+# be resident to keep loads in flight; measured on the H200 (bench/profile_step.py
+# --sweep), see BENCHMARKS.md.
 BLOCK = 2048
+WARPS = 8
+PROGRAMS_PER_SM = 8
 
 
 def _load_triton() -> Any | None:
@@ -223,34 +192,55 @@ def _build_kernel() -> Any:
     import triton
     import triton.language as tl
 
-    @triton.jit
-    def _stats_partials(x_ptr, out_ptr, n, chunk, BLOCK: tl.constexpr):
-        # Program `pid` reads x[pid*chunk : (pid+1)*chunk] once, in its own dtype, and
-        # writes [sum, sumsq, absmax (NaN ignored), nan count, inf count] to out[pid].
+    # n, per and slot change with every tensor: without do_not_specialize Triton would
+    # compile a new variant (a stall of a second, mid-forward) whenever one of them is 1
+    # or divisible by 16 for the first time.
+    @triton.jit(do_not_specialize=["n", "per", "slot"])
+    def _stats_partials(x_ptr, out_ptr, n, per, slot, BLOCK: tl.constexpr):
+        # Program `pid` reads whole blocks [pid*per, (pid+1)*per) of x once, in its own
+        # dtype, unmasked: a block starts at a multiple of BLOCK, so loads are vectorised
+        # (a mask against an unspecialised n would make every load scalar). The last,
+        # partial block is read masked by program 0. Each writes [sum, sumsq, absmax (NaN
+        # ignored), nan count, inf count] to out[slot, pid]. Sums accumulate in float64:
+        # a bf16 value above 1.8e19 squared overflows float32, and the mean of a large
+        # residual stream keeps its digits.
         pid = tl.program_id(0)
-        start = pid.to(tl.int64) * chunk
         lanes = tl.arange(0, BLOCK)
-        acc_s = tl.zeros([BLOCK], dtype=tl.float32)
-        acc_q = tl.zeros([BLOCK], dtype=tl.float32)
+        acc_s = tl.zeros([BLOCK], dtype=tl.float64)
+        acc_q = tl.zeros([BLOCK], dtype=tl.float64)
         acc_m = tl.zeros([BLOCK], dtype=tl.float32)
         acc_nan = tl.zeros([BLOCK], dtype=tl.int32)
         acc_inf = tl.zeros([BLOCK], dtype=tl.int32)
-        for off in tl.range(0, chunk, BLOCK):
-            idx = start + off + lanes
-            v = tl.load(x_ptr + idx, mask=idx < n, other=0.0).to(tl.float32)
+        full = n // BLOCK
+        first = pid.to(tl.int64) * per
+        last = tl.minimum(first + per, full)
+        for b in tl.range(first, last):
+            v = tl.load(x_ptr + (b * BLOCK + lanes)).to(tl.float32)
             is_nan = v != v
             a = tl.abs(v)
-            acc_s += v
-            acc_q += v * v
+            w = v.to(tl.float64)
+            acc_s += w
+            acc_q += w * w
             acc_m = tl.maximum(acc_m, tl.where(is_nan, 0.0, a))
             acc_nan += is_nan.to(tl.int32)
             acc_inf += (a == float("inf")).to(tl.int32)
-        base = out_ptr + pid * 5
+        if pid == 0:
+            idx = full.to(tl.int64) * BLOCK + lanes
+            v = tl.load(x_ptr + idx, mask=idx < n, other=0.0).to(tl.float32)
+            is_nan = v != v
+            a = tl.abs(v)
+            w = v.to(tl.float64)
+            acc_s += w
+            acc_q += w * w
+            acc_m = tl.maximum(acc_m, tl.where(is_nan, 0.0, a))
+            acc_nan += is_nan.to(tl.int32)
+            acc_inf += (a == float("inf")).to(tl.int32)
+        base = out_ptr + (slot.to(tl.int64) * tl.num_programs(0) + pid) * 5
         tl.store(base + 0, tl.sum(acc_s, axis=0))
         tl.store(base + 1, tl.sum(acc_q, axis=0))
-        tl.store(base + 2, tl.max(acc_m, axis=0))
-        tl.store(base + 3, tl.sum(acc_nan, axis=0).to(tl.float32))
-        tl.store(base + 4, tl.sum(acc_inf, axis=0).to(tl.float32))
+        tl.store(base + 2, tl.max(acc_m, axis=0).to(tl.float64))
+        tl.store(base + 3, tl.sum(acc_nan, axis=0).to(tl.float64))
+        tl.store(base + 4, tl.sum(acc_inf, axis=0).to(tl.float64))
 
     return _stats_partials
 
@@ -262,18 +252,21 @@ def programs_for(device: torch.device) -> int:
         sms = 1
         if device.type == "cuda":
             sms = torch.cuda.get_device_properties(device).multi_processor_count
-        _triton_state[key] = max(1, 2 * sms)
+        _triton_state[key] = max(1, PROGRAMS_PER_SM * sms)
     return _triton_state[key]
 
 
-def launch_partials(x: torch.Tensor, out: torch.Tensor) -> None:
-    """Enqueue the fused kernel: contiguous float ``x`` -> ``out`` of shape ``(P, 5)``."""
+def launch_partials(x: torch.Tensor, out: torch.Tensor, slot: int = 0) -> None:
+    """Enqueue the fused kernel: contiguous float ``x`` -> float64 ``out[slot]``.
+
+    ``out`` is ``(P, 5)`` (then ``slot`` is 0) or a ``(slots, P, 5)`` buffer; passing the
+    whole buffer and a slot number saves a slicing op per tensor.
+    """
     kernel = _load_triton()
-    programs = out.shape[0]
+    programs = out.shape[-2]
     n = x.numel()
-    chunk = max(1, -(-n // programs))
-    chunk = -(-chunk // BLOCK) * BLOCK
-    kernel[(programs,)](x, out, n, chunk, BLOCK=BLOCK, num_warps=8)
+    per = -(-(n // BLOCK) // programs)  # whole blocks per program
+    kernel[(programs,)](x, out, n, per, slot, BLOCK=BLOCK, num_warps=WARPS)
 
 
 def fused_supported(x: torch.Tensor) -> bool:
@@ -306,7 +299,7 @@ def check_fused(device: torch.device | str) -> bool:
             got = []
             for dtype in _TRITON_DTYPES:
                 x = ref.to(device=device, dtype=dtype)
-                out = torch.empty(programs_for(device), ROW, device=device, dtype=torch.float32)
+                out = torch.empty(programs_for(device), ROW, device=device, dtype=torch.float64)
                 launch_partials(x, out)
                 got.append((reduce_rows([out])[0].tolist(), None))
             for row, _ in got:
@@ -315,9 +308,11 @@ def check_fused(device: torch.device | str) -> bool:
                     return False
             # A finite tensor: sums against float64.
             x = (torch.randn(5 * BLOCK + 3, generator=gen, dtype=torch.float64) + 0.5).to(device=device, dtype=torch.float32)
-            out = torch.empty(programs_for(device), ROW, device=device, dtype=torch.float32)
-            launch_partials(x, out)
-            row = reduce_rows([out])[0].tolist()
+            out = torch.zeros(3, programs_for(device), ROW, device=device, dtype=torch.float64)
+            launch_partials(x, out, slot=2)  # the slot argument lands where it says
+            if bool(out[:2].any()):
+                return False
+            row = reduce_rows([out[2]])[0].tolist()
             r = x.double().cpu()
             return (
                 abs(row[SUM] - float(r.sum())) <= 1e-4 * float(r.abs().sum())
@@ -347,10 +342,6 @@ def prepare(device: torch.device | str) -> bool:
     return bool(_triton_state[key])
 
 
-def _fused_partials(x: torch.Tensor) -> torch.Tensor:
-    out = torch.empty(programs_for(x.device), ROW, device=x.device, dtype=torch.float32)
-    launch_partials(x, out)
-    return out
 
 
 # ------------------------------------------------------------- rows -> stats
@@ -361,11 +352,18 @@ def reduce_rows(rows: Sequence[torch.Tensor]) -> torch.Tensor:
     """
     if all(r.dim() == 1 for r in rows):
         return torch.stack([r.to(torch.float64) for r in rows])
+    if len(rows) == 1 and rows[0].dim() == 3:
+        return reduce_partials(rows[0])
     parts = [r.reshape(-1, ROW) for r in rows]
     if len({p.shape[0] for p in parts}) == 1:
-        p = torch.stack(parts).to(torch.float64)  # (T, P, 5)
-        return torch.cat([p[..., :ABSMAX].sum(1), p[..., ABSMAX : ABSMAX + 1].amax(1), p[..., NAN:].sum(1)], dim=-1)
+        return reduce_partials(torch.stack(parts))
     return torch.cat([reduce_rows([p]) for p in parts])
+
+
+def reduce_partials(p: torch.Tensor) -> torch.Tensor:
+    """``(T, P, 5)`` partial rows (a step buffer) -> ``(T, 5)`` float64, one row per tensor."""
+    p = p.to(torch.float64)
+    return torch.cat([p[..., :ABSMAX].sum(1), p[..., ABSMAX : ABSMAX + 1].amax(1), p[..., NAN:].sum(1)], dim=-1)
 
 
 def to_stats(row: Sequence[float], numel: int) -> TensorStats:
@@ -393,7 +391,167 @@ def _finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-# ------------------------------------------------------------------ read-back
+# ------------------------------------------------------------------ one step
+class _SlotBuffer:
+    """A ``(capacity, P, 5)`` float64 device buffer: one slot of partial rows per tensor.
+
+    A traced step takes one from the pool, each fused launch writes the next slot, and the
+    buffer goes back to the pool once its read-back has landed (so no step overwrites a
+    buffer whose reduction has not run yet). Allocating ``(P, 5)`` per tensor instead
+    costs a caching-allocator call per hook.
+    """
+
+    __slots__ = ("tensor", "used")
+
+    def __init__(self, device: torch.device, capacity: int) -> None:
+        self.tensor = torch.empty(capacity, programs_for(device), ROW, device=device, dtype=torch.float64)
+        self.used = 0
+
+
+class _BufferPool:
+    def __init__(self) -> None:
+        self._free: dict[torch.device, list[_SlotBuffer]] = {}
+        self._capacity: dict[torch.device, int] = {}
+        self._lock = threading.Lock()
+
+    def take(self, device: torch.device) -> _SlotBuffer:
+        with self._lock:
+            free = self._free.get(device)
+            if free:
+                return free.pop()
+            capacity = self._capacity.get(device, 64)
+        return _SlotBuffer(device, capacity)
+
+    def give_back(self, buffer: _SlotBuffer, wanted: int) -> None:
+        device = buffer.tensor.device
+        with self._lock:
+            if wanted > buffer.tensor.shape[0]:
+                # The step needed more slots than the buffer had (the rest took the slow
+                # path): later buffers are sized for it, this one is dropped.
+                self._capacity[device] = max(self._capacity.get(device, 64), 2 * wanted)
+                return
+            buffer.used = 0
+            free = self._free.setdefault(device, [])
+            if len(free) < 8:
+                free.append(buffer)
+
+
+_pool = _BufferPool()
+_generations = itertools.count()  # next() is atomic: steps of all threads get distinct numbers
+
+
+class StepStats:
+    """The statistics of one step on one thread: launched per tensor, read back once.
+
+    :meth:`add` enqueues a tensor's reduction and returns its index in the step (a tensor
+    seen twice in one step, layer ``i``'s output being layer ``i+1``'s input, is reduced
+    once while the same object is alive and unmodified). :meth:`start_readback` ends the
+    step: per device one reduction and one non-blocking copy into pinned memory behind
+    an event, returned as a :class:`Readback` that another thread may wait on.
+    """
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        # A call may start in one step and end in the next (a hooked module around a
+        # wrapped root): its rows are found by (generation, index).
+        self.generation = next(_generations)
+        # entry: ("slot", buffer, slot) for fused partials, ("row", tensor) otherwise
+        self.entries: list[tuple[Any, ...]] = []
+        self._buffers: dict[torch.device, _SlotBuffer] = {}
+        self._wanted: dict[torch.device, int] = {}
+        self._seen: dict[int, tuple[Any, int, int]] = {}
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def add(self, tensor: torch.Tensor) -> int:
+        """Enqueue ``tensor``'s statistics; returns its index in this step."""
+        key = id(tensor)
+        hit = self._seen.get(key)
+        if hit is not None and hit[0]() is tensor and tensor._version == hit[1]:
+            return hit[2]
+        x = tensor.detach()
+        device = x.device
+        if device.type == "cpu":
+            entry: tuple[Any, ...] = ("row", _cpu_stats(x))
+        elif _fused_ok(x):
+            entry = self._fused(x, device)
+        else:
+            entry = ("row", _torch_stats(x))
+        index = len(self.entries)
+        self.entries.append(entry)
+        try:
+            self._seen[key] = (weakref.ref(tensor), tensor._version, index)
+        except TypeError:
+            pass
+        return index
+
+    def _fused(self, x: torch.Tensor, device: torch.device) -> tuple[Any, ...]:
+        buffer = self._buffers.get(device)
+        if buffer is None:
+            buffer = self._buffers[device] = _pool.take(device)
+        self._wanted[device] = self._wanted.get(device, 0) + 1
+        if buffer.used < buffer.tensor.shape[0]:
+            slot = buffer.used
+            launch_partials(x, buffer.tensor, slot)
+            buffer.used += 1
+            return ("slot", buffer, slot)
+        out = torch.empty(programs_for(device), ROW, device=device, dtype=torch.float64)
+        launch_partials(x, out)
+        return ("row", out)
+
+    def start_readback(self) -> "Readback | None":
+        """End the step: enqueue the reduction and host copy of every row (no sync on CUDA).
+
+        Returns None when the step computed no statistics. A device whose reduction fails
+        leaves its entries without values; the error is kept on the read-back.
+        """
+        entries, buffers, wanted, generation = self.entries, self._buffers, self._wanted, self.generation
+        self._reset()
+        if not entries:
+            for device, buffer in buffers.items():
+                _pool.give_back(buffer, wanted.get(device, 0))
+            return None
+        by_device: dict[torch.device, list[int]] = {}
+        for index, entry in enumerate(entries):
+            device = entry[1].tensor.device if entry[0] == "slot" else entry[1].device
+            by_device.setdefault(device, []).append(index)
+        copies: list[_Copy] = []
+        error: BaseException | None = None
+        for device, indices in by_device.items():
+            try:
+                copies.append(_copy_rows(device, [entries[i] for i in indices], indices, buffers.get(device)))
+            except Exception as exc:
+                error = error or exc
+        returns = [(buffer, wanted.get(device, 0)) for device, buffer in buffers.items()]
+        return Readback(generation, len(entries), copies, returns, error)
+
+
+def _copy_rows(device: torch.device, entries: list[tuple[Any, ...]], indices: list[int], buffer: _SlotBuffer | None) -> "_Copy":
+    """Reduce one device's entries to ``(T, 5)`` float64 and start their host copy."""
+    slots = [e for e in entries if e[0] == "slot"]
+    rows = [e[1] for e in entries if e[0] == "row"]
+    parts = []
+    if slots:
+        assert buffer is not None
+        parts.append(reduce_partials(buffer.tensor[: buffer.used]))  # slots are 0..used-1 in order
+    if rows:
+        parts.append(reduce_rows(rows))
+    reduced = parts[0] if len(parts) == 1 else torch.cat(parts)
+    # Row order in ``reduced``: the slots in slot order, then the other rows in entry order.
+    order = [i for i, e in zip(indices, entries) if e[0] == "slot"] + [i for i, e in zip(indices, entries) if e[0] == "row"]
+    if device.type == "cuda":
+        host = torch.empty(reduced.shape, dtype=reduced.dtype, pin_memory=True)
+        host.copy_(reduced, non_blocking=True)
+        # blocking: the worker that waits on it sleeps instead of spinning a core.
+        event = torch.cuda.Event(blocking=True)
+        event.record()
+        return _Copy(order, host, event)
+    return _Copy(order, reduced.to("cpu"), None)
+
+
 class _Copy:
     """One device's rows of one step, copied (or being copied) to host memory."""
 
@@ -412,108 +570,46 @@ class _Copy:
             self.event.synchronize()
 
 
-class _Batch:
-    __slots__ = ("targets", "copies", "then")
+class Readback:
+    """One step's statistics on their way to the host; :meth:`values` waits for them."""
 
-    def __init__(self, targets: list[tuple[TensorMeta, int]], copies: list[_Copy], then: Callable[[], Any] | None) -> None:
-        self.targets = targets
+    def __init__(self, generation: int, count: int, copies: list[_Copy], buffers: list[tuple[_SlotBuffer, int]], error: BaseException | None) -> None:
+        self.generation = generation
+        self.count = count
         self.copies = copies
-        self.then = then
+        self.error = error
+        self._buffers = buffers
 
+    def ready(self) -> bool:
+        """Whether every copy has landed (never blocks)."""
+        return all(c.ready() for c in self.copies)
 
-class PendingStats:
-    """Device statistics rows of one step, waiting for their host copy."""
+    def values(self) -> list[list[float] | None]:
+        """Row ``[sum, sumsq, absmax, nan, inf]`` per index (None where the device failed).
 
-    def __init__(self) -> None:
-        self.rows: list[torch.Tensor] = []
-        self.targets: list[tuple[TensorMeta, int]] = []
-        self._inflight: deque[_Batch] = deque()
-
-    def add(self, meta: TensorMeta, row: torch.Tensor, numel: int) -> None:
-        self.rows.append(row)
-        self.targets.append((meta, numel))
-
-    def resolve(self) -> None:
-        """One reduction and one copy per device; fills ``meta.stats`` in place now."""
-        self.resolve_async()
-        self.drain(wait=True)
-
-    def resolve_async(self, then: Callable[[], Any] | None = None) -> None:
-        """Start this step's read-back; ``then`` runs once its metas are filled.
-
-        CPU rows are filled at once. Accelerator rows are reduced on the device and
-        copied with ``non_blocking=True`` into pinned memory behind an event: nothing
-        here waits for the device. :meth:`drain` finishes the job, in step order.
+        Blocks until the copies landed (``event.synchronize`` releases the GIL), then
+        hands the step's buffers back to the pool.
         """
-        rows, targets = self.rows, self.targets
-        self.rows, self.targets = [], []
-        _seen.clear()
-        copies: list[_Copy] = []
-        failed: BaseException | None = None
-        if rows:
-            by_device: dict[torch.device, list[int]] = {}
-            for index, row in enumerate(rows):
-                by_device.setdefault(row.device, []).append(index)
-            for device, indices in by_device.items():
-                try:
-                    reduced = reduce_rows([rows[i] for i in indices])
-                    if device.type == "cuda":
-                        host = torch.empty(reduced.shape, dtype=reduced.dtype, pin_memory=True)
-                        host.copy_(reduced, non_blocking=True)
-                        event = torch.cuda.Event()
-                        event.record()
-                        copies.append(_Copy(indices, host, event))
-                    else:
-                        copies.append(_Copy(indices, reduced.to("cpu"), None))
-                except Exception as exc:
-                    # Those tensors keep no statistics; the step's calls still go on.
-                    failed = failed or exc
-        if copies or then is not None:
-            self._inflight.append(_Batch(targets, copies, then))
-            if all(c.event is None for c in copies):
-                self.drain(wait=False)
-        if failed is not None:
-            raise failed
+        out: list[list[float] | None] = [None] * self.count
+        try:
+            for copy in self.copies:
+                copy.wait()
+                for i, values in zip(copy.indices, copy.host.tolist()):
+                    out[i] = values
+        finally:
+            for buffer, wanted in self._buffers:
+                _pool.give_back(buffer, wanted)
+            self._buffers = []
+        return out
 
-    def drain(self, wait: bool = True) -> int:
-        """Fill the metas of finished copies (all of them when ``wait``); returns batches done.
 
-        Batches finish in order: a later step never overtakes an earlier one. With
-        ``wait=False`` this never blocks (events are only queried).
-        """
-        done = 0
-        first_error: BaseException | None = None
-        while self._inflight:
-            batch = self._inflight[0]
-            if not wait and not all(c.ready() for c in batch.copies):
-                break
-            self._inflight.popleft()
-            try:
-                for copy in batch.copies:
-                    copy.wait()
-                    for i, values in zip(copy.indices, copy.host.tolist()):
-                        meta, numel = batch.targets[i]
-                        if meta.dtype in _INDEX_DTYPES:
-                            meta.stats = None  # ids stay out of the trace (see _INDEX_DTYPES)
-                            continue
-                        meta.stats = to_stats(values, numel)
-                        if meta.dtype.startswith("complex"):
-                            # Rows of a complex tensor describe |z|: absmax is max |z|, but a
-                            # "mean" of magnitudes would read as the mean of z. Drop it.
-                            meta.stats.mean = meta.stats.std = None
-            except Exception as exc:
-                first_error = first_error or exc
-            if batch.then is not None:
-                try:
-                    batch.then()
-                except Exception as exc:
-                    first_error = first_error or exc
-            done += 1
-        if first_error is not None:
-            raise first_error
-        return done
-
-    @property
-    def in_flight(self) -> int:
-        """Steps whose statistics are still being copied."""
-        return len(self._inflight)
+def stats_for(values: list[float], numel: int, dtype: str) -> TensorStats | None:
+    """The recorded statistics of one tensor from its row (None for index dtypes)."""
+    if dtype in _INDEX_DTYPES:
+        return None  # ids stay out of the trace (see _INDEX_DTYPES)
+    stats = to_stats(values, numel)
+    if dtype.startswith("complex"):
+        # Rows of a complex tensor describe |z|: absmax is max |z|, but a "mean" of
+        # magnitudes would read as the mean of z. Drop it.
+        stats.mean = stats.std = None
+    return stats

@@ -1,0 +1,127 @@
+"""The record worker: finished steps become records on a background thread.
+
+A hook only notes what it saw (names, shapes, a statistics slot). Turning that into
+pydantic records, waiting for the statistics copy, serialising JSON and exporting spans
+is the expensive part, and the host program pays for every microsecond of it that runs
+on its own thread after its last GPU sync. The worker does it instead, mostly while
+the host thread waits on the GPU (torch releases the GIL there).
+
+    >>> worker = RecordWorker(build=handle_step, on_drop=count_lost)
+    >>> worker.submit(finished_step)      # never blocks, never raises
+    >>> worker.flush()                    # before anything reads the trace
+    >>> worker.close()
+
+Bounded: at most ``max_items`` steps wait. Past that the host thread waits for room
+(the cost it would have paid building the records itself, so never worse than doing
+the work inline), and only if the worker is stuck for ``stall_seconds`` is a step
+dropped and counted (``on_drop``). Fork-safe: a child process starts its own thread on
+first use.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+from typing import Any, Callable
+
+
+class RecordWorker:
+    """One daemon thread that runs ``build(item)`` for each submitted item, in order."""
+
+    def __init__(
+        self,
+        build: Callable[[Any], None],
+        on_drop: Callable[[Any], None],
+        *,
+        max_items: int = 256,
+        stall_seconds: float = 5.0,
+        name: str = "spectrace-records",
+    ) -> None:
+        self._build = build
+        self._on_drop = on_drop
+        self._max = max(1, max_items)
+        self._stall = stall_seconds
+        self._name = name
+        self._queue: collections.deque[Any] = collections.deque()
+        self._cond = threading.Condition()
+        self._submitted = 0
+        self._done = 0
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+        self._stopping = False
+
+    # ------------------------------------------------------------------ intake
+    def submit(self, item: Any) -> None:
+        """Queue one finished step; when the queue is full, wait for room (bounded)."""
+        with self._cond:
+            self._ensure_thread()
+            dropped = not self._cond.wait_for(lambda: len(self._queue) < self._max, timeout=self._stall)
+            if not dropped:
+                self._queue.append(item)
+                self._submitted += 1
+                self._cond.notify_all()
+        if dropped:
+            self._on_drop(item)
+
+    def flush(self, timeout: float | None = 30.0) -> bool:
+        """Wait until every step submitted so far is built; False on timeout."""
+        with self._cond:
+            if self._thread is None or not self._thread.is_alive():
+                # No thread (never started, or a forked child): build here, in order.
+                self._run_inline()
+                return True
+            target = self._submitted
+            return self._cond.wait_for(lambda: self._done >= target, timeout=timeout)
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Build what is queued, then stop the thread (a later submit starts a new one)."""
+        self.flush(timeout)
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        with self._cond:
+            self._thread = None
+            self._stopping = False
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
+
+    # ------------------------------------------------------------------ thread
+    def _ensure_thread(self) -> None:
+        # Called with the condition held.
+        if os.getpid() != self._pid:
+            # A forked child inherits the queue but not the thread.
+            self._pid, self._thread = os.getpid(), None
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+            self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._queue or self._stopping)
+                if not self._queue:
+                    return
+                item = self._queue.popleft()
+            self._safe_build(item)
+            with self._cond:
+                self._done += 1
+                self._cond.notify_all()
+
+    def _run_inline(self) -> None:
+        # Called with the condition held; the work itself must not need it.
+        while self._queue:
+            item = self._queue.popleft()
+            self._safe_build(item)
+            self._done += 1
+
+    def _safe_build(self, item: Any) -> None:
+        try:
+            self._build(item)
+        except Exception:  # build reports its own failures; the thread must survive anything
+            pass
