@@ -172,6 +172,7 @@ _lock = threading.Lock()
 BLOCK = 2048
 WARPS = 8
 PROGRAMS_PER_SM = 8
+MIN_BLOCKS_PER_PROGRAM = 4  # below that, fewer programs: a decode-step tensor needs a handful
 
 
 def _load_triton() -> Any | None:
@@ -195,15 +196,17 @@ def _build_kernel() -> Any:
     # n, per and slot change with every tensor: without do_not_specialize Triton would
     # compile a new variant (a stall of a second, mid-forward) whenever one of them is 1
     # or divisible by 16 for the first time.
-    @triton.jit(do_not_specialize=["n", "per", "slot"])
-    def _stats_partials(x_ptr, out_ptr, n, per, slot, BLOCK: tl.constexpr):
+    @triton.jit(do_not_specialize=["n", "per", "slot", "rows"])
+    def _stats_partials(x_ptr, out_ptr, n, per, slot, rows, BLOCK: tl.constexpr):
         # Program `pid` reads whole blocks [pid*per, (pid+1)*per) of x once, in its own
         # dtype, unmasked: a block starts at a multiple of BLOCK, so loads are vectorised
         # (a mask against an unspecialised n would make every load scalar). The last,
         # partial block is read masked by program 0. Each writes [sum, sumsq, absmax (NaN
         # ignored), nan count, inf count] to out[slot, pid]. Sums accumulate in float64:
         # a bf16 value above 1.8e19 squared overflows float32, and the mean of a large
-        # residual stream keeps its digits.
+        # residual stream keeps its digits. A small tensor gets fewer programs than the
+        # slot has rows (launching idle programs costs more than it reads); program pid
+        # then zeroes rows pid + grid, pid + 2 grid, ... so the slot still sums right.
         pid = tl.program_id(0)
         lanes = tl.arange(0, BLOCK)
         acc_s = tl.zeros([BLOCK], dtype=tl.float64)
@@ -235,7 +238,12 @@ def _build_kernel() -> Any:
             acc_m = tl.maximum(acc_m, tl.where(is_nan, 0.0, a))
             acc_nan += is_nan.to(tl.int32)
             acc_inf += (a == float("inf")).to(tl.int32)
-        base = out_ptr + (slot.to(tl.int64) * tl.num_programs(0) + pid) * 5
+        grid = tl.num_programs(0)
+        base = out_ptr + (slot.to(tl.int64) * rows + pid) * 5
+        for r in tl.range(pid + grid, rows, grid):
+            empty = out_ptr + (slot.to(tl.int64) * rows + r) * 5
+            for k in tl.static_range(5):
+                tl.store(empty + k, 0.0)
         tl.store(base + 0, tl.sum(acc_s, axis=0))
         tl.store(base + 1, tl.sum(acc_q, axis=0))
         tl.store(base + 2, tl.max(acc_m, axis=0).to(tl.float64))
@@ -263,10 +271,12 @@ def launch_partials(x: torch.Tensor, out: torch.Tensor, slot: int = 0) -> None:
     whole buffer and a slot number saves a slicing op per tensor.
     """
     kernel = _load_triton()
-    programs = out.shape[-2]
+    rows = out.shape[-2]
     n = x.numel()
-    per = -(-(n // BLOCK) // programs)  # whole blocks per program
-    kernel[(programs,)](x, out, n, per, slot, BLOCK=BLOCK, num_warps=WARPS)
+    full = n // BLOCK
+    grid = min(rows, max(1, -(-full // MIN_BLOCKS_PER_PROGRAM)))
+    per = -(-full // grid)  # whole blocks per program
+    kernel[(grid,)](x, out, n, per, slot, rows, BLOCK=BLOCK, num_warps=WARPS)
 
 
 def fused_supported(x: torch.Tensor) -> bool:

@@ -11,6 +11,12 @@ the host thread waits on the GPU (torch releases the GIL there).
     >>> worker.flush()                    # before anything reads the trace
     >>> worker.close()
 
+When: a step is built once a *later* step has been submitted (or after ``lag_seconds``,
+or on :meth:`flush`). A step is submitted when the host has just finished enqueueing a
+forward and is about to wait on the GPU; that wait is when building costs the host
+nothing. Building step N as soon as its own statistics landed would instead collide
+with the host waking up from that very GPU work.
+
 Bounded: at most ``max_items`` steps wait. Past that the host thread waits for room
 (the cost it would have paid building the records itself, so never worse than doing
 the work inline), and only if the worker is stuck for ``stall_seconds`` is a step
@@ -23,6 +29,7 @@ from __future__ import annotations
 import collections
 import os
 import threading
+import time
 from typing import Any, Callable
 
 
@@ -36,12 +43,15 @@ class RecordWorker:
         *,
         max_items: int = 256,
         stall_seconds: float = 5.0,
+        lag_seconds: float = 0.2,
         name: str = "spectrace-records",
     ) -> None:
         self._build = build
         self._on_drop = on_drop
         self._max = max(1, max_items)
         self._stall = stall_seconds
+        self._lag = lag_seconds
+        self._flushing = 0
         self._name = name
         self._queue: collections.deque[Any] = collections.deque()
         self._cond = threading.Condition()
@@ -58,7 +68,7 @@ class RecordWorker:
             self._ensure_thread()
             dropped = not self._cond.wait_for(lambda: len(self._queue) < self._max, timeout=self._stall)
             if not dropped:
-                self._queue.append(item)
+                self._queue.append((time.monotonic(), item))
                 self._submitted += 1
                 self._cond.notify_all()
         if dropped:
@@ -72,7 +82,12 @@ class RecordWorker:
                 self._run_inline()
                 return True
             target = self._submitted
-            return self._cond.wait_for(lambda: self._done >= target, timeout=timeout)
+            self._flushing += 1
+            self._cond.notify_all()
+            try:
+                return self._cond.wait_for(lambda: self._done >= target, timeout=timeout)
+            finally:
+                self._flushing -= 1
 
     def close(self, timeout: float | None = 30.0) -> None:
         """Build what is queued, then stop the thread (a later submit starts a new one)."""
@@ -101,13 +116,23 @@ class RecordWorker:
             self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
             self._thread.start()
 
+    def _due(self) -> bool:
+        # Called with the condition held.
+        if not self._queue:
+            return False
+        if len(self._queue) >= 2 or self._flushing or self._stopping:
+            return True
+        return time.monotonic() - self._queue[0][0] >= self._lag
+
     def _loop(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._queue or self._stopping)
-                if not self._queue:
-                    return
-                item = self._queue.popleft()
+                while not self._due():
+                    if self._stopping and not self._queue:
+                        return
+                    waited = time.monotonic() - self._queue[0][0] if self._queue else 0.0
+                    self._cond.wait(timeout=max(0.001, self._lag - waited) if self._queue else None)
+                _, item = self._queue.popleft()
             self._safe_build(item)
             with self._cond:
                 self._done += 1
@@ -116,7 +141,7 @@ class RecordWorker:
     def _run_inline(self) -> None:
         # Called with the condition held; the work itself must not need it.
         while self._queue:
-            item = self._queue.popleft()
+            _, item = self._queue.popleft()
             self._safe_build(item)
             self._done += 1
 

@@ -1,0 +1,77 @@
+"""The record worker: steps built in order, off the caller's thread, bounded, never lost silently."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from spectrace.hooks.worker import RecordWorker
+
+
+def test_steps_are_built_in_order_on_the_worker_thread_and_flush_waits_for_all():
+    built: list[tuple[int, str]] = []
+    worker = RecordWorker(lambda item: built.append((item, threading.current_thread().name)), lambda item: None)
+    for i in range(50):
+        worker.submit(i)
+    assert worker.flush(timeout=10)
+    assert [i for i, _ in built] == list(range(50))
+    assert {name for _, name in built} == {"spectrace-records"}
+    worker.close()
+
+
+def test_a_step_waits_for_the_next_one_or_for_the_lag():
+    built: list[int] = []
+    worker = RecordWorker(built.append, lambda item: None, lag_seconds=0.3)
+    worker.submit(1)
+    time.sleep(0.05)
+    assert built == []  # the host may still be busy: step 1 waits for step 2 (or the lag)
+    worker.submit(2)
+    deadline = time.monotonic() + 5
+    while not built and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert built == [1]
+    deadline = time.monotonic() + 5
+    while len(built) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert built == [1, 2]  # the last step goes once the lag has passed, without a flush
+    worker.close()
+
+
+def test_a_build_that_raises_does_not_stop_the_worker():
+    built: list[int] = []
+
+    def build(item: int) -> None:
+        if item == 3:
+            raise RuntimeError("broken record")
+        built.append(item)
+
+    worker = RecordWorker(build, lambda item: None)
+    for i in range(6):
+        worker.submit(i)
+    assert worker.flush(timeout=10)
+    assert built == [0, 1, 2, 4, 5]
+    worker.close()
+
+
+def test_a_stuck_worker_makes_submit_drop_and_count_after_the_stall_limit():
+    release = threading.Event()
+    dropped: list[int] = []
+    worker = RecordWorker(lambda item: release.wait(10), dropped.append, max_items=2, stall_seconds=0.2, lag_seconds=0.0)
+    t0 = time.monotonic()
+    for i in range(6):
+        worker.submit(i)
+    assert dropped and time.monotonic() - t0 < 5  # the host waited a bounded time, then counted the loss
+    release.set()
+    assert worker.flush(timeout=10)
+    worker.close()
+
+
+def test_close_builds_what_is_queued_and_a_later_submit_starts_a_new_thread():
+    built: list[int] = []
+    worker = RecordWorker(built.append, lambda item: None, lag_seconds=60)
+    worker.submit(1)
+    worker.close()
+    assert built == [1]
+    worker.submit(2)
+    assert worker.flush(timeout=10) and built == [1, 2]
+    worker.close()
