@@ -375,3 +375,18 @@ def test_traces_closed_out_of_order_leave_a_clean_model(llama):
     with torch.no_grad(), spectrace.trace(llama, modules="lm_head") as again:
         llama(ids)
     assert len(again.calls("lm_head")) == 1
+
+
+def test_call_records_built_off_thread_validate_like_the_schema():
+    """The worker builds records without validation; each must equal the validated one."""
+    from spectrace.records import Call
+
+    model = tiny_llama()
+    with torch.no_grad(), spectrace.trace(model, stats="full") as t:
+        model(torch.randint(0, 128, (2, 7)))
+    calls = t.calls()
+    assert calls and any(m.stats is not None for c in calls for m in c.inputs + c.outputs)
+    for call in calls:
+        again = Call.model_validate_json(call.model_dump_json())
+        assert again == Call(**call.model_dump())
+        assert again.model_dump() == call.model_dump()

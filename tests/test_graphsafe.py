@@ -168,6 +168,22 @@ def test_fused_kernel_matches_float64_in_the_interpreter():
         _assert_close(got[name], _ref(t))
 
 
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="fused kernel on CPU needs TRITON_INTERPRET=1")
+def test_fused_kernel_zeroes_the_rows_a_small_tensor_leaves_unwritten(monkeypatch):
+    pytest.importorskip("triton")
+    monkeypatch.setitem(S._triton_state, ("programs", "cpu"), 700)  # 700 rows, far more than programs
+    for n in (1, 100, 4 * S.BLOCK, 13 * S.BLOCK + 5, 3000 * S.BLOCK + 3):
+        x = torch.randn(n, generator=torch.Generator().manual_seed(n)) * 3
+        out = torch.full((3, 700, 5), 7.0, dtype=torch.float64)  # stale values from an earlier step
+        S.launch_partials(x, out, 1)
+        row = S.reduce_partials(out[1:2])[0].tolist()
+        r = x.double()
+        assert row[S.SUM] == pytest.approx(r.sum().item(), abs=1e-6 * r.abs().sum().item())
+        assert row[S.SUMSQ] == pytest.approx((r * r).sum().item(), rel=1e-9)
+        assert row[S.ABSMAX] == r.abs().max().item() and row[S.NAN] == 0 and row[S.INF] == 0
+        assert bool((out[0] == 7).all() and (out[2] == 7).all())  # neighbouring slots untouched
+
+
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 

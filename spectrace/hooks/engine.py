@@ -280,13 +280,14 @@ class Tracer:
         calls: list[Call] = []
         texts: list[str] = []
         try:
-            for raw in item.calls:
+            for n, raw in enumerate(item.calls, 1):
                 call = _to_call(raw, self._values)
                 calls.append(call)
                 texts.append(call.model_dump_json())
-                # Let a host thread that wants the GIL have it now: otherwise it waits for
-                # the interpreter's switch interval (5 ms) each time it releases the GIL.
-                time.sleep(0)
+                if n % 4 == 0:
+                    # Let a host thread that wants the GIL have it now: otherwise it waits
+                    # for the switch interval (5 ms) each time it releases the GIL.
+                    time.sleep(0)
         except Exception as exc:
             self.recorder.counters.records_dropped += len(item.calls)
             self.recorder.internal_error(f"record build: {type(exc).__name__}: {exc}")
@@ -386,9 +387,14 @@ class Tracer:
 
 
 def _to_call(raw: RawCall, values: dict[int, list[list[float] | None]]) -> Call:
-    """One call record from a hook's note (on the worker thread)."""
+    """One call record from a hook's note (on the worker thread).
+
+    Built without validation (``model_construct``): every field comes from this module
+    with its declared type, and validating ~40 records a step is the worker's largest
+    cost. tests/test_core.py checks the result against the validating constructor.
+    """
     step, seq, module, module_type, root, inputs, outputs, t_unix, capture = raw
-    return Call(
+    return Call.model_construct(
         step=step,
         seq=seq,
         module=module,
@@ -410,4 +416,4 @@ def _to_meta(raw: RawTensor, values: dict[int, list[list[float] | None]]) -> Ten
         dims = [int(s) for s in shape]
     except Exception:  # a symbolic (jagged) size has no single value
         dims = []
-    return TensorMeta(arg=arg, shape=dims, dtype=dtype, device=device, stats=stats)
+    return TensorMeta.model_construct(arg=arg, shape=dims, dtype=dtype, device=device, stats=stats)

@@ -205,8 +205,8 @@ def _build_kernel() -> Any:
         # ignored), nan count, inf count] to out[slot, pid]. Sums accumulate in float64:
         # a bf16 value above 1.8e19 squared overflows float32, and the mean of a large
         # residual stream keeps its digits. A small tensor gets fewer programs than the
-        # slot has rows (launching idle programs costs more than it reads); program pid
-        # then zeroes rows pid + grid, pid + 2 grid, ... so the slot still sums right.
+        # slot has rows (launching idle programs costs more than it reads); the programs
+        # then zero the rows nobody writes, so the slot still sums right.
         pid = tl.program_id(0)
         lanes = tl.arange(0, BLOCK)
         acc_s = tl.zeros([BLOCK], dtype=tl.float64)
@@ -239,11 +239,11 @@ def _build_kernel() -> Any:
             acc_nan += is_nan.to(tl.int32)
             acc_inf += (a == float("inf")).to(tl.int32)
         grid = tl.num_programs(0)
-        base = out_ptr + (slot.to(tl.int64) * rows + pid) * 5
-        for r in tl.range(pid + grid, rows, grid):
-            empty = out_ptr + (slot.to(tl.int64) * rows + r) * 5
-            for k in tl.static_range(5):
-                tl.store(empty + k, 0.0)
+        slot_base = out_ptr + slot.to(tl.int64) * rows * 5
+        # Rows [grid, rows) of the slot get no program: zero them, BLOCK values at a time.
+        for z in tl.range(grid * 5 + pid * BLOCK, rows * 5, grid * BLOCK):
+            tl.store(slot_base + z + lanes, tl.zeros([BLOCK], dtype=tl.float64), mask=z + lanes < rows * 5)
+        base = slot_base + pid * 5
         tl.store(base + 0, tl.sum(acc_s, axis=0))
         tl.store(base + 1, tl.sum(acc_q, axis=0))
         tl.store(base + 2, tl.max(acc_m, axis=0).to(tl.float64))
