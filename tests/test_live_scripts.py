@@ -163,6 +163,20 @@ def test_bench_stats_ratio_and_rounds():
     assert got["round_ratios"] == [0.99, 0.98, 1.0] and got["median_round_ratio"] == 0.99
 
 
+def test_bench_merge_pools_abba_servers_and_reports_the_aa_spread():
+    def one(label: str, rates: list[float]) -> dict:
+        return {"batch": 32, "max_new_tokens": 256, "runs": {label: [{"round": r, "tok_s": v} for r, v in enumerate(rates)]}}
+
+    got = lk.bench_merge({"overhead-off-1": one("off", [100.0, 102.0, 98.0]), "overhead-on-1": one("on", [97.0, 99.0, 98.0]),
+                          "overhead-on-2": one("on", [95.0, 96.0, 94.0]), "overhead-off-2": one("off", [96.0, 97.0, 95.0])})
+    assert got["median_tok_s"] == {"off": 97.5, "on": 96.5} and got["ratio_of_medians"] == round(96.5 / 97.5, 4)
+    assert got["pair_ratios"] == {"on-1/off-1": 0.98, "on-2/off-2": round(95 / 96, 4)}
+    assert got["aa_off"] == 0.96 and got["aa_on"] == round(95 / 98, 4) and got["rounds"] == 12
+    assert got["design"].endswith("overhead-off-1, overhead-on-1, overhead-on-2, overhead-off-2")
+    md = lk.render_markdown({"variants": {}, "overhead": got})
+    assert "on/off: **0.99**" in md and "| overhead-on-2 | 3 | 95.00 |" in md
+
+
 def test_prompts_stay_inside_the_tiny_vocabulary():
     ps = lk.prompts(32, 32, offset=7)
     assert len(ps) == 32 and all(len(p) == 32 for p in ps)
@@ -353,13 +367,16 @@ def test_dry_run_all_phases(tmp_path):
     assert not any("nudged" in n for n in summary["variants"]["healthy"]["server_notes"])
 
     ov = summary["overhead"]
-    assert ov["rounds"] == 4 and set(ov["median_tok_s"]) == {"off", "on"} and ov["ratio_of_medians"] > 0
-    assert ov["trace_files_on"] and ov["trace_files_on"][0]["closed"]
-    assert not os.listdir(tmp_path / "spectrace-live" / "traces" / "overhead-off") if os.path.isdir(
-        tmp_path / "spectrace-live" / "traces" / "overhead-off") else True
+    assert list(ov["servers"]) == ["overhead-off-1", "overhead-on-1", "overhead-on-2", "overhead-off-2"], ov.get("servers")
+    assert ov["rounds"] == 16 and set(ov["median_tok_s"]) == {"off", "on"} and ov["ratio_of_medians"] > 0
+    assert ov["aa_off"] > 0 and ov["aa_on"] > 0 and all(v > 0 for v in ov["pair_ratios"].values())
+    assert len(ov["trace_files_on"]) == 2 and all(f["closed"] for f in ov["trace_files_on"])
+    for name in ("overhead-off-1", "overhead-off-2"):  # SPECTRACE unset: no trace at all
+        folder = tmp_path / "spectrace-live" / "traces" / name
+        assert not folder.is_dir() or not os.listdir(folder)
 
     views = (out / "views.txt").read_text()
-    for name in ("healthy", "eagle", "nolmhead", "layers0", "overhead-on"):
+    for name in ("healthy", "eagle", "nolmhead", "layers0", "overhead-on-1", "overhead-on-2"):
         assert f"===== spectrace view {name} =====" in views
     assert "| healthy |" in (out / "summary.md").read_text()
     with tarfile.open(out / "traces.tar.gz") as tf:

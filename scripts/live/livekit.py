@@ -6,7 +6,8 @@ installed there, the repository is on ``PYTHONPATH``). One job per sub-command:
     $ python3 livekit.py boot WORK --repo REPO     # SPECTRACE=1 for every process, no pip install
     $ python3 livekit.py wait --port 30000 --pid 1234 --timeout 300
     $ python3 livekit.py probe --port 30000 --out probe.json
-    $ python3 livekit.py bench --port-off 30010 --port-on 30011 --out bench.json
+    $ python3 livekit.py bench-one --label on --port 30110 --out bench-overhead-on-1.json
+    $ python3 livekit.py bench-merge --out bench.json bench-overhead-*.json
     $ python3 livekit.py summarize WORK OUT
 
 The pure parts (log parsing, the dist-info text, the sitecustomize source, the bench
@@ -34,7 +35,8 @@ VARIANTS: dict[str, str] = {
     "nolmhead": "draft without `lm_head.weight` (config keeps `draft_vocab_size`)",
     "layers0": "draft with speculators-style `layers.0.*` decoder keys",
 }
-OVERHEAD_LABELS = ("off", "on")  # healthy server without / with SPECTRACE=1
+# The overhead phase: one healthy server at a time, without / with SPECTRACE=1, ABBA order.
+OVERHEAD_SERVERS = ("overhead-off-1", "overhead-on-1", "overhead-on-2", "overhead-off-2")
 
 # ----------------------------------------------------------------------------- boot
 
@@ -252,6 +254,41 @@ def bench(ports: dict[str, int], rounds: int, batch: int, max_new: int, warmup: 
             "wall_s": round(time.monotonic() - start, 1), "runs": runs, **bench_stats(runs)}
 
 
+def bench_merge(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Pool sequential single-server benches (name -> ``bench`` result of one label).
+
+    ``ratio_of_medians`` pools every round of each label (ABBA: a drift over the run
+    weighs on both sides alike). ``pair_ratios`` compares each "on" server with the "off"
+    server next to it in time; ``aa_off`` / ``aa_on`` compare the two servers of one
+    label: the spread the harness has between identical servers.
+    """
+    by_label: dict[str, list[float]] = {}
+    servers: dict[str, Any] = {}
+    for name, res in results.items():
+        label = next(iter(res["runs"]))
+        rates = [r["tok_s"] for r in res["runs"][label]]
+        by_label.setdefault(label, []).extend(rates)
+        servers[name] = {"label": label, "rounds": len(rates), "median_tok_s": round(statistics.median(rates), 1) if rates else None,
+                         "tok_s": [round(x, 1) for x in rates]}
+    out: dict[str, Any] = {"design": "one server at a time, order " + ", ".join(results), "servers": servers,
+                           "median_tok_s": {k: round(statistics.median(v), 1) for k, v in by_label.items() if v}}
+    first = next(iter(results.values()), {})
+    out["batch"], out["max_new_tokens"] = first.get("batch"), first.get("max_new_tokens")
+    out["rounds"] = sum(v["rounds"] for v in servers.values())
+    med = out["median_tok_s"]
+    if med.get("off") and med.get("on"):
+        out["ratio_of_medians"] = round(med["on"] / med["off"], 4)
+
+    def ratio(a: str, b: str) -> float | None:
+        x, y = servers.get(a, {}).get("median_tok_s"), servers.get(b, {}).get("median_tok_s")
+        return round(x / y, 4) if x and y else None
+
+    out["pair_ratios"] = {"on-1/off-1": ratio("overhead-on-1", "overhead-off-1"), "on-2/off-2": ratio("overhead-on-2", "overhead-off-2")}
+    out["aa_off"] = ratio("overhead-off-2", "overhead-off-1")
+    out["aa_on"] = ratio("overhead-on-2", "overhead-on-1")
+    return out
+
+
 def bench_stats(runs: dict[str, list[dict[str, Any]]], base: str = "off", other: str = "on") -> dict[str, Any]:
     """Median tokens/s per server and the on/off ratio (ratio of medians and median of per-round ratios)."""
     med = {k: statistics.median(r["tok_s"] for r in v) for k, v in runs.items() if v}
@@ -394,13 +431,12 @@ def collect(work: str) -> dict[str, Any]:
         summary["variants"][name] = entry
     bench_res = _load_json(os.path.join(work, "logs", "bench.json"))
     if bench_res is not None:
-        ov: dict[str, Any] = {k: v for k, v in bench_res.items() if k != "runs"}
-        ov["runs"] = bench_res.get("runs")
-        for label in OVERHEAD_LABELS:
-            ov[f"log_{label}"] = parse_server_log(_read(os.path.join(work, "logs", f"server-overhead-{label}.log")))
-        view = _load_json(os.path.join(work, "views", "overhead-on.json"))
-        ov["trace_on"] = view_facts(view) if isinstance(view, dict) else None
-        ov["trace_files_on"] = trace_dir_facts(os.path.join(work, "traces", "overhead-on"))
+        ov: dict[str, Any] = dict(bench_res)
+        ov["logs"] = {name: parse_server_log(_read(os.path.join(work, "logs", f"server-{name}.log"))) for name in OVERHEAD_SERVERS
+                      if os.path.exists(os.path.join(work, "logs", f"server-{name}.log"))}
+        views = [_load_json(os.path.join(work, "views", f"{name}.json")) for name in ("overhead-on-1", "overhead-on-2")]
+        ov["trace_on"] = [view_facts(v) for v in views if isinstance(v, dict)]
+        ov["trace_files_on"] = [f for name in ("overhead-on-1", "overhead-on-2") for f in trace_dir_facts(os.path.join(work, "traces", name))]
         summary["overhead"] = ov
     elif os.path.exists(os.path.join(work, "logs", "status-overhead.txt")):
         summary["overhead"] = {"status": _read(os.path.join(work, "logs", "status-overhead.txt")).strip()}
@@ -457,17 +493,18 @@ def render_markdown(summary: dict[str, Any]) -> str:
             out.append("")
     ov = summary.get("overhead")
     if ov:
-        out += ["## Overhead: healthy server, SPECTRACE off vs on (interleaved)", ""]
+        out += ["## Overhead: healthy server, SPECTRACE off vs on (one server at a time, ABBA)", ""]
         if "median_tok_s" in ov:
-            out += [f"- batch {ov.get('batch')} × {ov.get('max_new_tokens')} new tokens, {ov.get('rounds')} rounds "
-                    f"({ov.get('wall_s')} s)",
-                    f"- median tokens/s: {ov['median_tok_s']}",
-                    f"- on/off, ratio of medians: {_fmt(ov.get('ratio_of_medians'))}; "
-                    f"median of per-round ratios: {_fmt(ov.get('median_round_ratio'))}",
-                    f"- per-round ratios: {_fmt(ov.get('round_ratios'))}"]
-            tr = ov.get("trace_on") or {}
-            out.append(f"- SPECTRACE=1 server's trace: errors {_fmt(tr.get('error_codes'))}, "
-                       f"acceptance mean {_fmt(tr.get('acceptance_mean'))} over {_fmt(tr.get('acceptance_steps'))} steps")
+            out += [f"- {ov.get('design')}; batch {ov.get('batch')} × {ov.get('max_new_tokens')} new tokens",
+                    "| server | rounds | median tokens/s | per round |", "|---|---|---|---|"]
+            for name, sv in (ov.get("servers") or {}).items():
+                out.append(f"| {name} | {sv['rounds']} | {_fmt(sv['median_tok_s'])} | {_fmt(sv['tok_s'])} |")
+            out += ["", f"- pooled median tokens/s: {ov['median_tok_s']}; on/off: **{_fmt(ov.get('ratio_of_medians'))}**",
+                    f"- neighbouring pairs: {ov.get('pair_ratios')}",
+                    f"- A/A (same label, two servers): off {_fmt(ov.get('aa_off'))}, on {_fmt(ov.get('aa_on'))}"]
+            for tr in ov.get("trace_on") or []:
+                out.append(f"- SPECTRACE=1 server's trace: errors {_fmt(tr.get('error_codes'))}, "
+                           f"acceptance mean {_fmt(tr.get('acceptance_mean'))} over {_fmt(tr.get('acceptance_steps'))} steps")
         else:
             out.append(f"- {ov.get('status')}")
         out.append("")
@@ -491,14 +528,17 @@ def main(argv: list[str] | None = None) -> int:
     pr = sub.add_parser("probe")
     pr.add_argument("--port", type=int, required=True)
     pr.add_argument("--out", required=True)
-    be = sub.add_parser("bench")
-    be.add_argument("--port-off", type=int, required=True)
-    be.add_argument("--port-on", type=int, required=True)
-    be.add_argument("--rounds", type=int, default=7)
-    be.add_argument("--batch", type=int, default=32)
-    be.add_argument("--max-new", type=int, default=256)
-    be.add_argument("--max-s", type=float, default=None)
-    be.add_argument("--out", required=True)
+    bo = sub.add_parser("bench-one")
+    bo.add_argument("--label", required=True, choices=("off", "on"))
+    bo.add_argument("--port", type=int, required=True)
+    bo.add_argument("--rounds", type=int, default=6)
+    bo.add_argument("--batch", type=int, default=32)
+    bo.add_argument("--max-new", type=int, default=256)
+    bo.add_argument("--max-s", type=float, default=None)
+    bo.add_argument("--out", required=True)
+    bm = sub.add_parser("bench-merge")
+    bm.add_argument("--out", required=True)
+    bm.add_argument("files", nargs="+")
     s = sub.add_parser("summarize")
     s.add_argument("work")
     s.add_argument("out")
@@ -516,12 +556,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"port {a.port}: {len(res['requests'])} answers, SGLang accept length "
               f"{res['mean_spec_accept_length']}, errors {len(res['errors'])}", flush=True)
         return 0 if res["requests"] else 1
-    if a.cmd == "bench":
-        res = bench({"off": a.port_off, "on": a.port_on}, a.rounds, a.batch, a.max_new, max_s=a.max_s)
+    if a.cmd == "bench-one":
+        res = bench({a.label: a.port}, a.rounds, a.batch, a.max_new, max_s=a.max_s)
         with open(a.out, "w", encoding="utf-8") as fh:
             json.dump(res, fh, indent=1)
-        print(f"bench: median tok/s {res['median_tok_s']}, on/off {res.get('ratio_of_medians')} "
-              f"(per-round median {res.get('median_round_ratio')})", flush=True)
+        print(f"bench {a.label} port {a.port}: median tok/s {res['median_tok_s']} over {res['rounds']} rounds", flush=True)
+        return 0
+    if a.cmd == "bench-merge":
+        results = {os.path.basename(f)[len("bench-"):-len(".json")]: _load_json(f) for f in a.files}
+        merged = bench_merge({k: v for k, v in results.items() if isinstance(v, dict)})
+        with open(a.out, "w", encoding="utf-8") as fh:
+            json.dump(merged, fh, indent=1)
+        print(f"overhead: pooled median tok/s {merged['median_tok_s']}, on/off {merged.get('ratio_of_medians')}, "
+              f"pairs {merged['pair_ratios']}, A/A off {merged['aa_off']} on {merged['aa_on']}", flush=True)
         return 0
     if a.cmd == "summarize":
         summary = collect(a.work)

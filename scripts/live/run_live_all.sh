@@ -4,10 +4,10 @@
 # Usage: bash scripts/live/run_live_all.sh [all|variants|overhead]
 #   variants  four servers at once (healthy, --speculative-algorithm EAGLE, no lm_head, layers.0 keys),
 #             each with SPECTRACE=1 and its own SPECTRACE_DIR; requests; SIGTERM; spectrace view
-#   overhead  two healthy servers side by side (SPECTRACE off / on), interleaved throughput rounds
+#   overhead  one healthy server at a time, SPECTRACE off, on, on, off (ABBA), decode throughput of each
 #   all       both (overhead is skipped, and says so, when less than OVERHEAD_MIN_S is left)
 # Environment: OUT (required; what comes back), CARRY_TAR (default .carry/sgl/sglang-0.5.17-site.tar.xz),
-#   LIVE_BUDGET_S (default 480: waits, the bench and the overhead phase fit inside it), BENCH_ROUNDS (9),
+#   LIVE_BUDGET_S (default 480: waits, the bench and the overhead phase fit inside it), BENCH_ROUNDS (6),
 #   BENCH_BATCH (32), BENCH_MAX_NEW (256), SGL_EXTRA (extra server flags), STAGGER_S (6),
 #   MODELS_PYTHON (python3: the interpreter with torch + transformers for make_tiny_models.py),
 #   PORT_BASE (30000).
@@ -23,7 +23,7 @@ carry=${CARRY_TAR:-$repo/.carry/sgl/sglang-0.5.17-site.tar.xz}
 budget=${LIVE_BUDGET_S:-480}
 overhead_min=${OVERHEAD_MIN_S:-200}
 extra=${SGL_EXTRA---cuda-graph-max-bs-decode 32 --max-total-tokens 65536}
-port_base=${PORT_BASE:-30000}   # runs on base, +10, +20, +30; the overhead pair on +100, +110
+port_base=${PORT_BASE:-30000}   # runs on base, +10, +20, +30; the overhead servers on +110 .. +140
 stagger=${STAGGER_S:-6}   # seconds between server starts: each sizes its KV pool from the free memory it sees
 tmp=$(dirname "$(mktemp -u)")
 site=$tmp/sgl-site
@@ -228,40 +228,37 @@ run_variants() {
 }
 
 # -------------------------------------------------------------------- phase: overhead
-bench_s() {  # time the bench may take: what is left minus stopping and the report, 30..150 s
-  local t=$(($(left) - 90))
-  [ "$t" -gt 150 ] && t=150
-  [ "$t" -lt 30 ] && t=30
-  echo "$t"
-}
-
 run_overhead() {
-  # Controls: OVERHEAD_ON_SPECTRACE=0 makes an A/A pair (both off: the harness's own bias);
-  # OVERHEAD_SWAP=1 starts the SPECTRACE server first (start order decides free memory).
-  local on_flag=${OVERHEAD_ON_SPECTRACE:-1}
-  if [ "${OVERHEAD_SWAP:-0}" = 1 ]; then
-    start_server overhead-on "$((port_base + 110))" EAGLE3 "$W/models/midlayer" "$on_flag" 0.2
-    sleep "$stagger"
-    start_server overhead-off "$((port_base + 100))" EAGLE3 "$W/models/midlayer" 0 0.2
+  # One healthy server at a time, in the order off, on, on, off (ABBA): each measured alone
+  # on the GPU from the same fresh start, so neither co-tenancy nor start order favours a
+  # side, and a drift over time cancels in the pooled ratio. off-1 vs off-2 is the A/A
+  # control: the spread between two identical servers. OVERHEAD_ON_SPECTRACE=0 makes all
+  # four "off" (the harness's own bias, pooled).
+  local on_flag=${OVERHEAD_ON_SPECTRACE:-1} i=0 label name flag files=()
+  for label in off on on off; do
+    i=$((i + 1))
+    [ "$label" = off ] && name=overhead-off-$(( i == 1 ? 1 : 2 ))
+    [ "$label" = on ] && name=overhead-on-$(( i == 2 ? 1 : 2 ))
+    flag=0; [ "$label" = on ] && flag=$on_flag
+    if [ "$(left)" -lt 75 ]; then
+      say "overhead: $(left)s left, $name not run"
+      break
+    fi
+    start_server "$name" "$((port_base + 100 + 10 * i))" EAGLE3 "$W/models/midlayer" "$flag" 0.3
+    if wait_server "$name" || retry_without_extra "$name" "$((port_base + 100 + 10 * i))" EAGLE3 "$W/models/midlayer" "$flag" 0.3; then
+      python3 "$here/livekit.py" bench-one --label "$label" --port "$((port_base + 100 + 10 * i))" --rounds "${BENCH_ROUNDS:-6}" \
+        --batch "${BENCH_BATCH:-32}" --max-new "${BENCH_MAX_NEW:-256}" --max-s "${BENCH_ONE_S:-40}" --out "$W/logs/bench-$name.json" \
+        && files+=("$W/logs/bench-$name.json")
+    fi
+    stop_servers "$name"
+    mark "$name"
+  done
+  if [ ${#files[@]} -gt 0 ]; then
+    python3 "$here/livekit.py" bench-merge --out "$W/logs/bench.json" "${files[@]}" || echo "bench merge failed" > "$W/logs/status-overhead.txt"
   else
-    start_server overhead-off "$((port_base + 100))" EAGLE3 "$W/models/midlayer" 0 0.2
-    sleep "$stagger"
-    start_server overhead-on "$((port_base + 110))" EAGLE3 "$W/models/midlayer" "$on_flag" 0.2
+    echo "no overhead server came up" > "$W/logs/status-overhead.txt"
   fi
-  local ok=1
-  wait_server overhead-off || retry_without_extra overhead-off "$((port_base + 100))" EAGLE3 "$W/models/midlayer" 0 0.2 || ok=0
-  wait_server overhead-on || retry_without_extra overhead-on "$((port_base + 110))" EAGLE3 "$W/models/midlayer" "$on_flag" 0.2 || ok=0
-  mark overhead_up
-  if [ $ok = 1 ]; then
-    python3 "$here/livekit.py" bench --port-off "$((port_base + 100))" --port-on "$((port_base + 110))" --rounds "${BENCH_ROUNDS:-9}" \
-      --batch "${BENCH_BATCH:-32}" --max-new "${BENCH_MAX_NEW:-256}" --max-s "$(bench_s)" --out "$W/logs/bench.json" \
-      || echo "bench failed" > "$W/logs/status-overhead.txt"
-  else
-    echo "a server of the pair did not come up" > "$W/logs/status-overhead.txt"
-  fi
-  mark overhead_bench
-  stop_servers overhead-off overhead-on
-  view overhead-on
+  for name in overhead-on-1 overhead-on-2; do [ -d "$W/traces/$name" ] && view "$name"; done
   mark overhead_done
 }
 
