@@ -162,6 +162,8 @@ class Counters(_Record):
     internal_errors: int = 0
     sink_errors: int = 0
     graph_replay_steps: int = 0
+    hook_calls: int = Field(0, description="calls of spectrace's BEFORE/AFTER hooks in a serving engine")
+    hook_seconds: float = Field(0.0, description="host time inside those hooks (the engine's own work excluded)")
 
 
 Record = Annotated[

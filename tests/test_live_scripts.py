@@ -209,13 +209,22 @@ def scheduler(conn, hang):
     eps = sorted(e.value for e in entry_points(group="sglang.srt.plugins"))
     print(f"fake scheduler: plugins {eps} spectrace active {bool(rt and rt.is_active())}", file=sys.stderr, flush=True)
     if rt is not None and rt.is_active():
-        from spectrace.records import Acceptance
+        from spectrace.integrations.sglang.patching import guarded
+        from spectrace.integrations.sglang.points import POINTS
         from spectrace.recorder import Recorder
         # runtime.recorder() builds through spectrace.api, which imports torch (on the GPU image);
         # this interpreter has none, so the stand-in hands the runtime a plain recorder.
         rec = rt._state.setdefault("recorder", Recorder(rt.settings(), directory=rt.settings().dir))
-        rec.coverage("graph_replay", "fake: steps replayed from a CUDA graph are not traced per module")
+        from spectrace.records import Acceptance
+        # The real graph-replay hook, as SGLang's HookRegistry calls it after each replay
+        # (the acceptance hook needs torch, which this interpreter lacks).
+        after_replay = guarded(next(p for p in POINTS if p.feature == "graph_replay" and p.kind == "AFTER"))
+
+        class DecodeCudaGraphRunner:
+            pass
+
         for step in range(12):
+            after_replay(None, DecodeCudaGraphRunner())
             rec.emit(Acceptance(step=step, accept_lengths=[1], draft_tokens=3, accepted_per_position=[0, 0, 0]))
     conn.recv()  # ShutdownReq
     while hang:  # a scheduler that never exits: the driver's nudge must flush it
@@ -371,6 +380,8 @@ def test_dry_run_all_phases(tmp_path):
     assert ov["rounds"] == 16 and set(ov["median_tok_s"]) == {"off", "on"} and ov["ratio_of_medians"] > 0
     assert ov["aa_off"] > 0 and ov["aa_on"] > 0 and all(v > 0 for v in ov["pair_ratios"].values())
     assert len(ov["trace_files_on"]) == 2 and all(f["closed"] for f in ov["trace_files_on"])
+    assert all(f["hook_calls"] > 0 and f["hook_us_per_step"] > 0 for f in ov["trace_files_on"])  # accounting reached the file
+    assert "us of spectrace hooks per verify step" in (out / "summary.md").read_text()
     for name in ("overhead-off-1", "overhead-off-2"):  # SPECTRACE unset: no trace at all
         folder = tmp_path / "spectrace-live" / "traces" / name
         assert not folder.is_dir() or not os.listdir(folder)

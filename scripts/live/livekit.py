@@ -369,6 +369,7 @@ def trace_file_facts(path: str) -> dict[str, Any]:
     header: dict[str, Any] = {}
     last = None
     bad = 0
+    counters: dict[str, Any] = {}
     with open(path, encoding="utf-8", errors="replace") as fh:
         for line in fh:
             if not line.strip():
@@ -382,9 +383,17 @@ def trace_file_facts(path: str) -> dict[str, Any]:
             types[kind] = types.get(kind, 0) + 1
             if kind == "header" and not header:
                 header = rec
+            if kind == "stats":
+                counters = rec
             last = kind
-    return {"file": os.path.basename(path), "pid": header.get("pid"), "rank": header.get("rank"),
-            "types": dict(sorted(types.items())), "closed": last == "stats", "bad_lines": bad}
+    facts = {"file": os.path.basename(path), "pid": header.get("pid"), "rank": header.get("rank"),
+             "types": dict(sorted(types.items())), "closed": last == "stats", "bad_lines": bad}
+    steps = types.get("acceptance", 0)
+    if counters.get("hook_calls"):
+        # spectrace's own host time in the engine's hooks, per verify step (accounting).
+        facts["hook_calls"] = counters["hook_calls"]
+        facts["hook_us_per_step"] = round(counters["hook_seconds"] / steps * 1e6, 1) if steps else None
+    return facts
 
 
 def trace_dir_facts(directory: str) -> list[dict[str, Any]]:
@@ -505,6 +514,13 @@ def render_markdown(summary: dict[str, Any]) -> str:
             for tr in ov.get("trace_on") or []:
                 out.append(f"- SPECTRACE=1 server's trace: errors {_fmt(tr.get('error_codes'))}, "
                            f"acceptance mean {_fmt(tr.get('acceptance_mean'))} over {_fmt(tr.get('acceptance_steps'))} steps")
+            on_rate = (ov.get("median_tok_s") or {}).get("on")
+            for tf in ov.get("trace_files_on") or []:
+                if tf.get("hook_us_per_step") is not None and on_rate and ov.get("batch"):
+                    accept = next((t.get("acceptance_mean") for t in ov.get("trace_on") or [] if t.get("acceptance_mean")), 1.0)
+                    step_us = ov["batch"] * accept / on_rate * 1e6  # each verify step yields `accept` tokens per request
+                    out.append(f"- {tf['file']}: {tf['hook_us_per_step']} us of spectrace hooks per verify step "
+                               f"({tf['hook_calls']} hook calls) = {tf['hook_us_per_step'] / step_us:.2%} of a {step_us:.0f} us step")
         else:
             out.append(f"- {ov.get('status')}")
         out.append("")

@@ -17,6 +17,7 @@ import functools
 import importlib.util
 import sys
 import threading
+import time
 from types import ModuleType
 from typing import Any, Callable
 
@@ -58,6 +59,15 @@ def _owner(module: ModuleType, qualname: str) -> tuple[Any, str] | None:
     return obj, attr
 
 
+def _account(seconds: float) -> None:
+    try:
+        counters = state.recorder().counters
+        counters.hook_calls += 1
+        counters.hook_seconds += seconds
+    except Exception:
+        pass
+
+
 def guarded(point: Point) -> Callable[..., Any]:
     """The point's hook with HookRegistry's signature, acting once per call even if stacked."""
     hook = point.resolve_hook()
@@ -72,10 +82,16 @@ def guarded(point: Point) -> Callable[..., Any]:
                 return args[0](*args[1:], **kwargs)
             return None
         active.add(point.key)
+        start = time.perf_counter()
         try:
             return hook(*args, **kwargs)
         finally:
             active.discard(point.key)
+            if not first_arg_is_fn:
+                # Accounting for the overhead budget: what spectrace itself costs the host per
+                # step, independent of how noisy a throughput comparison is. An AROUND hook
+                # runs the engine's function inside, so it cannot be timed apart from it.
+                _account(time.perf_counter() - start)
 
     adapter.__spectrace_hook__ = point.key  # type: ignore[attr-defined]
     return adapter
