@@ -234,11 +234,11 @@ run_overhead() {
   # side, and a drift over time cancels in the pooled ratio. off-1 vs off-2 is the A/A
   # control: the spread between two identical servers. OVERHEAD_ON_SPECTRACE=0 makes all
   # four "off" (the harness's own bias, pooled).
-  local on_flag=${OVERHEAD_ON_SPECTRACE:-1} i=0 label name flag files=()
-  for label in off on on off; do
+  local on_flag=${OVERHEAD_ON_SPECTRACE:-1} i=0 label name flag files=() n_off=0 n_on=0
+  # shellcheck disable=SC2086  # OVERHEAD_ORDER is a word list (a shorter order, e.g. "on", for a quick look)
+  for label in ${OVERHEAD_ORDER:-off on on off}; do
     i=$((i + 1))
-    [ "$label" = off ] && name=overhead-off-$(( i == 1 ? 1 : 2 ))
-    [ "$label" = on ] && name=overhead-on-$(( i == 2 ? 1 : 2 ))
+    if [ "$label" = off ]; then n_off=$((n_off + 1)); name=overhead-off-$n_off; else n_on=$((n_on + 1)); name=overhead-on-$n_on; fi
     flag=0; [ "$label" = on ] && flag=$on_flag
     if [ "$(left)" -lt 75 ]; then
       say "overhead: $(left)s left, $name not run"
