@@ -275,22 +275,13 @@ def hook_time(spectrace: Any, models: dict[str, nn.Module], settings: Any, step:
             spent = [0.0]
             worker_cpu = [0.0]
 
-            def timed(fn: Callable[..., Any]) -> Callable[..., Any]:
+            def timed(fn: Callable[..., Any], total: list[float] = spent, clock: Callable[[], float] = time.perf_counter) -> Callable[..., Any]:
                 def wrapper(*a: Any, **k: Any) -> Any:
-                    t0 = time.perf_counter()
+                    t0 = clock()
                     try:
                         return fn(*a, **k)
                     finally:
-                        spent[0] += time.perf_counter() - t0
-                return wrapper
-
-            def cpu_timed(fn: Callable[..., Any]) -> Callable[..., Any]:
-                def wrapper(*a: Any, **k: Any) -> Any:
-                    t0 = time.thread_time()
-                    try:
-                        return fn(*a, **k)
-                    finally:
-                        worker_cpu[0] += time.thread_time() - t0
+                        total[0] += clock() - t0
                 return wrapper
 
             for root in models.values():
@@ -302,7 +293,7 @@ def hook_time(spectrace: Any, models: dict[str, nn.Module], settings: Any, step:
             t.tracer.finish_step = timed(t.tracer.finish_step)
             worker = getattr(t.tracer, "_worker", None)
             if worker is not None:
-                worker._build = cpu_timed(worker._build)
+                worker._build = timed(worker._build, worker_cpu, time.thread_time)
             per, per_worker = [], []
             step()
             for _ in range(steps):

@@ -190,67 +190,10 @@ def _load_triton() -> Any | None:
 
 
 def _build_kernel() -> Any:
-    import triton
-    import triton.language as tl
+    # Imported on first use only: Triton is optional and slow to import.
+    from .stats_kernel import stats_partials
 
-    # n, per and slot change with every tensor: without do_not_specialize Triton would
-    # compile a new variant (a stall of a second, mid-forward) whenever one of them is 1
-    # or divisible by 16 for the first time.
-    @triton.jit(do_not_specialize=["n", "per", "slot", "rows"])
-    def _stats_partials(x_ptr, out_ptr, n, per, slot, rows, BLOCK: tl.constexpr):
-        # Program `pid` reads whole blocks [pid*per, (pid+1)*per) of x once, in its own
-        # dtype, unmasked: a block starts at a multiple of BLOCK, so loads are vectorised
-        # (a mask against an unspecialised n would make every load scalar). The last,
-        # partial block is read masked by program 0. Each writes [sum, sumsq, absmax (NaN
-        # ignored), nan count, inf count] to out[slot, pid]. Sums accumulate in float64:
-        # a bf16 value above 1.8e19 squared overflows float32, and the mean of a large
-        # residual stream keeps its digits. A small tensor gets fewer programs than the
-        # slot has rows (launching idle programs costs more than it reads); the programs
-        # then zero the rows nobody writes, so the slot still sums right.
-        pid = tl.program_id(0)
-        lanes = tl.arange(0, BLOCK)
-        acc_s = tl.zeros([BLOCK], dtype=tl.float64)
-        acc_q = tl.zeros([BLOCK], dtype=tl.float64)
-        acc_m = tl.zeros([BLOCK], dtype=tl.float32)
-        acc_nan = tl.zeros([BLOCK], dtype=tl.int32)
-        acc_inf = tl.zeros([BLOCK], dtype=tl.int32)
-        full = n // BLOCK
-        first = pid.to(tl.int64) * per
-        last = tl.minimum(first + per, full)
-        for b in tl.range(first, last):
-            v = tl.load(x_ptr + (b * BLOCK + lanes)).to(tl.float32)
-            is_nan = v != v
-            a = tl.abs(v)
-            w = v.to(tl.float64)
-            acc_s += w
-            acc_q += w * w
-            acc_m = tl.maximum(acc_m, tl.where(is_nan, 0.0, a))
-            acc_nan += is_nan.to(tl.int32)
-            acc_inf += (a == float("inf")).to(tl.int32)
-        if pid == 0:
-            idx = full.to(tl.int64) * BLOCK + lanes
-            v = tl.load(x_ptr + idx, mask=idx < n, other=0.0).to(tl.float32)
-            is_nan = v != v
-            a = tl.abs(v)
-            w = v.to(tl.float64)
-            acc_s += w
-            acc_q += w * w
-            acc_m = tl.maximum(acc_m, tl.where(is_nan, 0.0, a))
-            acc_nan += is_nan.to(tl.int32)
-            acc_inf += (a == float("inf")).to(tl.int32)
-        grid = tl.num_programs(0)
-        slot_base = out_ptr + slot.to(tl.int64) * rows * 5
-        # Rows [grid, rows) of the slot get no program: zero them, BLOCK values at a time.
-        for z in tl.range(grid * 5 + pid * BLOCK, rows * 5, grid * BLOCK):
-            tl.store(slot_base + z + lanes, tl.zeros([BLOCK], dtype=tl.float64), mask=z + lanes < rows * 5)
-        base = slot_base + pid * 5
-        tl.store(base + 0, tl.sum(acc_s, axis=0))
-        tl.store(base + 1, tl.sum(acc_q, axis=0))
-        tl.store(base + 2, tl.max(acc_m, axis=0).to(tl.float64))
-        tl.store(base + 3, tl.sum(acc_nan, axis=0).to(tl.float64))
-        tl.store(base + 4, tl.sum(acc_inf, axis=0).to(tl.float64))
-
-    return _stats_partials
+    return stats_partials
 
 
 def programs_for(device: torch.device) -> int:
