@@ -154,10 +154,11 @@ class Recorder:
     def emit_step(self, step: int, calls: list[Call], start_ns: int, end_ns: int, texts: list[str] | None = None) -> None:
         """Keep the call records of one step and mirror them as one step span.
 
-        ``texts``: the calls already serialised (the record worker does it outside the lock).
+        ``texts``: the calls already serialised (the record worker does it outside the lock);
+        ``calls`` may then be empty, as they are only needed for OpenTelemetry.
         """
         try:
-            if texts is None or len(texts) != len(calls):
+            if texts is None:
                 texts = [call.model_dump_json() for call in calls]
             with self._lock:
                 self.counters.steps += 1

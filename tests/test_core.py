@@ -390,3 +390,35 @@ def test_call_records_built_off_thread_validate_like_the_schema():
         again = Call.model_validate_json(call.model_dump_json())
         assert again == Call(**call.model_dump())
         assert again.model_dump() == call.model_dump()
+
+
+def test_records_built_on_the_worker_thread_equal_those_built_inline():
+    """The GPU path hands steps to the record worker; on the CPU it is forced here."""
+    import threading
+
+    from spectrace.hooks import engine
+
+    model = tiny_llama()
+    ids = torch.randint(0, 128, (2, 7))
+    threads: list[str] = []
+    original = engine.Tracer._build_step
+
+    def spy(self, item):
+        threads.append(threading.current_thread().name)
+        return original(self, item)
+
+    results = {}
+    for offload in ("auto", "always"):
+        engine.Tracer._build_step = spy
+        try:
+            with torch.no_grad(), spectrace.trace(model, stats="full") as t:
+                t.tracer.offload = offload
+                for _ in range(3):
+                    model(ids)
+            results[offload] = [c.model_dump(exclude={"t_unix"}) for c in t.calls()]
+        finally:
+            engine.Tracer._build_step = original
+    assert threads[:3] == ["MainThread"] * 3 and set(threads[3:]) == {"spectrace-records"}
+    assert len(results["auto"]) == len(results["always"]) > 0
+    strip = lambda calls: [{k: v for k, v in c.items() if k != "seq"} for c in calls]  # noqa: E731
+    assert strip(results["auto"]) == strip(results["always"])

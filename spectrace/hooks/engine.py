@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import json
 import threading
 import time
 from typing import Any, Callable
@@ -28,7 +29,7 @@ import torch
 import torch.nn as nn
 
 from ..recorder import Recorder
-from ..records import Call, TensorMeta
+from ..records import Call
 from .selection import ModuleFilter, select
 from .stats import _INDEX_DTYPES, Readback, StepStats, stats_for, stats_supported
 from .tensors import collect
@@ -73,6 +74,7 @@ class _ThreadSteps:
         self.step = step
         self.start_ns = 0
         self.capturing = False
+        self.on_device = False  # any traced tensor of this step lives on an accelerator
         self.calls: list[RawCall] = []
         self.stats = StepStats()
 
@@ -101,6 +103,11 @@ class Tracer:
         self._counter_lock = threading.Lock()
         self._hooked: dict[int, str] = {}
         self._adopted: dict[int, tuple[Any, ...]] = {}
+        # Where records are built: "auto" = on the worker thread when a step touched an
+        # accelerator (the host then waits on the device, and the worker uses that time),
+        # inline otherwise; "always" = always on the worker (tests drive it on the CPU).
+        self.offload = "auto"
+        self._values_lock = threading.Lock()
         self._values: collections.OrderedDict[int, list[list[float] | None]] = collections.OrderedDict()  # worker side
         self._worker = RecordWorker(self._build_step, self._drop_step)
 
@@ -249,6 +256,7 @@ class Tracer:
         """
         state = self._thread()
         calls, state.calls = state.calls, []
+        on_device, state.on_device = state.on_device, False
         step, start, end = state.step, state.start_ns or time.time_ns(), time.time_ns()
         readback = None
         try:
@@ -258,7 +266,13 @@ class Tracer:
         if calls or readback is not None:
             # A step without calls may still hold the input statistics of a call that ends
             # in the next step: the worker keeps them by generation.
-            self._worker.submit(_FinishedStep(step, calls, start, end, readback))
+            item = _FinishedStep(step, calls, start, end, readback)
+            if not on_device and self.offload != "always" and self._worker.idle():
+                # CPU only: the host never waits on a device, so a second thread has no idle
+                # time to use and would only contend for the GIL. Build here, in order.
+                self._build_step(item)
+            else:
+                self._worker.submit(item)
         if wait:
             if not self._worker.flush():
                 self.recorder.internal_error("record worker: flush timed out (records still queued)")
@@ -274,17 +288,26 @@ class Tracer:
                 values = item.readback.values()
             except Exception as exc:
                 self.recorder.internal_error(f"statistics readback: {type(exc).__name__}: {exc}")
-            self._values[item.readback.generation] = values
-            while len(self._values) > 64:
-                self._values.popitem(last=False)
+            with self._values_lock:  # CPU steps of several threads may be built at once
+                self._values[item.readback.generation] = values
+                while len(self._values) > 64:
+                    self._values.popitem(last=False)
+        # JSON straight from the notes: the schema's field names, checked against the
+        # pydantic models in tests/test_core.py. Call objects are built only for the
+        # OpenTelemetry sink, which needs them.
+        objects = self.recorder.otel is not None
         calls: list[Call] = []
         texts: list[str] = []
         try:
             for n, raw in enumerate(item.calls, 1):
-                call = _to_call(raw, self._values)
-                calls.append(call)
-                texts.append(call.model_dump_json())
-                if n % 4 == 0:
+                fields = _call_fields(raw, self._values)
+                try:
+                    texts.append(json.dumps(fields, separators=(",", ":"), allow_nan=False))
+                except ValueError:  # a non-finite float: let pydantic write it as the schema says
+                    texts.append(Call.model_validate(fields).model_dump_json())
+                if objects:
+                    calls.append(Call.model_validate(fields))
+                if n % 8 == 0:
                     # Let a host thread that wants the GIL have it now: otherwise it waits
                     # for the switch interval (5 ms) each time it releases the GIL.
                     time.sleep(0)
@@ -299,12 +322,13 @@ class Tracer:
         self.recorder.coverage("dropped", "call records dropped: the record worker was stuck for seconds (counted in records_dropped)")
 
     def _emit_step(self, step: int, calls: list[Call], start: int, end: int, texts: list[str] | None = None) -> None:
-        if not calls:
+        count = len(texts) if texts is not None else len(calls)
+        if not count:
             return
         try:
             self.recorder.emit_step(step, calls, start, end, texts)
         except Exception as exc:  # never raise, wherever it runs
-            self.recorder.counters.records_dropped += len(calls)
+            self.recorder.counters.records_dropped += count
             self.recorder.internal_error(f"step hand-off: {type(exc).__name__}: {exc}")
 
     # ----------------------------------------------------------------- hooks
@@ -382,38 +406,37 @@ class Tracer:
                     index = state.stats.add(tensor)
                 except Exception as exc:
                     self.recorder.internal_error(f"statistic on {tensor.dtype}: {type(exc).__name__}: {exc}")
-            noted.append((arg, shape, dtype, _device_name(tensor.device), state.stats.generation, index, numel))
+            device = _device_name(tensor.device)
+            if device != "cpu":
+                state.on_device = True
+            noted.append((arg, shape, dtype, device, state.stats.generation, index, numel))
         return noted
 
 
-def _to_call(raw: RawCall, values: dict[int, list[list[float] | None]]) -> Call:
-    """One call record from a hook's note (on the worker thread).
-
-    Built without validation (``model_construct``): every field comes from this module
-    with its declared type, and validating ~40 records a step is the worker's largest
-    cost. tests/test_core.py checks the result against the validating constructor.
-    """
+def _call_fields(raw: RawCall, values: dict[int, list[list[float] | None]]) -> dict[str, Any]:
+    """The fields of one :class:`Call` record from a hook's note (on the worker thread)."""
     step, seq, module, module_type, root, inputs, outputs, t_unix, capture = raw
-    return Call.model_construct(
-        step=step,
-        seq=seq,
-        module=module,
-        module_type=module_type,
-        root=root,
-        inputs=[_to_meta(t, values) for t in inputs],
-        outputs=[_to_meta(t, values) for t in outputs],
-        t_unix=t_unix,
-        graph_capture=capture,
-    )
+    return {
+        "type": "call",
+        "step": step,
+        "seq": seq,
+        "module": module,
+        "module_type": module_type,
+        "root": root,
+        "inputs": [_meta_fields(t, values) for t in inputs],
+        "outputs": [_meta_fields(t, values) for t in outputs],
+        "t_unix": t_unix,
+        "graph_capture": capture,
+    }
 
 
-def _to_meta(raw: RawTensor, values: dict[int, list[list[float] | None]]) -> TensorMeta:
+def _meta_fields(raw: RawTensor, values: dict[int, list[list[float] | None]]) -> dict[str, Any]:
     arg, shape, dtype, device, generation, index, numel = raw
     rows = values.get(generation) if index >= 0 else None
     row = rows[index] if rows is not None and index < len(rows) else None
-    stats = stats_for(row, numel, dtype) if row is not None else None
     try:
         dims = [int(s) for s in shape]
     except Exception:  # a symbolic (jagged) size has no single value
         dims = []
-    return TensorMeta.model_construct(arg=arg, shape=dims, dtype=dtype, device=device, stats=stats)
+    return {"arg": arg, "shape": dims, "dtype": dtype, "device": device,
+            "stats": stats_for(row, numel, dtype) if row is not None else None}

@@ -324,19 +324,24 @@ def to_stats(row: Sequence[float], numel: int) -> TensorStats:
 
     ``absmax`` is None when the tensor holds a NaN (the nan count says so), on every path.
     """
+    return TensorStats(**stats_fields(row, numel))
+
+
+def stats_fields(row: Sequence[float], numel: int) -> dict[str, Any]:
+    """The fields of :class:`TensorStats` from one row (what :func:`to_stats` validates)."""
     total, sumsq, absmax, nan, inf = (float(v) for v in row[:ROW])
     mean = total / numel
     # Population variance from the two sums; clamp the tiny negatives rounding leaves.
     var = max(sumsq / numel - mean * mean, 0.0) if numel > 0 else 0.0
     std = math.sqrt(var) if math.isfinite(var) else var
-    return TensorStats(
-        mean=_finite_or_none(mean),
-        std=_finite_or_none(std),
-        absmax=absmax if not math.isnan(absmax) and nan == 0 else None,
-        nan=int(nan),
-        inf=int(inf),
-        numel=numel,
-    )
+    return {
+        "mean": _finite_or_none(mean),
+        "std": _finite_or_none(std),
+        "absmax": absmax if not math.isnan(absmax) and nan == 0 else None,
+        "nan": int(nan),
+        "inf": int(inf),
+        "numel": numel,
+    }
 
 
 def _finite_or_none(value: float) -> float | None:
@@ -556,13 +561,13 @@ class Readback:
         return out
 
 
-def stats_for(values: list[float], numel: int, dtype: str) -> TensorStats | None:
-    """The recorded statistics of one tensor from its row (None for index dtypes)."""
+def stats_for(values: list[float], numel: int, dtype: str) -> dict[str, Any] | None:
+    """The recorded statistics fields of one tensor from its row (None for index dtypes)."""
     if dtype in _INDEX_DTYPES:
         return None  # ids stay out of the trace (see _INDEX_DTYPES)
-    stats = to_stats(values, numel)
+    stats = stats_fields(values, numel)
     if dtype.startswith("complex"):
         # Rows of a complex tensor describe |z|: absmax is max |z|, but a "mean" of
         # magnitudes would read as the mean of z. Drop it.
-        stats.mean = stats.std = None
+        stats["mean"] = stats["std"] = None
     return stats

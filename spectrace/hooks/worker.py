@@ -106,6 +106,11 @@ class RecordWorker:
     def pending(self) -> int:
         return len(self._queue)
 
+    def idle(self) -> bool:
+        """Nothing queued and nothing being built: a step built elsewhere now stays in order."""
+        with self._cond:
+            return self._done >= self._submitted
+
     # ------------------------------------------------------------------ thread
     def _ensure_thread(self) -> None:
         # Called with the condition held.
