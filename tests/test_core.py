@@ -422,3 +422,19 @@ def test_records_built_on_the_worker_thread_equal_those_built_inline():
     assert len(results["auto"]) == len(results["always"]) > 0
     strip = lambda calls: [{k: v for k, v in c.items() if k != "seq"} for c in calls]  # noqa: E731
     assert strip(results["auto"]) == strip(results["always"])
+
+
+def test_call_json_of_both_encoders_matches_the_schema():
+    """The worker's JSON (pydantic-core's encoder, or the standard library's on an older
+    pydantic-core) parses into the same Call as the pydantic model writes."""
+    from spectrace.hooks import engine
+    from spectrace.records import Call
+
+    fields = {"type": "call", "step": 2, "seq": 9, "module": "model.layers.NaN", "module_type": "LlamaDecoderLayer",
+              "root": "r", "inputs": [{"arg": "input[0]", "shape": [1, 4], "dtype": "bfloat16", "device": "cuda:0",
+                                       "stats": {"mean": 0.5, "std": None, "absmax": 2.0, "nan": 0, "inf": 1, "numel": 4}}],
+              "outputs": [], "t_unix": 1.5, "graph_capture": False}
+    reference = Call.model_validate(fields)
+    for dumps in (engine._dumps_core, engine._dumps_json):
+        assert Call.model_validate_json(dumps(fields)) == reference
+    assert "NaN" in engine._dumps_core(fields)  # names keep their text; only floats become null

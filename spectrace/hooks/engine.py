@@ -301,10 +301,7 @@ class Tracer:
         try:
             for n, raw in enumerate(item.calls, 1):
                 fields = _call_fields(raw, self._values)
-                try:
-                    texts.append(json.dumps(fields, separators=(",", ":"), allow_nan=False))
-                except ValueError:  # a non-finite float: let pydantic write it as the schema says
-                    texts.append(Call.model_validate(fields).model_dump_json())
+                texts.append(_dumps(fields))
                 if objects:
                     calls.append(Call.model_validate(fields))
                 if n % 8 == 0:
@@ -411,6 +408,29 @@ class Tracer:
                 state.on_device = True
             noted.append((arg, shape, dtype, device, state.stats.generation, index, numel))
         return noted
+
+
+def _dumps_json(fields: dict[str, Any]) -> str:
+    # The standard library's encoder: 9 us for a decoder-layer call, against 2.4 us for
+    # pydantic-core's. A non-finite float (statistics never hold one) goes through the
+    # schema, which writes it as null.
+    try:
+        return json.dumps(fields, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        return Call.model_validate(fields).model_dump_json()
+
+
+def _dumps_core(fields: dict[str, Any]) -> str:
+    return to_json(fields, inf_nan_mode="null").decode()
+
+
+try:
+    from pydantic_core import to_json
+
+    to_json({"x": float("nan")}, inf_nan_mode="null")
+    _dumps = _dumps_core
+except Exception:  # an older pydantic-core without inf_nan_mode
+    _dumps = _dumps_json
 
 
 def _call_fields(raw: RawCall, values: dict[int, list[list[float] | None]]) -> dict[str, Any]:
