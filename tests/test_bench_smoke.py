@@ -29,3 +29,15 @@ def test_overhead_bench_quick_runs_every_section(tmp_path):
     assert res["bootstrap"]["pth_line_us_median"] > 0 and not res["bootstrap"]["imported_spectrace_when_unset"]
     assert res["soak"]["jsonl_lines"] > 1000 and res["soak"]["jsonl_bytes_per_step"] > 0
     assert "| stats |" in (tmp_path / "overhead-cpu.md").read_text()
+
+
+def test_serving_hooks_bench_wraps_every_per_step_point_and_accounts_each_call():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECTRACE")}
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "serving_hooks.py"), "--steps", "200", "--rounds", "2"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    # 5 wrapped calls per step, 200 steps, once per round in the traced variant: 2000 hook calls.
+    assert "2000 calls; records dropped 0" in proc.stdout, proc.stdout
+    assert "spectrace adds" in proc.stdout
