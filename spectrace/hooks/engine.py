@@ -244,8 +244,8 @@ class Tracer:
         self._local.depth = max(0, self._depth() - 1)
         self.finish_step(wait=False)  # no host sync inside the forward
 
-    def _sampled(self) -> bool:
-        step = self._thread().step
+    def _sampled(self, state: _ThreadSteps) -> bool:
+        step = state.step
         return step % self.sample == 0 if step >= 0 else True
 
     def finish_step(self, wait: bool = True) -> None:
@@ -332,12 +332,13 @@ class Tracer:
     def _make_pre_hook(self, name: str) -> Callable[..., None]:
         def pre_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             try:
-                if not self._sampled():
-                    return
-                stack = self._local.__dict__.setdefault("inputs", [])
-                stack.append([])  # the post-hook pops one entry per call, whatever happens here
                 state = self._thread()
-                if self._depth() == 0:  # a hooked module called outside any wrapped root
+                if not self._sampled(state):
+                    return
+                local = self._local.__dict__
+                stack = local.setdefault("inputs", [])
+                stack.append([])  # the post-hook pops one entry per call, whatever happens here
+                if local.get("depth", 0) == 0:  # a hooked module called outside any wrapped root
                     state.capturing = _capturing()
                 stack[-1] = self._note(collect(args, kwargs, side="input"), state)
             except Exception as exc:
@@ -349,18 +350,19 @@ class Tracer:
     def _make_post_hook(self, name: str, module_type: str, root: str) -> Callable[..., None]:
         def post_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
             try:
-                if not self._sampled():
-                    with self._counter_lock:
-                        self.recorder.counters.calls_seen += 1
-                    return
+                state = self._thread()
+                sampled = self._sampled(state)
                 with self._counter_lock:
                     self.recorder.counters.calls_seen += 1
-                    self._seq += 1
+                    if sampled:
+                        self._seq += 1
                     seq = self._seq
-                stack = self._local.__dict__.get("inputs") or [[]]
+                if not sampled:
+                    return
+                local = self._local.__dict__
+                stack = local.get("inputs")
                 inputs = stack.pop() if stack else []
-                state = self._thread()
-                outside = self._depth() == 0  # a hooked module called outside any wrapped root
+                outside = local.get("depth", 0) == 0  # a hooked module called outside any wrapped root
                 if outside:
                     state.capturing = _capturing()
                 outputs = self._note(collect((), None, output, side="output"), state)
