@@ -403,9 +403,9 @@ def test_records_built_on_the_worker_thread_equal_those_built_inline():
     threads: list[str] = []
     original = engine.Tracer._build_step
 
-    def spy(self, item):
+    def spy(self, item, **kwargs):
         threads.append(threading.current_thread().name)
-        return original(self, item)
+        return original(self, item, **kwargs)
 
     results = {}
     for offload in ("auto", "always"):

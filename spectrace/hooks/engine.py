@@ -270,15 +270,16 @@ class Tracer:
             if not on_device and self.offload != "always" and self._worker.idle():
                 # CPU only: the host never waits on a device, so a second thread has no idle
                 # time to use and would only contend for the GIL. Build here, in order.
-                self._build_step(item)
+                self._build_step(item, on_worker=False)
             else:
                 self._worker.submit(item)
         if wait:
             if not self._worker.flush():
                 self.recorder.internal_error("record worker: flush timed out (records still queued)")
 
-    def _build_step(self, item: _FinishedStep) -> None:
-        """On the worker thread: wait for the statistics, build the records, hand them on."""
+    def _build_step(self, item: _FinishedStep, on_worker: bool = True) -> None:
+        """Wait for the statistics, build the records, hand them on (on the worker thread,
+        or inline for a CPU-only step)."""
         if item.readback is not None:
             values: list[list[float] | None] = []
             if item.readback.error is not None:
@@ -304,7 +305,7 @@ class Tracer:
                 texts.append(_dumps(fields))
                 if objects:
                     calls.append(Call.model_validate(fields))
-                if n % 8 == 0:
+                if on_worker and n % 8 == 0:
                     # Let a host thread that wants the GIL have it now: otherwise it waits
                     # for the switch interval (5 ms) each time it releases the GIL.
                     time.sleep(0)
