@@ -134,10 +134,14 @@ class Recorder:
         """Keep one non-call record (finding, capture, weights, acceptance, coverage, ...)."""
         try:
             with self._lock:
-                if len(self.important) >= IMPORTANT_CAP:
+                if len(self.important) < IMPORTANT_CAP:
+                    self.important.append(record)
+                elif self.directory is None:
+                    # Memory only and full: the record is gone, so count it.
                     self.counters.records_dropped += 1
                     return
-                self.important.append(record)
+                # With a file the cap only trims memory: a server's millionth acceptance
+                # record still reaches the trace, as calls past the ring do.
                 self._queue(record)
             if isinstance(record, Finding) and record.severity == "error":
                 self._announce(record)

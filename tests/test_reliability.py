@@ -799,3 +799,23 @@ def _main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(_main(sys.argv[1:]))
+
+
+def test_per_step_records_past_the_memory_cap_still_reach_the_file(tmp_path: Path, monkeypatch) -> None:
+    """A long-running server emits one acceptance record per verify step: memory stays
+    bounded, the file keeps every one, and only a memory-only recorder counts losses."""
+    from spectrace import recorder as recorder_module
+    from spectrace.records import Acceptance
+
+    monkeypatch.setattr(recorder_module, "IMPORTANT_CAP", 50)
+    with_file = Recorder(Settings(quiet=True), directory=str(tmp_path / "t"), name="trace-x.jsonl")
+    memory_only = Recorder(Settings(quiet=True))
+    for step in range(200):
+        record = Acceptance(step=step, accept_lengths=[2], draft_tokens=3, accepted_per_position=[1, 0, 0])
+        with_file.emit(record)
+        memory_only.emit(record)
+    with_file.close()
+    lines = (tmp_path / "t" / "trace-x.jsonl").read_text().splitlines()
+    steps = [json.loads(line)["step"] for line in lines if '"acceptance"' in line]
+    assert steps == list(range(200)) and with_file.counters.records_dropped == 0 and len(with_file.important) == 50
+    assert len(memory_only.important) == 50 and memory_only.counters.records_dropped == 150
