@@ -471,3 +471,22 @@ def test_folder_of_scenario_folders_points_one_level_down(healthy: Path, tmp_pat
     assert view_main([str(root), "--no-pager"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "its subfolders do: healthy (view one of them)" in err
+
+
+def test_view_states_what_spectrace_own_serving_hooks_cost(tmp_path: Path, capsys) -> None:
+    """The stats record's hook accounting becomes one header line: us per hook call and per verify step."""
+    from spectrace.recorder import Recorder
+    from spectrace.records import Acceptance
+    from spectrace.settings import Settings
+
+    rec = Recorder(Settings(quiet=True), directory=str(tmp_path), name="trace-h-rank0.jsonl", rank=0)
+    for step in range(40):
+        rec.emit(Acceptance(step=step, accept_lengths=[2, 1], draft_tokens=3, accepted_per_position=[1, 0, 0]))
+    rec.counters.hook_calls, rec.counters.hook_seconds = 200, 0.001  # 5 us per call, 25 us per step
+    rec.close()
+    assert view_main([str(tmp_path), "--no-pager"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "spectrace's own host time: 5.0 us per hook call (200 calls), 25.0 us per" in out  # the panel wraps here
+    assert view_main([str(tmp_path), "--json"]) == 0
+    header = json.loads(capsys.readouterr().out)["header"]
+    assert (header["hook_calls"], header["hook_us_per_call"], header["hook_us_per_verify_step"]) == (200, 5.0, 25.0)

@@ -79,6 +79,9 @@ class HeaderSummary(BaseModel):
     started: str | None = None  # ISO UTC of the earliest header
     span_s: float | None = None
     records_dropped: int = 0
+    hook_calls: int = 0  # spectrace's serving-engine hooks: how often they ran, and their host time
+    hook_us_per_call: float | None = None
+    hook_us_per_verify_step: float | None = None
     coverage_gaps: list[str] = []
     load_problems: list[str] = []
 
@@ -222,6 +225,7 @@ def _header(ts: TraceSet, files: list[TraceFile], calls: list[Call], flt: ViewFi
         started = datetime.fromtimestamp(min(starts), tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
         span = round(max(times) - min(starts), 3)
     dropped, gaps = _coverage(files)
+    hook_calls, hook_us, hook_us_step = _hook_cost(files)
     return HeaderSummary(
         source=ts.source,
         processes=procs,
@@ -232,9 +236,33 @@ def _header(ts: TraceSet, files: list[TraceFile], calls: list[Call], flt: ViewFi
         started=started,
         span_s=span,
         records_dropped=dropped,
+        hook_calls=hook_calls,
+        hook_us_per_call=hook_us,
+        hook_us_per_verify_step=hook_us_step,
         coverage_gaps=gaps,
         load_problems=[p.message for p in ts.problems],
     )
+
+
+def _hook_cost(files: list[TraceFile]) -> tuple[int, float | None, float | None]:
+    """What spectrace's own serving hooks cost the host: calls, us per call, us per verify step.
+
+    Counters are cumulative, so per file the last (largest) stats record counts; a verify
+    step is one acceptance record.
+    """
+    calls = 0
+    seconds = 0.0
+    steps = 0
+    for f in files:
+        last = max(f.stats, key=lambda s: s.hook_calls, default=None)
+        if last is None or not last.hook_calls:
+            continue
+        calls += last.hook_calls
+        seconds += last.hook_seconds
+        steps += len(f.acceptance)
+    if not calls:
+        return 0, None, None
+    return calls, round(seconds / calls * 1e6, 2), round(seconds / steps * 1e6, 1) if steps else None
 
 
 def _coverage(files: list[TraceFile]) -> tuple[int, list[str]]:

@@ -144,6 +144,9 @@ class HeaderPanel:
         lines.append(str(h.records_dropped), style="bold red" if h.records_dropped else "green")
         if h.records_dropped:
             lines.append(" (ring buffer full; statistics undercount)")
+        if h.hook_calls:
+            per_step = f", {h.hook_us_per_verify_step} us per verify step" if h.hook_us_per_verify_step is not None else ""
+            lines.append(f"\nspectrace's own host time: {h.hook_us_per_call} us per hook call ({h.hook_calls} calls){per_step}")
         for gap in h.coverage_gaps:
             lines.append("\nnot seen: ", style="yellow")
             lines.append(gap)
