@@ -169,6 +169,9 @@ def test_healthy_pair_has_no_error_finding(rec, hf_llama, input_ids):
     assert weights.ignored == [] and weights.missing == []
     # the SpecForge reading agrees; the speculators reading is named as a warning
     assert _codes(rec, "warning") == ["aux_layers_mismatch"]
+    # What is not traced under SGLang is said once, not left to silence.
+    gaps = [c for c in _of(rec, Coverage) if c.kind == "not_covered" and "per-module forward hooks" in c.detail]
+    assert len(gaps) == 1
 
 
 def test_ids_past_last_layer_fc_bypass_and_short_capture(rec, hf_llama, input_ids):
