@@ -26,20 +26,19 @@ from conftest import tiny_llama  # noqa: E402
 def one(iters: int = 50) -> tuple[float, float, int]:
     model = tiny_llama(layers=8, hidden=64)
     ids = torch.randint(0, 128, (1, 16))
-    with torch.no_grad():
-        for _ in range(3):
+
+    def per_forward() -> float:
+        for _ in range(3):  # warm-up
             model(ids)
         t0 = time.perf_counter()
         for _ in range(iters):
             model(ids)
-        bare = (time.perf_counter() - t0) / iters
+        return (time.perf_counter() - t0) / iters
+
+    with torch.no_grad():
+        bare = per_forward()
         with spectrace.trace(model, stats="basic") as t:
-            for _ in range(3):
-                model(ids)
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                model(ids)
-            traced = (time.perf_counter() - t0) / iters
+            traced = per_forward()
             hooked = len(t.hooked)
     return bare, traced, hooked
 

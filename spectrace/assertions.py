@@ -309,11 +309,16 @@ def assert_shape(
             return None
         return f"{format_shape(meta.shape)}, expected {format_pattern(pattern)}"
 
-    problems = _contract_problems(calls, input, output, input_arg, output_arg, broken)
-    if problems:
-        head = f"shape contract of {module!r} broken in {len(problems)} place{'s' if len(problems) > 1 else ''}:\n  "
-        raise ShapeContractError(explain(trace, head + "\n  ".join(problems[:10]), [module]))
+    _enforce(trace, module, "shape", ShapeContractError, _contract_problems(calls, input, output, input_arg, output_arg, broken))
     return calls
+
+
+def _enforce(trace: Trace, module: str, what: str, error: type[Exception], problems: list[str]) -> None:
+    """Raise ``error`` naming the first ten broken places of a shape or dtype contract."""
+    __tracebackhide__ = True
+    if problems:
+        head = f"{what} contract of {module!r} broken in {len(problems)} place{'s' if len(problems) > 1 else ''}:\n  "
+        raise error(explain(trace, head + "\n  ".join(problems[:10]), [module]))
 
 
 def assert_dtype(
@@ -335,10 +340,7 @@ def assert_dtype(
     def broken(meta: Any, want: Any) -> str | None:
         return None if meta.dtype == _dtype_name(want) else f"{meta.dtype}, expected {_dtype_name(want)}"
 
-    problems = _contract_problems(calls, input, output, input_arg, output_arg, broken)
-    if problems:
-        head = f"dtype contract of {module!r} broken in {len(problems)} place{'s' if len(problems) > 1 else ''}:\n  "
-        raise DtypeContractError(explain(trace, head + "\n  ".join(problems[:10]), [module]))
+    _enforce(trace, module, "dtype", DtypeContractError, _contract_problems(calls, input, output, input_arg, output_arg, broken))
     return calls
 
 
