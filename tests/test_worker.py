@@ -75,3 +75,59 @@ def test_close_builds_what_is_queued_and_a_later_submit_starts_a_new_thread():
     worker.submit(2)
     assert worker.flush(timeout=10) and built == [1, 2]
     worker.close()
+
+
+def _wait_until(cond, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return cond()
+
+
+def test_a_step_is_built_while_the_newer_steps_device_work_runs_not_after_it():
+    # busy() stands in for a CUDA event query on the work queued before the submit.
+    built: list[int] = []
+    device_busy = {2: False}
+    worker = RecordWorker(built.append, lambda item: None, lag_seconds=60)
+    worker.submit(1)
+    worker.submit(2, busy=lambda: device_busy[2])
+    time.sleep(0.1)
+    assert built == []  # step 2's work already done: the host is awake, step 1 waits
+    worker.submit(3, busy=lambda: True)  # the host queued more work and waits on it
+    assert _wait_until(lambda: built == [1, 2])
+    assert worker.flush(timeout=10) and built == [1, 2, 3]
+    worker.close()
+
+
+def test_a_build_pauses_between_records_once_the_host_is_awake_and_resumes_on_the_next_submit():
+    records: list[tuple[int, int]] = []
+    awake = threading.Event()
+    holder: dict[str, RecordWorker] = {}
+
+    def build(item: int) -> None:
+        for r in range(4):
+            records.append((item, r))
+            if item == 1 and r == 1:
+                awake.set()  # the device work of step 2 finishes while step 1 is built
+            holder["w"].pause_point()
+
+    worker = holder["w"] = RecordWorker(build, lambda item: None, lag_seconds=60)
+    worker.submit(1)
+    worker.submit(2, busy=lambda: not awake.is_set())
+    assert _wait_until(lambda: len(records) >= 2)
+    time.sleep(0.1)
+    assert records == [(1, 0), (1, 1)]  # paused mid-step: the host has the interpreter
+    worker.submit(3, busy=lambda: True)
+    assert _wait_until(lambda: len(records) >= 8)
+    assert records[:8] == [(1, r) for r in range(4)] + [(2, r) for r in range(4)]
+    assert worker.flush(timeout=10)
+    worker.close()
+
+
+def test_a_backlog_is_built_even_while_the_host_is_awake():
+    built: list[int] = []
+    worker = RecordWorker(built.append, lambda item: None, lag_seconds=60, backlog=4)
+    for i in range(4):
+        worker.submit(i, busy=lambda: False)
+    assert _wait_until(lambda: len(built) >= 1)
+    worker.close()

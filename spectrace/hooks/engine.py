@@ -67,6 +67,21 @@ def _capturing() -> bool:
         return False
 
 
+def _device_busy(on_device: bool, capturing: bool, readback: Readback | None) -> Callable[[], bool] | None:
+    """A probe of whether the work queued so far on the current CUDA stream still runs
+    (an event query: never blocks). None off CUDA or while a graph is captured."""
+    if not on_device or capturing or not torch.cuda.is_available():
+        return None
+    if readback is not None and readback.has_events():
+        return readback.busy  # its copies were queued last: the same question, no new event
+    try:
+        event = torch.cuda.Event()
+        event.record()
+        return event.query
+    except Exception:
+        return None
+
+
 class _ThreadSteps:
     """One thread's open step: threads sharing a model never mix their calls."""
 
@@ -272,7 +287,7 @@ class Tracer:
                 # time to use and would only contend for the GIL. Build here, in order.
                 self._build_step(item, on_worker=False)
             else:
-                self._worker.submit(item)
+                self._worker.submit(item, busy=_device_busy(on_device, state.capturing, readback))
         if wait:
             if not self._worker.flush():
                 self.recorder.internal_error("record worker: flush timed out (records still queued)")
@@ -305,10 +320,8 @@ class Tracer:
                 texts.append(_dumps(fields))
                 if objects:
                     calls.append(Call.model_validate(fields))
-                if on_worker and n % 8 == 0:
-                    # Let a host thread that wants the GIL have it now: otherwise it waits
-                    # for the switch interval (5 ms) each time it releases the GIL.
-                    time.sleep(0)
+                if on_worker and n % 4 == 0:
+                    self._worker.pause_point()  # the host is awake again: step aside
         except Exception as exc:
             self.recorder.counters.records_dropped += len(item.calls)
             self.recorder.internal_error(f"record build: {type(exc).__name__}: {exc}")

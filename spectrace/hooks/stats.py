@@ -542,6 +542,12 @@ class Readback:
         """Whether every copy has landed (never blocks)."""
         return all(c.ready() for c in self.copies)
 
+    def busy(self) -> bool:
+        return not self.ready()
+
+    def has_events(self) -> bool:
+        return any(c.event is not None for c in self.copies)
+
     def values(self) -> list[list[float] | None]:
         """Row ``[sum, sumsq, absmax, nan, inf]`` per index (None where the device failed).
 

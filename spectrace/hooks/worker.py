@@ -7,15 +7,18 @@ on its own thread after its last GPU sync. The worker does it instead, mostly wh
 the host thread waits on the GPU (torch releases the GIL there).
 
     >>> worker = RecordWorker(build=handle_step, on_drop=count_lost)
-    >>> worker.submit(finished_step)      # never blocks, never raises
+    >>> worker.submit(finished_step, busy=event_not_done)   # never raises
     >>> worker.flush()                    # before anything reads the trace
     >>> worker.close()
 
-When: a step is built once a *later* step has been submitted (or after ``lag_seconds``,
-or on :meth:`flush`). A step is submitted when the host has just finished enqueueing a
-forward and is about to wait on the GPU; that wait is when building costs the host
-nothing. Building step N as soon as its own statistics landed would instead collide
-with the host waking up from that very GPU work.
+When: a step is built once a *later* step has been submitted, and only while the
+device is still busy with the work queued before that later submit (``busy``), or after
+``lag_seconds``, or on :meth:`flush`. A step is submitted when the host has just
+finished enqueueing a forward and is about to wait on the GPU; that wait is when
+building costs the host nothing. Once that device work is done the host is awake
+again, so the build pauses between records (:meth:`pause_point`) until the host
+submits again. Building step N as soon as its own statistics landed would instead
+collide with the host waking up from that very GPU work.
 
 Bounded: at most ``max_items`` steps wait. Past that the host thread waits for room
 (the cost it would have paid building the records itself, so never worse than doing
@@ -44,6 +47,7 @@ class RecordWorker:
         max_items: int = 256,
         stall_seconds: float = 5.0,
         lag_seconds: float = 0.2,
+        backlog: int = 32,
         name: str = "spectrace-records",
     ) -> None:
         self._build = build
@@ -51,6 +55,7 @@ class RecordWorker:
         self._max = max(1, max_items)
         self._stall = stall_seconds
         self._lag = lag_seconds
+        self._backlog = max(2, backlog)  # this many waiting: build whatever the device does
         self._flushing = 0
         self._name = name
         self._queue: collections.deque[Any] = collections.deque()
@@ -62,13 +67,17 @@ class RecordWorker:
         self._stopping = False
 
     # ------------------------------------------------------------------ intake
-    def submit(self, item: Any) -> None:
-        """Queue one finished step; when the queue is full, wait for room (bounded)."""
+    def submit(self, item: Any, busy: Callable[[], bool] | None = None) -> None:
+        """Queue one finished step; when the queue is full, wait for room (bounded).
+
+        ``busy()`` says whether the device work the host queued before this submit is
+        still running (never blocks); None means unknown, taken as busy.
+        """
         with self._cond:
             self._ensure_thread()
             dropped = not self._cond.wait_for(lambda: len(self._queue) < self._max, timeout=self._stall)
             if not dropped:
-                self._queue.append((time.monotonic(), item))
+                self._queue.append((time.monotonic(), item, busy))
                 self._submitted += 1
                 self._cond.notify_all()
         if dropped:
@@ -121,13 +130,48 @@ class RecordWorker:
             self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
             self._thread.start()
 
+    def _urgent(self) -> bool:
+        # Called with the condition held: build now, whatever the host is doing.
+        return bool(self._flushing or self._stopping or len(self._queue) >= self._backlog)
+
+    def _host_waiting(self) -> bool:
+        # Called with the condition held: the newest submitted step's device work is still
+        # running, so the host is (about to be) waiting on it.
+        # Nothing newer waiting: this build is due to lag or a flush; go straight through.
+        busy = self._queue[-1][2] if self._queue else None
+        if busy is None:
+            return True
+        try:
+            return bool(busy())
+        except Exception:  # a probe that fails says nothing: do not hold work back on it
+            return True
+
     def _due(self) -> bool:
         # Called with the condition held.
         if not self._queue:
             return False
-        if len(self._queue) >= 2 or self._flushing or self._stopping:
+        if self._urgent() or time.monotonic() - self._queue[0][0] >= self._lag:
             return True
-        return time.monotonic() - self._queue[0][0] >= self._lag
+        return len(self._queue) >= 2 and self._host_waiting()
+
+    def pause_point(self) -> None:
+        """Called by ``build`` between records: on the worker thread, when the host is
+        awake again (the newest step's device work finished), wait until it submits the
+        next step (or ``lag_seconds``, a flush, a backlog); otherwise just let a host
+        thread that wants the GIL have it."""
+        if threading.current_thread() is not self._thread:
+            return
+        with self._cond:
+            if self._urgent() or self._host_waiting():
+                waiting = False
+            else:
+                waiting = True
+                seen = self._submitted
+                self._cond.wait_for(lambda: self._submitted != seen or self._urgent(), timeout=self._lag)
+        if not waiting:
+            # Without this a host thread that wants the GIL waits for the switch interval
+            # (5 ms) each time it gets here.
+            time.sleep(0)
 
     def _loop(self) -> None:
         while True:
@@ -137,7 +181,7 @@ class RecordWorker:
                         return
                     waited = time.monotonic() - self._queue[0][0] if self._queue else 0.0
                     self._cond.wait(timeout=max(0.001, self._lag - waited) if self._queue else None)
-                _, item = self._queue.popleft()
+                _, item, _ = self._queue.popleft()
             self._safe_build(item)
             with self._cond:
                 self._done += 1
@@ -146,7 +190,7 @@ class RecordWorker:
     def _run_inline(self) -> None:
         # Called with the condition held; the work itself must not need it.
         while self._queue:
-            _, item = self._queue.popleft()
+            _, item, _ = self._queue.popleft()
             self._safe_build(item)
             self._done += 1
 
