@@ -667,8 +667,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda but CUDA is not available")
-    args.rounds = args.rounds or (2 if args.quick else (5 if args.device == "cuda" else 15))
-    args.reps = args.reps or (2 if args.quick else (10 if args.device == "cuda" else 1))
+    args.rounds = args.rounds or (2 if args.quick else (12 if args.device == "cuda" else 15))
+    args.reps = args.reps or (2 if args.quick else (8 if args.device == "cuda" else 1))
     if args.variant_warmup is None:
         args.variant_warmup = 1 if args.device == "cuda" else 0
     if args.threads or args.device == "cpu":

@@ -82,22 +82,34 @@ def micro(dev: str) -> dict[str, float]:
 
 
 def sweep(dev: str) -> list[str]:
-    """Device time of the fused kernel per launch shape, on a hidden state and on logits."""
+    """Device time of the fused kernel per launch shape, on hidden states and logits,
+    each shape's result checked against float64 (a fast wrong shape is no candidate)."""
     from spectrace.hooks import stats as S
 
     tensors = {"hidden 4x512x4096": torch.randn(4 * 512, 4096, device=dev, dtype=torch.bfloat16),
                "logits 4x512x128256": torch.randn(4 * 512, 128256, device=dev, dtype=torch.bfloat16),
+               "draft logits 4x512x32000": torch.randn(4 * 512, 32000, device=dev, dtype=torch.bfloat16),
                "decode 64x4096": torch.randn(64, 4096, device=dev, dtype=torch.bfloat16)}
-    saved = (S.BLOCK, S.WARPS, S.PROGRAMS_PER_SM)
-    lines = ["fused kernel sweep (us per launch; programs/SM, BLOCK, warps):"]
-    for per_sm, block, warps in [(2, 2048, 8), (4, 2048, 8), (4, 1024, 4), (8, 1024, 4), (8, 2048, 8), (8, 4096, 8), (16, 1024, 4), (16, 512, 4)]:
-        S.BLOCK, S.WARPS, S.PROGRAMS_PER_SM = block, warps, per_sm
+    refs = {name: (x.double().sum().item(), x.double().square().sum().item(), x.double().abs().max().item()) for name, x in tensors.items()}
+    saved = (S.BLOCK, S.WARPS, S.PROGRAMS_PER_SM, S.TILE)
+
+    def reset() -> None:
         for key in [k for k in S._triton_state if isinstance(k, tuple) and k[0] == "programs"]:
             del S._triton_state[key]
+
+    lines = ["fused kernel sweep (us per launch; programs/SM, BLOCK, warps, TILE; 'BAD' = disagrees with float64):"]
+    shapes = [(8, 2048, 8, 1), (8, 2048, 8, 2), (8, 2048, 8, 4), (16, 1024, 4, 1), (16, 1024, 4, 2), (16, 1024, 4, 4),
+              (8, 1024, 4, 4), (4, 2048, 8, 4), (16, 512, 4, 4), (16, 512, 4, 8), (4, 1024, 4, 8)]
+    for per_sm, block, warps, tile in shapes:
+        S.BLOCK, S.WARPS, S.PROGRAMS_PER_SM, S.TILE = block, warps, per_sm, tile
+        reset()
         out = torch.empty(2, S.programs_for(torch.device(dev)), 5, device=dev, dtype=torch.float64)
         row = []
         for name, x in tensors.items():
             S.launch_partials(x, out, 1)
+            got = S.reduce_partials(out[1:2])[0].tolist()
+            s, q, m = refs[name]
+            good = abs(got[0] - s) <= 1e-9 * (q * x.numel()) ** 0.5 and abs(got[1] - q) <= 1e-9 * q and got[2] == m
             torch.cuda.synchronize()
             e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             e0.record()
@@ -107,11 +119,10 @@ def sweep(dev: str) -> list[str]:
             torch.cuda.synchronize()
             us = e0.elapsed_time(e1) / 20 * 1e3
             gbs = x.numel() * x.element_size() / (us * 1e-6) / 1e9
-            row.append(f"{name}: {us:.1f} us ({gbs:.0f} GB/s)")
-        lines.append(f"  {per_sm:>2} {block:>5} {warps}: " + "; ".join(row))
-    S.BLOCK, S.WARPS, S.PROGRAMS_PER_SM = saved
-    for key in [k for k in S._triton_state if isinstance(k, tuple) and k[0] == "programs"]:
-        del S._triton_state[key]
+            row.append(f"{name}: {us:.1f} us ({gbs:.0f} GB/s){'' if good else ' BAD'}")
+        lines.append(f"  {per_sm:>2} {block:>5} {warps} {tile}: " + "; ".join(row))
+    S.BLOCK, S.WARPS, S.PROGRAMS_PER_SM, S.TILE = saved
+    reset()
     return lines
 
 

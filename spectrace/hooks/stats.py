@@ -172,6 +172,7 @@ _lock = threading.Lock()
 BLOCK = 2048
 WARPS = 8
 PROGRAMS_PER_SM = 8
+TILE = 1  # blocks loaded at once per loop iteration
 MIN_BLOCKS_PER_PROGRAM = 4  # below that, fewer programs: a decode-step tensor needs a handful
 
 
@@ -219,7 +220,9 @@ def launch_partials(x: torch.Tensor, out: torch.Tensor, slot: int = 0) -> None:
     full = n // BLOCK
     grid = min(rows, max(1, -(-full // MIN_BLOCKS_PER_PROGRAM)))
     per = -(-full // grid)  # whole blocks per program
-    kernel[(grid,)](x, out, n, per, slot, rows, BLOCK=BLOCK, num_warps=WARPS)
+    per = -(-per // TILE) * TILE  # whole tiles, so only the last program reads single blocks
+    grid = max(1, min(grid, -(-full // per))) if full else 1
+    kernel[(grid,)](x, out, n, per, slot, rows, BLOCK=BLOCK, TILE=TILE, num_warps=WARPS)
 
 
 def fused_supported(x: torch.Tensor) -> bool:

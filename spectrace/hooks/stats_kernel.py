@@ -11,15 +11,16 @@ import triton.language as tl
 
 @triton.jit
 def accumulate(v, acc_s, acc_q, acc_m, acc_nan, acc_inf):
-    # One block of values (float32) into the per-lane accumulators (inlined by Triton).
+    # A [TILE, BLOCK] tile of values (float32) into the per-lane [BLOCK] accumulators
+    # (inlined by Triton; the sums over the tile's rows stay inside each thread).
     is_nan = v != v
     a = tl.abs(v)
     w = v.to(tl.float64)
-    acc_s += w
-    acc_q += w * w
-    acc_m = tl.maximum(acc_m, tl.where(is_nan, 0.0, a))
-    acc_nan += is_nan.to(tl.int32)
-    acc_inf += (a == float("inf")).to(tl.int32)
+    acc_s += tl.sum(w, axis=0)
+    acc_q += tl.sum(w * w, axis=0)
+    acc_m = tl.maximum(acc_m, tl.max(tl.where(is_nan, 0.0, a), axis=0))
+    acc_nan += tl.sum(is_nan.to(tl.int32), axis=0)
+    acc_inf += tl.sum((a == float("inf")).to(tl.int32), axis=0)
     return acc_s, acc_q, acc_m, acc_nan, acc_inf
 
 
@@ -27,11 +28,13 @@ def accumulate(v, acc_s, acc_q, acc_m, acc_nan, acc_inf):
 # compile a new variant (a stall of a second, mid-forward) whenever one of them is 1
 # or divisible by 16 for the first time.
 @triton.jit(do_not_specialize=["n", "per", "slot", "rows"])
-def stats_partials(x_ptr, out_ptr, n, per, slot, rows, BLOCK: tl.constexpr):
+def stats_partials(x_ptr, out_ptr, n, per, slot, rows, BLOCK: tl.constexpr, TILE: tl.constexpr):
     # Program `pid` reads whole blocks [pid*per, (pid+1)*per) of x once, in its own
     # dtype, unmasked: a block starts at a multiple of BLOCK, so loads are vectorised
-    # (a mask against an unspecialised n would make every load scalar). The last,
-    # partial block is read masked by program 0. Each writes [sum, sumsq, absmax (NaN
+    # (a mask against an unspecialised n would make every load scalar). TILE blocks are
+    # loaded at once (more bytes in flight for the same accumulators); the blocks that
+    # do not fill a tile are read one by one. The last, partial block is read masked by
+    # program 0. Each writes [sum, sumsq, absmax (NaN
     # ignored), nan count, inf count] to out[slot, pid]. Sums accumulate in float64:
     # a bf16 value above 1.8e19 squared overflows float32, and the mean of a large
     # residual stream keeps its digits. A small tensor gets fewer programs than the
@@ -39,6 +42,7 @@ def stats_partials(x_ptr, out_ptr, n, per, slot, rows, BLOCK: tl.constexpr):
     # then zero the rows nobody writes, so the slot still sums right.
     pid = tl.program_id(0)
     lanes = tl.arange(0, BLOCK)
+    tile_rows = tl.arange(0, TILE)
     acc_s = tl.zeros([BLOCK], dtype=tl.float64)
     acc_q = tl.zeros([BLOCK], dtype=tl.float64)
     acc_m = tl.zeros([BLOCK], dtype=tl.float32)
@@ -47,11 +51,16 @@ def stats_partials(x_ptr, out_ptr, n, per, slot, rows, BLOCK: tl.constexpr):
     full = n // BLOCK
     first = pid.to(tl.int64) * per
     last = tl.minimum(first + per, full)
-    for b in tl.range(first, last):
-        v = tl.load(x_ptr + (b * BLOCK + lanes)).to(tl.float32)
+    tiled = first + tl.maximum(last - first, 0) // TILE * TILE
+    for b in tl.range(first, tiled, TILE):
+        offsets = (b + tile_rows[:, None]) * BLOCK + lanes[None, :]
+        v = tl.load(x_ptr + offsets).to(tl.float32)
+        acc_s, acc_q, acc_m, acc_nan, acc_inf = accumulate(v, acc_s, acc_q, acc_m, acc_nan, acc_inf)
+    for b in tl.range(tiled, last):
+        v = tl.load(x_ptr + (b * BLOCK + lanes[None, :])).to(tl.float32)
         acc_s, acc_q, acc_m, acc_nan, acc_inf = accumulate(v, acc_s, acc_q, acc_m, acc_nan, acc_inf)
     if pid == 0:
-        idx = full.to(tl.int64) * BLOCK + lanes
+        idx = full.to(tl.int64) * BLOCK + lanes[None, :]
         v = tl.load(x_ptr + idx, mask=idx < n, other=0.0).to(tl.float32)
         acc_s, acc_q, acc_m, acc_nan, acc_inf = accumulate(v, acc_s, acc_q, acc_m, acc_nan, acc_inf)
     grid = tl.num_programs(0)
