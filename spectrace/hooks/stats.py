@@ -167,12 +167,14 @@ _triton_state: dict[Any, Any] = {}
 _lock = threading.Lock()
 # Launch shape of the fused kernel: PROGRAMS_PER_SM programs per multiprocessor, each
 # looping over its chunk BLOCK elements at a time with WARPS warps. Enough programs must
-# be resident to keep loads in flight; measured on the H200 (bench/profile_step.py
+# be resident to keep loads in flight, and each loads TILE blocks per iteration (more
+# bytes in flight for the same accumulators: the 525 MB logits of a 4x512 prefill went
+# from 306 to 167 us, 1.7 -> 3.1 TB/s); measured on the H200 (bench/profile_step.py
 # --sweep), see BENCHMARKS.md.
-BLOCK = 2048
-WARPS = 8
+BLOCK = 1024
+WARPS = 4
 PROGRAMS_PER_SM = 8
-TILE = 1  # blocks loaded at once per loop iteration
+TILE = 4
 MIN_BLOCKS_PER_PROGRAM = 4  # below that, fewer programs: a decode-step tensor needs a handful
 
 
