@@ -191,6 +191,11 @@ def main() -> None:
                 torch.cuda.synchronize()
         lines.append("device time by kernel (one traced statistics step):")
         lines.append(kprof.key_averages().table(sort_by="cuda_time_total", row_limit=15))
+        ours = [e for e in kprof.key_averages() if "stats_partials" in e.key]
+        total_us = sum(getattr(e, "device_time_total", getattr(e, "cuda_time_total", 0.0)) for e in kprof.key_averages())
+        for e in ours:
+            us = getattr(e, "device_time_total", getattr(e, "cuda_time_total", 0.0))
+            lines.append(f"statistics kernel: {e.count} launches, {us:.1f} us device time in total, {100 * us / total_us:.2f} % of the step")
     buf = io.StringIO()
     st = pstats.Stats(prof, stream=buf)
     st.sort_stats("tottime").print_stats(35)

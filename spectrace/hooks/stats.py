@@ -169,12 +169,12 @@ _lock = threading.Lock()
 # looping over its chunk BLOCK elements at a time with WARPS warps. Enough programs must
 # be resident to keep loads in flight, and each loads TILE blocks per iteration (more
 # bytes in flight for the same accumulators: the 525 MB logits of a 4x512 prefill went
-# from 306 to 167 us, 1.7 -> 3.1 TB/s); measured on the H200 (bench/profile_step.py
-# --sweep), see BENCHMARKS.md.
+# from 304 to 173 us, 1.7 -> 3.0 TB/s, a 4x512x4096 hidden state from 13.7 to 9.3 us);
+# measured on the H200 (bench/profile_step.py --sweep), see BENCHMARKS.md.
 BLOCK = 1024
 WARPS = 4
 PROGRAMS_PER_SM = 8
-TILE = 4
+TILE = 8
 MIN_BLOCKS_PER_PROGRAM = 4  # below that, fewer programs: a decode-step tensor needs a handful
 
 
