@@ -165,7 +165,7 @@ class Recorder:
             if texts is None:
                 texts = [call.model_dump_json() for call in calls]
             with self._lock:
-                self.counters.steps += 1
+                self.counters.bump("steps")
                 for text in texts:
                     if len(self.calls) == self.calls.maxlen and self.directory is None:
                         # With a file, the ring only trims memory (the file keeps the call);

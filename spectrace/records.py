@@ -165,6 +165,12 @@ class Counters(_Record):
     hook_calls: int = Field(0, description="calls of spectrace's BEFORE/AFTER hooks in a serving engine")
     hook_seconds: float = Field(0.0, description="host time inside those hooks (the engine's own work excluded)")
 
+    def bump(self, name: str, delta: float = 1) -> None:
+        """Add to a counter on a hot path. Counters are plain numbers with no validator,
+        and pydantic's ``__setattr__`` costs about 1 us where a dict update costs 0.05:
+        a serving engine's step bumps several."""
+        self.__dict__[name] += delta
+
 
 Record = Annotated[
     Union[Header, Call, Finding, Acceptance, Coverage, Weights, Capture, Fingerprint, Counters],

@@ -10,7 +10,7 @@
 #   LIVE_BUDGET_S (default 480: waits, the bench and the overhead phase fit inside it), BENCH_ROUNDS (6),
 #   BENCH_BATCH (32), BENCH_MAX_NEW (256), SGL_EXTRA (extra server flags), STAGGER_S (6),
 #   MODELS_PYTHON (python3: the interpreter with torch + transformers for make_tiny_models.py),
-#   PORT_BASE (30000).
+#   PORT_BASE (30000), SERVER_CPUS and CLIENT_CPUS (taskset lists, or SERVER_CPUS=auto; see below).
 # spectrace is not pip-installed there: livekit.py boot writes a sitecustomize that runs the .pth
 # bootstrap (site.addsitedir) and a dist-info carrying the sglang.srt.plugins entry point.
 set -u
@@ -39,7 +39,24 @@ mark() { phases+=("\"$1\": $SECONDS"); }
 left() { echo $((budget - SECONDS)); }
 
 # ---------------------------------------------------------------------------- setup
-say "mode $mode; repo $repo; python $(python3 -c 'import sys; print(sys.version.split()[0])')"
+# CPU pinning (SERVER_CPUS / CLIENT_CPUS: taskset lists, or SERVER_CPUS=auto). A tiny-model
+# server is host-bound; its scheduler sharing a physical core (SMT) with the detokenizer or
+# the client halves its speed for stretches, which swamps a 3 % difference. "auto" gives
+# the server one logical CPU of each physical core but the last two, the client those two.
+server_pin=() client_pin=()
+if [ "${SERVER_CPUS:-}" = auto ] && command -v lscpu >/dev/null && command -v taskset >/dev/null; then
+  mapfile -t firsts < <(lscpu -p=CPU,CORE | grep -v '^#' | sort -t, -k2,2n -k1,1n | awk -F, '!seen[$2]++ {print $1}')
+  if [ "${#firsts[@]}" -ge 4 ]; then
+    n=${#firsts[@]}
+    SERVER_CPUS=$(IFS=,; echo "${firsts[*]:0:$((n - 2))}")
+    CLIENT_CPUS=$(IFS=,; echo "${firsts[*]:$((n - 2))}")
+  else
+    SERVER_CPUS=
+  fi
+fi
+[ "${SERVER_CPUS:-auto}" != auto ] && [ -n "${SERVER_CPUS:-}" ] && server_pin=(taskset -c "$SERVER_CPUS")
+[ -n "${CLIENT_CPUS:-}" ] && client_pin=(taskset -c "$CLIENT_CPUS")
+say "mode $mode; repo $repo; python $(python3 -c 'import sys; print(sys.version.split()[0])'); server CPUs ${SERVER_CPUS:-any}; client CPUs ${CLIENT_CPUS:-any}"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader 2>/dev/null || true
 if [ ! -f "$site/.ok" ]; then
   [ -f "$carry" ] || { say "no SGLang tarball at $carry (build it with /work/shared/gpu/build_sglang_carry.sh)"; exit 1; }
@@ -78,7 +95,7 @@ start_server() {  # name port algorithm models spectrace(0|1) mem-fraction [extr
   local envs=("SPECTRACE_DIR=$W/traces/$name")
   [ "$on" = 1 ] && envs+=("SPECTRACE=1")
   # shellcheck disable=SC2086  # flags is a word list on purpose
-  env -u SPECTRACE "${envs[@]}" python3 -m sglang.launch_server --model-path "$models/tiny-llama" \
+  env -u SPECTRACE "${envs[@]}" ${server_pin[@]+"${server_pin[@]}"} python3 -m sglang.launch_server --model-path "$models/tiny-llama" \
     --speculative-algorithm "$algo" --speculative-draft-model-path "$models/tiny-eagle3" \
     --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 \
     --attention-backend triton --sampling-backend pytorch --grammar-backend none --dtype bfloat16 \
@@ -246,7 +263,7 @@ run_overhead() {
     fi
     start_server "$name" "$((port_base + 100 + 10 * i))" EAGLE3 "$W/models/midlayer" "$flag" 0.3
     if wait_server "$name" || retry_without_extra "$name" "$((port_base + 100 + 10 * i))" EAGLE3 "$W/models/midlayer" "$flag" 0.3; then
-      python3 "$here/livekit.py" bench-one --label "$label" --port "$((port_base + 100 + 10 * i))" --rounds "${BENCH_ROUNDS:-6}" \
+      ${client_pin[@]+"${client_pin[@]}"} python3 "$here/livekit.py" bench-one --label "$label" --port "$((port_base + 100 + 10 * i))" --rounds "${BENCH_ROUNDS:-6}" \
         --batch "${BENCH_BATCH:-32}" --max-new "${BENCH_MAX_NEW:-256}" --max-s "${BENCH_ONE_S:-40}" --out "$W/logs/bench-$name.json" \
         && files+=("$W/logs/bench-$name.json")
     fi

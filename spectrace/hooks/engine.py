@@ -367,7 +367,7 @@ class Tracer:
                 state = self._thread()
                 sampled = self._sampled(state)
                 with self._counter_lock:
-                    self.recorder.counters.calls_seen += 1
+                    self.recorder.counters.bump("calls_seen")
                     if sampled:
                         self._seq += 1
                     seq = self._seq
