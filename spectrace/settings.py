@@ -105,6 +105,7 @@ class Settings:
     capture_values: bool = False
     quiet: bool = False
     otlp_endpoint: str = ""
+    sglang_skip: tuple[str, ...] = ()  # SGLang patch-point features left unpatched (reported once)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -125,6 +126,7 @@ class Settings:
             flush_seconds=_positive_float(env, "SPECTRACE_FLUSH_SECONDS", DEFAULT_FLUSH_SECONDS),
             capture_values=capture_values,
             quiet=_flag(env, "SPECTRACE_QUIET", False),
+            sglang_skip=_patterns(env, "SPECTRACE_SGLANG_SKIP"),
             otlp_endpoint=env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
             or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip(),
         )

@@ -417,6 +417,31 @@ def test_missing_patch_point_reported_once(rec):
     assert len(cov) == 1 and "KimiK25ForConditionalGeneration" in cov[0].detail
 
 
+def test_skipped_feature_is_left_unpatched_and_said_once(rec, monkeypatch):
+    import types
+
+    from spectrace import runtime
+    from spectrace.integrations.sglang.points import POINTS
+
+    monkeypatch.setitem(runtime._state, "settings", Settings(sglang_skip=("acceptance",)))
+    st_install._reported.discard("acceptance")
+    point = next(p for p in POINTS if p.feature == "acceptance" and p.qualname.startswith("EAGLEWorkerV2"))
+
+    class EAGLEWorkerV2:
+        def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size=0):
+            return None
+
+    fake = types.ModuleType(point.module)
+    fake.EAGLEWorkerV2 = EAGLEWorkerV2
+    original = EAGLEWorkerV2.__dict__["on_verify_complete_cpu"]
+    assert not st_install.patch_point(fake, point)
+    assert not st_install.patch_point(fake, point)
+    assert EAGLEWorkerV2.__dict__["on_verify_complete_cpu"] is original  # nothing wrapped
+    cov = [r for r in _of(rec, Coverage) if r.kind == "not_covered" and "SPECTRACE_SGLANG_SKIP" in r.detail]
+    assert len(cov) == 1 and "acceptance" in cov[0].detail
+    st_install._reported.discard("acceptance")
+
+
 def test_graph_replay_coverage_once(rec):
     from spectrace.integrations.sglang.graphs import after_execute
 

@@ -278,6 +278,8 @@ def bench_merge(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     med = out["median_tok_s"]
     if med.get("off") and med.get("on"):
         out["ratio_of_medians"] = round(med["on"] / med["off"], 4)
+    if med.get("off") and med.get("skip"):
+        out["skip_over_off"] = round(med["skip"] / med["off"], 4)
 
     def ratio(a: str, b: str) -> float | None:
         x, y = servers.get(a, {}).get("median_tok_s"), servers.get(b, {}).get("median_tok_s")
@@ -545,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--port", type=int, required=True)
     pr.add_argument("--out", required=True)
     bo = sub.add_parser("bench-one")
-    bo.add_argument("--label", required=True, choices=("off", "on"))
+    bo.add_argument("--label", required=True, choices=("off", "on", "skip"))
     bo.add_argument("--port", type=int, required=True)
     bo.add_argument("--rounds", type=int, default=6)
     bo.add_argument("--batch", type=int, default=32)

@@ -94,6 +94,7 @@ start_server() {  # name port algorithm models spectrace(0|1) mem-fraction [extr
   local name=$1 port=$2 algo=$3 models=$4 on=$5 frac=$6 flags=${7-$extra}
   local envs=("SPECTRACE_DIR=$W/traces/$name")
   [ "$on" = 1 ] && envs+=("SPECTRACE=1")
+  [ "$on" = 1 ] && [ -n "${SKIP_FEATURES:-}" ] && envs+=("SPECTRACE_SGLANG_SKIP=$SKIP_FEATURES")
   # shellcheck disable=SC2086  # flags is a word list on purpose
   env -u SPECTRACE "${envs[@]}" ${server_pin[@]+"${server_pin[@]}"} python3 -m sglang.launch_server --model-path "$models/tiny-llama" \
     --speculative-algorithm "$algo" --speculative-draft-model-path "$models/tiny-eagle3" \
@@ -251,12 +252,21 @@ run_overhead() {
   # side, and a drift over time cancels in the pooled ratio. off-1 vs off-2 is the A/A
   # control: the spread between two identical servers. OVERHEAD_ON_SPECTRACE=0 makes all
   # four "off" (the harness's own bias, pooled).
-  local on_flag=${OVERHEAD_ON_SPECTRACE:-1} i=0 label name flag files=() n_off=0 n_on=0
+  # A third label, "skip", is SPECTRACE=1 with the SGLang features in OVERHEAD_SKIP (default:
+  # the per-step ones) left unpatched: it splits spectrace's cost into per-step hooks and the rest.
+  local on_flag=${OVERHEAD_ON_SPECTRACE:-1} i=0 label name flag files=()
+  local -A seen_label=()
   # shellcheck disable=SC2086  # OVERHEAD_ORDER is a word list (a shorter order, e.g. "on", for a quick look)
   for label in ${OVERHEAD_ORDER:-off on on off}; do
     i=$((i + 1))
-    if [ "$label" = off ]; then n_off=$((n_off + 1)); name=overhead-off-$n_off; else n_on=$((n_on + 1)); name=overhead-on-$n_on; fi
-    flag=0; [ "$label" = on ] && flag=$on_flag
+    seen_label[$label]=$(( ${seen_label[$label]:-0} + 1 ))
+    name=overhead-$label-${seen_label[$label]}
+    flag=0; SKIP_FEATURES=
+    [ "$label" = on ] && flag=$on_flag
+    if [ "$label" = skip ]; then
+      flag=1
+      SKIP_FEATURES=${OVERHEAD_SKIP:-acceptance,graph_replay,draft_graph_replay,draft_extend_graph_replay,draft_extend_stale_input}
+    fi
     if [ "$(left)" -lt 75 ]; then
       say "overhead: $(left)s left, $name not run"
       break
@@ -275,7 +285,7 @@ run_overhead() {
   else
     echo "no overhead server came up" > "$W/logs/status-overhead.txt"
   fi
-  for name in overhead-on-1 overhead-on-2; do [ -d "$W/traces/$name" ] && view "$name"; done
+  for name in overhead-on-1 overhead-on-2 overhead-skip-1; do [ -d "$W/traces/$name" ] && view "$name"; done
   mark overhead_done
 }
 

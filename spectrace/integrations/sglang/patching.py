@@ -150,9 +150,28 @@ def _current(point: Point) -> Any:
     return getattr(*owner, None) if owner is not None else None
 
 
+def skipped(point: Point) -> bool:
+    """A feature the user turned off (``SPECTRACE_SGLANG_SKIP``): left unpatched, said once."""
+    try:
+        from ... import runtime
+
+        skip = runtime.settings().sglang_skip
+    except Exception:
+        return False
+    if point.feature not in skip and "all" not in skip:
+        return False
+    if point.feature not in _reported:
+        _reported.add(point.feature)
+        try:
+            state.recorder().coverage("not_covered", f"SGLang {point.target}: {point.feature} is not checked (SPECTRACE_SGLANG_SKIP)")
+        except Exception:
+            pass
+    return True
+
+
 def patch_point(module: ModuleType, point: Point) -> bool:
-    """Patch one point on an imported module; False if it is missing or already patched."""
-    if point.key in _claimed:
+    """Patch one point on an imported module; False if it is missing, skipped or already patched."""
+    if point.key in _claimed or skipped(point):
         return False
     owner = _owner(module, point.qualname)
     if owner is None:
@@ -254,7 +273,7 @@ def register_with_hook_registry() -> list[str]:
 
     # Claim first: the import hook (runtime.activate, or the .pth bootstrap) fires while
     # the modules below import and must leave these points to HookRegistry.
-    candidates = [p for p in POINTS if p.key not in _claimed and _applied.get(p.key) != "direct"]
+    candidates = [p for p in POINTS if p.key not in _claimed and _applied.get(p.key) != "direct" and not skipped(p)]
     pending = []
     for point in candidates:
         if is_patched(_current(point), point):
