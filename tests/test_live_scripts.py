@@ -398,3 +398,12 @@ def test_dry_run_all_phases(tmp_path):
 def _log_lines(tmp_path, name):
     with open(tmp_path / "spectrace-live" / "logs" / f"server-{name}.log", encoding="utf-8") as fh:
         return fh.read().splitlines()
+
+
+def test_steal_share_is_the_hypervisors_part_of_the_cpu_time_between_readings():
+    before = [100, 0, 50, 800, 10, 0, 5, 35]
+    after = [160, 0, 80, 880, 10, 0, 10, 60]  # 200 jiffies passed, 25 of them stolen
+    assert lk.steal_share(before, after) == 0.125
+    assert lk.steal_share(None, after) is None and lk.steal_share(before, before) is None
+    reading = lk.cpu_times()
+    assert reading is None or (len(reading) == 8 and all(v >= 0 for v in reading))

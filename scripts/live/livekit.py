@@ -228,6 +228,27 @@ def _timed_batch(port: int, batch: int, max_new: int, offset: int) -> dict[str, 
     return {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall if wall > 0 else 0.0}
 
 
+def cpu_times() -> list[int] | None:
+    """The machine's aggregate CPU jiffies from /proc/stat (user nice system idle iowait irq
+    softirq steal); None off Linux."""
+    try:
+        with open("/proc/stat", encoding="ascii") as fh:
+            fields = fh.readline().split()
+        return [int(x) for x in fields[1:9]]
+    except (OSError, ValueError):
+        return None
+
+
+def steal_share(before: list[int] | None, after: list[int] | None) -> float | None:
+    """Share of CPU time the hypervisor took (steal) between two readings: on a VM, a
+    neighbour's load slows a host-bound server for stretches that no A/B design removes."""
+    if not before or not after or len(before) < 8 or len(after) < 8:
+        return None
+    delta = [b - a for a, b in zip(before, after)]
+    total = sum(delta)
+    return round(delta[7] / total, 4) if total > 0 else None
+
+
 def bench(ports: dict[str, int], rounds: int, batch: int, max_new: int, warmup: int = 1,
           max_s: float | None = None) -> dict[str, Any]:
     """Interleaved decode throughput: each round runs every server once, the order alternating.
@@ -269,7 +290,7 @@ def bench_merge(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
         rates = [r["tok_s"] for r in res["runs"][label]]
         by_label.setdefault(label, []).extend(rates)
         servers[name] = {"label": label, "rounds": len(rates), "median_tok_s": round(statistics.median(rates), 1) if rates else None,
-                         "tok_s": [round(x, 1) for x in rates]}
+                         "tok_s": [round(x, 1) for x in rates], "cpu_steal_share": res.get("cpu_steal_share")}
     out: dict[str, Any] = {"design": "one server at a time, order " + ", ".join(results), "servers": servers,
                            "median_tok_s": {k: round(statistics.median(v), 1) for k, v in by_label.items() if v}}
     first = next(iter(results.values()), {})
@@ -507,9 +528,9 @@ def render_markdown(summary: dict[str, Any]) -> str:
         out += ["## Overhead: healthy server, SPECTRACE off vs on (one server at a time, ABBA)", ""]
         if "median_tok_s" in ov:
             out += [f"- {ov.get('design')}; batch {ov.get('batch')} × {ov.get('max_new_tokens')} new tokens",
-                    "| server | rounds | median tokens/s | per round |", "|---|---|---|---|"]
+                    "| server | rounds | median tokens/s | CPU steal | per round |", "|---|---|---|---|---|"]
             for name, sv in (ov.get("servers") or {}).items():
-                out.append(f"| {name} | {sv['rounds']} | {_fmt(sv['median_tok_s'])} | {_fmt(sv['tok_s'])} |")
+                out.append(f"| {name} | {sv['rounds']} | {_fmt(sv['median_tok_s'])} | {_fmt(sv.get('cpu_steal_share'))} | {_fmt(sv['tok_s'])} |")
             out += ["", f"- pooled median tokens/s: {ov['median_tok_s']}; on/off: **{_fmt(ov.get('ratio_of_medians'))}**",
                     f"- neighbouring pairs: {ov.get('pair_ratios')}",
                     f"- A/A (same label, two servers): off {_fmt(ov.get('aa_off'))}, on {_fmt(ov.get('aa_on'))}"]
@@ -578,7 +599,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{res['mean_spec_accept_length']}, errors {len(res['errors'])}", flush=True)
         return 0 if res["requests"] else 1
     if a.cmd == "bench-one":
+        before = cpu_times()
         res = bench({a.label: a.port}, a.rounds, a.batch, a.max_new, warmup=a.warmup, max_s=a.max_s)
+        res["cpu_steal_share"] = steal_share(before, cpu_times())
         with open(a.out, "w", encoding="utf-8") as fh:
             json.dump(res, fh, indent=1)
         print(f"bench {a.label} port {a.port}: median tok/s {res['median_tok_s']} over {res['rounds']} rounds", flush=True)
