@@ -490,3 +490,5 @@ def test_view_states_what_spectrace_own_serving_hooks_cost(tmp_path: Path, capsy
     assert view_main([str(tmp_path), "--json"]) == 0
     header = json.loads(capsys.readouterr().out)["header"]
     assert (header["hook_calls"], header["hook_us_per_call"], header["hook_us_per_verify_step"]) == (200, 5.0, 25.0)
+    # Acceptance records carry no time: no span is claimed (it used to print "span 0.0 s").
+    assert header["span_s"] is None and "span" not in out

@@ -219,11 +219,13 @@ def _header(ts: TraceSet, files: list[TraceFile], calls: list[Call], flt: ViewFi
         for f in files
     ]
     starts = [f.header.started_unix for f in files if f.header]
-    times = starts + [c.t_unix for c in calls if c.t_unix]
+    stamped = [c.t_unix for c in calls if c.t_unix]
     started = span = None
     if starts:
         started = datetime.fromtimestamp(min(starts), tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-        span = round(max(times) - min(starts), 3)
+        # Only call records carry a time: a serving trace under CUDA graphs (acceptance
+        # records only) has no span to state, and "0.0 s" would read as a measurement.
+        span = round(max(starts + stamped) - min(starts), 3) if stamped else None
     dropped, gaps = _coverage(files)
     hook_calls, hook_us, hook_us_step = _hook_cost(files)
     return HeaderSummary(

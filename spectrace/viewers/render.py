@@ -139,7 +139,8 @@ class HeaderPanel:
         else:
             lines.append("no steps traced")
         if h.started:
-            lines.append(f"\nstarted {h.started}, span {h.span_s:.1f} s")
+            span = f", span {h.span_s:.1f} s" if h.span_s is not None else ""
+            lines.append(f"\nstarted {h.started}{span}")
         lines.append("\nrecords dropped ")
         lines.append(str(h.records_dropped), style="bold red" if h.records_dropped else "green")
         if h.records_dropped:
