@@ -254,3 +254,28 @@ def test_step_readback_reduces_each_slot_of_a_step_buffer():
         got = S.to_stats(values[index], t.numel())
         assert got.mean == pytest.approx(t.double().mean().item(), abs=1e-6)
         assert got.absmax == pytest.approx(t.abs().max().item(), rel=1e-6)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="fused kernel on CPU needs TRITON_INTERPRET=1")
+def test_graph_slots_skip_zeroing_only_when_the_rows_left_are_known_zero(monkeypatch):
+    pytest.importorskip("triton")
+    monkeypatch.setitem(S._triton_state, ("programs", "cpu"), 64)
+    assert S.check_fused("cpu")  # compiles and checks both kernel variants
+    gs = GraphStats(capacity=2, device="cpu", fused=True)
+    big = torch.randn(40 * S.BLOCK, generator=torch.Generator().manual_seed(1)) * 2
+    small = torch.randn(3 * S.BLOCK + 7, generator=torch.Generator().manual_seed(2)) + 1
+    for t in (small, small, big, small):  # same size (no zeroing), larger, then smaller again (must zero)
+        gs.record("h", t)
+        _assert_close(gs.read()["h"], _ref(t))
+    assert gs._written[gs.slots["h"]] == 1  # the small tensor's single program
+
+
+def test_a_torch_path_record_clears_rows_a_fused_launch_left_in_its_slot():
+    gs = GraphStats(capacity=1, device="cpu", fused=True)  # P rows per slot; nothing launched below
+    assert gs.programs > 1
+    gs.buffer[0, 1:] = 5.0  # as a fused launch with more programs would have left them
+    gs._written[0] = gs.programs
+    x = torch.randn(100, generator=torch.Generator().manual_seed(3), dtype=torch.float64)  # not a kernel dtype
+    gs.record("x", x)
+    _assert_close(gs.read()["x"], _ref(x))
+    assert gs._written[0] == 1

@@ -66,6 +66,10 @@ class GraphStats:
         self.capacity = capacity
         # Zeroed once: rows a torch-path slot never writes stay neutral (0 adds, 0 is <= any absmax).
         self.buffer = torch.zeros(capacity, self.programs, ROW, device=self.device, dtype=torch.float64)
+        # Leading rows of each slot that may hold values (the rest are zero): a slot fed the
+        # same tensor size on every replay then skips zeroing the rows it does not write
+        # (at batch 1 that zeroing was most of the kernel's work).
+        self._written = [0] * capacity
         self.slots: dict[str, int] = {}
         self.numel: list[int] = []
         self.shapes: list[list[int]] = []
@@ -102,8 +106,12 @@ class GraphStats:
         if x.device != self.device:
             raise ValueError(f"{name}: tensor on {x.device}, GraphStats on {self.device}")
         if self.fused and x.dtype in _TRITON_DTYPES and x.is_contiguous():
-            launch_partials(x, self.buffer, index)
-        elif x.device.type == "cpu":
+            launch_partials(x, self.buffer, index, self._written)
+            return True
+        if self._written[index] > 1:
+            self.buffer[index, 1:].zero_()  # an earlier fused launch filled more rows
+        self._written[index] = 1
+        if x.device.type == "cpu":
             self.buffer[index, 0].copy_(_cpu_stats(x))
         else:
             self.buffer[index, 0].copy_(_torch_stats(x))

@@ -210,11 +210,14 @@ def programs_for(device: torch.device) -> int:
     return _triton_state[key]
 
 
-def launch_partials(x: torch.Tensor, out: torch.Tensor, slot: int = 0) -> None:
+def launch_partials(x: torch.Tensor, out: torch.Tensor, slot: int = 0, written: list[int] | None = None) -> None:
     """Enqueue the fused kernel: contiguous float ``x`` -> float64 ``out[slot]``.
 
     ``out`` is ``(P, 5)`` (then ``slot`` is 0) or a ``(slots, P, 5)`` buffer; passing the
-    whole buffer and a slot number saves a slicing op per tensor.
+    whole buffer and a slot number saves a slicing op per tensor. ``written[slot]``, when
+    given, is how many leading rows of the slot may hold values (the rest are known to be
+    zero): the kernel then zeroes only if this launch writes fewer rows, and the count is
+    updated. Without it every launch zeroes the rows it does not write.
     """
     kernel = _load_triton()
     rows = out.shape[-2]
@@ -224,7 +227,10 @@ def launch_partials(x: torch.Tensor, out: torch.Tensor, slot: int = 0) -> None:
     per = -(-full // grid)  # whole blocks per program
     per = -(-per // TILE) * TILE  # whole tiles, so only the last program reads single blocks
     grid = max(1, min(grid, -(-full // per))) if full else 1
-    kernel[(grid,)](x, out, n, per, slot, rows, BLOCK=BLOCK, TILE=TILE, num_warps=WARPS)
+    zero_rest = written is None or grid < written[slot]
+    kernel[(grid,)](x, out, n, per, slot, rows, BLOCK=BLOCK, TILE=TILE, ZERO_REST=zero_rest, num_warps=WARPS)
+    if written is not None:
+        written[slot] = grid
 
 
 def fused_supported(x: torch.Tensor) -> bool:
@@ -271,6 +277,12 @@ def check_fused(device: torch.device | str) -> bool:
             if bool(out[:2].any()):
                 return False
             row = reduce_rows([out[2]])[0].tolist()
+            # The variant that leaves known-zero rows alone (graph-safe slots): compiled
+            # here, outside any capture, and it must give the same row.
+            kept = torch.zeros(1, programs_for(device), ROW, device=device, dtype=torch.float64)
+            launch_partials(x, kept, 0, [0])
+            if reduce_rows([kept[0]])[0].tolist() != row:
+                return False
             r = x.double().cpu()
             return (
                 abs(row[SUM] - float(r.sum())) <= 1e-4 * float(r.abs().sum())

@@ -28,7 +28,7 @@ def accumulate(v, acc_s, acc_q, acc_m, acc_nan, acc_inf):
 # compile a new variant (a stall of a second, mid-forward) whenever one of them is 1
 # or divisible by 16 for the first time.
 @triton.jit(do_not_specialize=["n", "per", "slot", "rows"])
-def stats_partials(x_ptr, out_ptr, n, per, slot, rows, BLOCK: tl.constexpr, TILE: tl.constexpr):
+def stats_partials(x_ptr, out_ptr, n, per, slot, rows, BLOCK: tl.constexpr, TILE: tl.constexpr, ZERO_REST: tl.constexpr):
     # Program `pid` reads whole blocks [pid*per, (pid+1)*per) of x once, in its own
     # dtype, unmasked: a block starts at a multiple of BLOCK, so loads are vectorised
     # (a mask against an unspecialised n would make every load scalar). TILE blocks are
@@ -39,7 +39,9 @@ def stats_partials(x_ptr, out_ptr, n, per, slot, rows, BLOCK: tl.constexpr, TILE
     # a bf16 value above 1.8e19 squared overflows float32, and the mean of a large
     # residual stream keeps its digits. A small tensor gets fewer programs than the
     # slot has rows (launching idle programs costs more than it reads); the programs
-    # then zero the rows nobody writes, so the slot still sums right.
+    # then zero the rows nobody writes, so the slot still sums right (ZERO_REST; a
+    # caller that knows those rows already hold zeros skips it: graph-safe slots get the
+    # same tensor size on every replay).
     pid = tl.program_id(0)
     lanes = tl.arange(0, BLOCK)
     tile_rows = tl.arange(0, TILE)
@@ -65,9 +67,10 @@ def stats_partials(x_ptr, out_ptr, n, per, slot, rows, BLOCK: tl.constexpr, TILE
         acc_s, acc_q, acc_m, acc_nan, acc_inf = accumulate(v, acc_s, acc_q, acc_m, acc_nan, acc_inf)
     grid = tl.num_programs(0)
     slot_base = out_ptr + slot.to(tl.int64) * rows * 5
-    # Rows [grid, rows) of the slot get no program: zero them, BLOCK values at a time.
-    for z in tl.range(grid * 5 + pid * BLOCK, rows * 5, grid * BLOCK):
-        tl.store(slot_base + z + lanes, tl.zeros([BLOCK], dtype=tl.float64), mask=z + lanes < rows * 5)
+    if ZERO_REST:
+        # Rows [grid, rows) of the slot get no program: zero them, BLOCK values at a time.
+        for z in tl.range(grid * 5 + pid * BLOCK, rows * 5, grid * BLOCK):
+            tl.store(slot_base + z + lanes, tl.zeros([BLOCK], dtype=tl.float64), mask=z + lanes < rows * 5)
     base = slot_base + pid * 5
     tl.store(base + 0, tl.sum(acc_s, axis=0))
     tl.store(base + 1, tl.sum(acc_q, axis=0))
