@@ -285,7 +285,7 @@ run_overhead() {
   else
     echo "no overhead server came up" > "$W/logs/status-overhead.txt"
   fi
-  for name in overhead-on-1 overhead-on-2 overhead-skip-1; do [ -d "$W/traces/$name" ] && view "$name"; done
+  for name in overhead-on-1 overhead-on-2 overhead-skip-1 overhead-skip-2; do [ -d "$W/traces/$name" ] && view "$name"; done
   mark overhead_done
 }
 
