@@ -463,7 +463,11 @@ def _plugin_probe(extra_path: str | None, queue) -> None:
         sys.modules.setdefault("torchvision._meta_registrations", type(sys)("torchvision._meta_registrations"))
         from sglang.srt.plugins import load_plugins
 
+        before = set(sys.modules)
         load_plugins()
+        # Registering imports no model code: SGLang imports what it serves, spectrace
+        # patches it then (a DeepSeek file in a Llama server was the old side effect).
+        imported_by_plugins = sorted(m for m in set(sys.modules) - before if m.startswith("sglang.srt.models"))
         from sglang.srt.models.llama import LlamaForCausalLM
         from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
 
@@ -477,6 +481,8 @@ def _plugin_probe(extra_path: str | None, queue) -> None:
                 "capture": st_sglang.hooked(LlamaForCausalLM.set_eagle3_layers_to_capture, _point("LlamaForCausalLM.set_eagle3_layers_to_capture")),
                 "routes": sorted(set(st_install.applied().values())),
                 "load_weights_wrappers": depth,
+                "imported_by_plugins": imported_by_plugins,
+                "deepseek_imported": "sglang.srt.models.deepseek_v2" in sys.modules,
             }
         )
     except BaseException as exc:  # report, never hang the parent
@@ -546,10 +552,11 @@ def test_sglang_load_plugins_in_spawn_child(tmp_path, on):
         env.update(SPECTRACE="1", SPECTRACE_DIR=str(tmp_path / "traces"), SPECTRACE_QUIET="1")
     result = _run_child(env, _fake_dist(tmp_path))
     assert result["load_weights"] is on and result["capture"] is on
+    assert result["imported_by_plugins"] == [] and not result["deepseek_imported"]
     if on:
-        # modules imported before load_plugins (runtime_context) were patched by the .pth
-        # import hook, the rest through HookRegistry; each point exactly once
-        assert "plugin" in result["routes"]
+        # Points of modules imported before load_plugins go through HookRegistry, the
+        # rest are patched by the import hook when SGLang imports them; each exactly once.
+        assert result["routes"] and set(result["routes"]) <= {"plugin", "direct"}
         assert result["load_weights_wrappers"] == 1
     else:
         assert result["routes"] == [] and result["load_weights_wrappers"] == 0

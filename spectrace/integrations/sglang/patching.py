@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 import sys
 import threading
 import time
@@ -200,12 +201,31 @@ def patch_module(module: ModuleType) -> None:
 
 
 def module_exists(name: str) -> bool:
+    """Whether ``name`` could be imported, without importing it or its parent packages.
+
+    ``importlib.util.find_spec`` would import every parent package; in a server process
+    that can pull in code the server itself never loads. The source file is looked for
+    under the already imported (or merely located) top-level package instead.
+    """
     if name in sys.modules:
         return True
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
+    top, _, rest = name.partition(".")
+    package = sys.modules.get(top)
+    roots = list(getattr(package, "__path__", None) or [])
+    if package is None:
+        try:
+            spec = importlib.util.find_spec(top)  # a top-level name imports nothing
+        except (ImportError, ValueError):
+            return False
+        roots = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not rest:
+        return bool(roots) or package is not None
+    parts = rest.split(".")
+    for root in roots:
+        base = os.path.join(root, *parts)
+        if os.path.isfile(base + ".py") or os.path.isfile(os.path.join(base, "__init__.py")):
+            return True
+    return False
 
 
 def install_direct() -> list[str]:
@@ -259,11 +279,14 @@ def hooked(target_fn: Any, point: Point) -> bool:
 
 
 def register_with_hook_registry() -> list[str]:
-    """Plugin route: hand every available point to SGLang's HookRegistry (0.5.17+).
+    """Plugin route (0.5.17+): patch SGLang without importing anything it does not load.
 
-    HookRegistry imports each target's module when it applies the hooks; importing it
-    here first costs nothing more and lets a module that fails to import, or a method a
-    version lacks, be reported once as "not covered" instead of a traceback in the log.
+    SGLang calls this at the start of every process it runs, before any model code is
+    imported. HookRegistry imports each registered target's module when it applies the
+    hooks, so registering every point would import every model file spectrace knows
+    (DeepSeek and Kimi into a Llama server, all of them into the HTTP process). Only the
+    points whose module is already imported go to HookRegistry; the others are patched
+    by the import hook as SGLang imports their modules (the same hook functions).
     """
     import importlib
 
@@ -271,16 +294,20 @@ def register_with_hook_registry() -> list[str]:
 
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    # Claim first: the import hook (runtime.activate, or the .pth bootstrap) fires while
-    # the modules below import and must leave these points to HookRegistry.
-    candidates = [p for p in POINTS if p.key not in _claimed and _applied.get(p.key) != "direct" and not skipped(p)]
+    # Claim first: the import hook (runtime.activate, or the .pth bootstrap) must leave
+    # these points to HookRegistry.
+    candidates = [
+        p for p in POINTS
+        if p.module in sys.modules and p.key not in _claimed and _applied.get(p.key) != "direct" and not skipped(p)
+    ]
     pending = []
     for point in candidates:
         if is_patched(_current(point), point):
             continue  # the import hook got there first
         _claimed.add(point.key)
         pending.append(point)
-    runtime.activate()  # exit flush + import hooks for anything else; idempotent
+    runtime.activate()  # exit flush + import hooks (runtime.INTEGRATIONS); idempotent
+    install_direct()  # the points of modules not imported yet: patched when SGLang imports them
     registered: list[str] = []
     for point in pending:
         if not module_exists(point.module):
