@@ -134,12 +134,19 @@ spectrace: warning: not covered: SGLang graph replay is not traced per module
 ==== (written to the trace; repeats are counted, not printed) ====
 [2026-11-30 12:00:05] Decode batch, #running-req: 1, accept len: 1.50, accept rate: 0.17, cuda graph: True
 [2026-11-30 12:00:06] Decode batch, #running-req: 1, accept len: 1.00, accept rate: 0.00, cuda graph: True
+[2026-11-30 12:00:07] Decode batch, #running-req: 32, #token: 9152, accept len: 1.00, cuda graph: True, gen throughput (token/s): 10000.00, #queue-req: 0
+[2026-11-30 12:00:08] Decode batch, #running-req: 32, #token: 9312, accept len: 1.00, cuda graph: True, gen throughput (token/s): 6000.00, #queue-req: 0
+[2026-11-30 12:00:09] Decode batch, #running-req: 32, #token: 9472, accept len: 1.00, cuda graph: True, gen throughput (token/s): 10400.00, #queue-req: 0
+[2026-11-30 12:00:10] Decode batch, #running-req: 7, #token: 900, accept len: 1.00, cuda graph: True, gen throughput (token/s): 2000.00, #queue-req: 0
 """
 
 
 def test_parse_server_log():
     got = lk.parse_server_log(SERVER_LOG)
-    assert got["accept_len_lines"] == [1.5, 1.0] and got["accept_len_last"] == 1.0
+    assert got["accept_len_lines"] == [1.5, 1.0, 1.0, 1.0, 1.0, 1.0] and got["accept_len_last"] == 1.0
+    # The scheduler's own rate at the full batch (32 here); the tail batch of 7 is left out.
+    assert got["gen_throughput_at_full_batch"] == {"running_req": 32, "intervals": 3, "median": 10000.0,
+                                                   "share_below_80pct_of_p90": 0.333}
     assert got["findings_printed"] == [{"severity": "error", "code": "fc_bypass", "where": "draft.model.fc"}]
     assert any("not covered" in ln for ln in got["spectrace_lines"])
     assert got["graph_lines"] and all("graph" in ln.lower() for ln in got["graph_lines"])

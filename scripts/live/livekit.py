@@ -36,7 +36,7 @@ VARIANTS: dict[str, str] = {
     "layers0": "draft with speculators-style `layers.0.*` decoder keys",
 }
 # The overhead phase: one healthy server at a time, without / with SPECTRACE=1, ABBA order.
-OVERHEAD_SERVERS = ("overhead-off-1", "overhead-on-1", "overhead-on-2", "overhead-off-2")
+OVERHEAD_SERVERS = ("overhead-off-1", "overhead-on-1", "overhead-on-2", "overhead-off-2", "overhead-skip-1", "overhead-skip-2")
 
 # ----------------------------------------------------------------------------- boot
 
@@ -329,6 +329,7 @@ def bench_stats(runs: dict[str, list[dict[str, Any]]], base: str = "off", other:
 # -------------------------------------------------------------------------- the logs
 
 _ACCEPT = re.compile(r"accept len: ([0-9.]+)")
+_GEN = re.compile(r"#running-req: (\d+),.*gen throughput \(token/s\): ([0-9.]+)")
 _BLOCK = re.compile(r"^==== spectrace: (ERROR|WARNING) (\S+)(?: at (\S+))? ====$")
 _SPECTRACE_LINE = re.compile(r"^spectrace: .*$")
 _GRAPH = re.compile(r"graph|replay", re.I)
@@ -338,6 +339,11 @@ def parse_server_log(text: str) -> dict[str, Any]:
     """What a server log says: SGLang's accept lengths, spectrace's printed findings and notes."""
     lines = text.splitlines()
     accepts = [float(m.group(1)) for m in (_ACCEPT.search(ln) for ln in lines) if m]
+    # The scheduler's own decode rate per log interval, at the batch it ran: a second
+    # throughput figure, free of the client's timing, whose stretches show slow phases.
+    gen = [(int(m.group(1)), float(m.group(2))) for m in (_GEN.search(ln) for ln in lines) if m]
+    full = max((n for n, _ in gen), default=0)
+    at_full = [rate for n, rate in gen if n == full]
     blocks = [{"severity": m.group(1).lower(), "code": m.group(2), "where": m.group(3)}
               for m in (_BLOCK.match(ln.strip()) for ln in lines) if m]
     spectrace_lines = [ln.strip() for ln in lines if _SPECTRACE_LINE.match(ln.strip())]
@@ -348,6 +354,11 @@ def parse_server_log(text: str) -> dict[str, Any]:
     return {
         "accept_len_lines": accepts,
         "accept_len_last": accepts[-1] if accepts else None,
+        "gen_throughput_at_full_batch": {"running_req": full, "intervals": len(at_full),
+                                         "median": round(statistics.median(at_full), 1) if at_full else None,
+                                         "share_below_80pct_of_p90": round(
+                                             sum(r < 0.8 * sorted(at_full)[int(0.9 * (len(at_full) - 1))] for r in at_full) / len(at_full), 3)
+                                         if at_full else None},
         "findings_printed": blocks,
         "spectrace_lines": notes,
         "graph_lines": [ln for ln in notes if _GRAPH.search(ln)],
@@ -531,6 +542,11 @@ def render_markdown(summary: dict[str, Any]) -> str:
                     "| server | rounds | median tokens/s | CPU steal | per round |", "|---|---|---|---|---|"]
             for name, sv in (ov.get("servers") or {}).items():
                 out.append(f"| {name} | {sv['rounds']} | {_fmt(sv['median_tok_s'])} | {_fmt(sv.get('cpu_steal_share'))} | {_fmt(sv['tok_s'])} |")
+            gens = {name: log.get("gen_throughput_at_full_batch") for name, log in (ov.get("logs") or {}).items()}
+            if any(g and g.get("median") for g in gens.values()):
+                out += ["", "Scheduler's own decode rate at full batch (log intervals): median tokens/s, share of intervals below 80 % of its p90:"]
+                out += [f"- {name}: {_fmt(g.get('median'))} over {g.get('intervals')} intervals, slow share {_fmt(g.get('share_below_80pct_of_p90'))}"
+                        for name, g in gens.items() if g and g.get("median")]
             out += ["", f"- pooled median tokens/s: {ov['median_tok_s']}; on/off: **{_fmt(ov.get('ratio_of_medians'))}**",
                     f"- neighbouring pairs: {ov.get('pair_ratios')}",
                     f"- A/A (same label, two servers): off {_fmt(ov.get('aa_off'))}, on {_fmt(ov.get('aa_on'))}"]
