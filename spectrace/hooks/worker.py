@@ -47,7 +47,7 @@ class RecordWorker:
         max_items: int = 256,
         stall_seconds: float = 5.0,
         lag_seconds: float = 0.2,
-        backlog: int = 32,
+        backlog: int = 8,
         name: str = "spectrace-records",
     ) -> None:
         self._build = build
@@ -55,7 +55,9 @@ class RecordWorker:
         self._max = max(1, max_items)
         self._stall = stall_seconds
         self._lag = lag_seconds
-        self._backlog = max(2, backlog)  # this many waiting: build whatever the device does
+        # This many waiting: build whatever the device does. Each waiting step holds its
+        # statistics buffer (about 2.7 MB of device memory on an H200), so keep it small.
+        self._backlog = max(2, backlog)
         self._flushing = 0
         self._name = name
         self._queue: collections.deque[Any] = collections.deque()
