@@ -5,6 +5,6 @@ cd "$(dirname "$0")/.."
 bash scripts/setup-venv.sh --with-sglang
 # The fused statistics kernel runs on GPUs only; Triton's interpreter runs its logic here
 # (the variable must be set before Triton is imported, hence a process of its own).
-TRITON_INTERPRET=1 .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_graphsafe.py -k "interpreter or zeroes"
+TRITON_INTERPRET=1 .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_graphsafe.py -k "interpreter or zeroes or zeroing"
 # --dist loadfile: a module-scoped fixture (the demo runs) is built once, on one worker.
 exec .venv/bin/python -m pytest -q -n 2 --dist loadfile "$@"
