@@ -217,7 +217,7 @@ class Recorder:
         key = f"{kind}:{detail}"
         existing = self._coverage.get(key)
         if existing is not None:
-            existing.count += 1
+            existing.bump("count")
             return
         record = Coverage(kind=kind, detail=detail, step=step)  # type: ignore[arg-type]
         self._coverage[key] = record

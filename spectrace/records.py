@@ -23,6 +23,12 @@ class _Record(BaseModel):
     # Unknown keys from a newer minor writer are kept rather than rejected.
     model_config = ConfigDict(extra="allow")
 
+    def bump(self, name: str, delta: float = 1) -> None:
+        """Add to a numeric field on a hot path. These fields have no validator, and
+        pydantic's ``__setattr__`` costs about 1 us where a dict update costs 0.05: a
+        serving engine's step bumps several."""
+        self.__dict__[name] += delta
+
 
 class TensorStats(_Record):
     """Statistics of one tensor, computed on its device (float64 on the host side).
@@ -164,12 +170,6 @@ class Counters(_Record):
     graph_replay_steps: int = 0
     hook_calls: int = Field(0, description="calls of spectrace's BEFORE/AFTER hooks in a serving engine")
     hook_seconds: float = Field(0.0, description="host time inside those hooks (the engine's own work excluded)")
-
-    def bump(self, name: str, delta: float = 1) -> None:
-        """Add to a counter on a hot path. Counters are plain numbers with no validator,
-        and pydantic's ``__setattr__`` costs about 1 us where a dict update costs 0.05:
-        a serving engine's step bumps several."""
-        self.__dict__[name] += delta
 
 
 Record = Annotated[

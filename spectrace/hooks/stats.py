@@ -264,7 +264,8 @@ def check_fused(device: torch.device | str) -> bool:
                 x = ref.to(device=device, dtype=dtype)
                 out = torch.empty(programs_for(device), ROW, device=device, dtype=torch.float64)
                 launch_partials(x, out)
-                row = reduce_rows([out])[0].tolist()
+                reduced = reduce_rows([out])
+                row = reduced[0].tolist()
                 # +inf and -inf and a NaN: the sum is NaN, absmax is inf (NaN ignored).
                 if not (math.isnan(row[SUM]) and row[NAN] == 1 and row[INF] == 2 and row[ABSMAX] == math.inf):
                     return False
@@ -272,7 +273,7 @@ def check_fused(device: torch.device | str) -> bool:
                 # dtype: compiled here, outside any capture, and it must agree.
                 kept = torch.zeros(1, programs_for(device), ROW, device=device, dtype=torch.float64)
                 launch_partials(x, kept, 0, [0])
-                if not torch.equal(reduce_rows([kept[0]]).nan_to_num(nan=-1.0), reduce_rows([out]).nan_to_num(nan=-1.0)):
+                if not torch.equal(reduce_rows([kept[0]]).nan_to_num(nan=-1.0), reduced.nan_to_num(nan=-1.0)):
                     return False
             # A finite tensor: sums against float64.
             x = (torch.randn(5 * BLOCK + 3, generator=gen, dtype=torch.float64) + 0.5).to(device=device, dtype=torch.float32)

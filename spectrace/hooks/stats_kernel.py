@@ -34,8 +34,8 @@ def stats_partials(x_ptr, out_ptr, n, per, slot, rows, BLOCK: tl.constexpr, TILE
     # (a mask against an unspecialised n would make every load scalar). TILE blocks are
     # loaded at once (more bytes in flight for the same accumulators); the blocks that
     # do not fill a tile are read one by one. The last, partial block is read masked by
-    # program 0. Each writes [sum, sumsq, absmax (NaN
-    # ignored), nan count, inf count] to out[slot, pid]. Sums accumulate in float64:
+    # program 0. Each writes [sum, sumsq, absmax (NaN ignored), nan count, inf count] to
+    # out[slot, pid]. Sums accumulate in float64:
     # a bf16 value above 1.8e19 squared overflows float32, and the mean of a large
     # residual stream keeps its digits. A small tensor gets fewer programs than the
     # slot has rows (launching idle programs costs more than it reads); the programs

@@ -138,8 +138,8 @@ class RecordWorker:
 
     def _host_waiting(self) -> bool:
         # Called with the condition held: the newest submitted step's device work is still
-        # running, so the host is (about to be) waiting on it.
-        # Nothing newer waiting: this build is due to lag or a flush; go straight through.
+        # running, so the host is (about to be) waiting on it. With nothing newer waiting
+        # the build is due to the lag or a flush: go straight through.
         busy = self._queue[-1][2] if self._queue else None
         if busy is None:
             return True
@@ -164,16 +164,13 @@ class RecordWorker:
         if threading.current_thread() is not self._thread:
             return
         with self._cond:
-            if self._urgent() or self._host_waiting():
-                waiting = False
-            else:
-                waiting = True
+            if not (self._urgent() or self._host_waiting()):
                 seen = self._submitted
                 self._cond.wait_for(lambda: self._submitted != seen or self._urgent(), timeout=self._lag)
-        if not waiting:
-            # Without this a host thread that wants the GIL waits for the switch interval
-            # (5 ms) each time it gets here.
-            time.sleep(0)
+                return
+        # Without this a host thread that wants the GIL waits for the switch interval
+        # (5 ms) each time it gets here.
+        time.sleep(0)
 
     def _loop(self) -> None:
         while True:

@@ -51,10 +51,10 @@ def record_step(correct: Sequence[int], k: int) -> Acceptance:
     window.append(record)
     # Checked once per full window of verify steps, not on every step's sliding window:
     # a collapse lasts far longer than one window, and this runs on every step of a server.
-    if len(window) >= COLLAPSE_WINDOW and "acceptance_collapse" not in state.STATE.once:
-        for found in check_acceptance(list(window)):
-            state.emit_once(found.code, lambda found=found: found)
     if len(window) >= COLLAPSE_WINDOW:
+        if "acceptance_collapse" not in state.STATE.once:
+            for found in check_acceptance(list(window)):
+                state.emit_once(found.code, lambda found=found: found)
         window.clear()
     return record
 

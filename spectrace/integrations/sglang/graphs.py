@@ -36,7 +36,7 @@ def _replayed(runner: str) -> None:
     except Exception:
         pass
     if record is not None:
-        record.__dict__["count"] += 1  # every replay: skip pydantic's __setattr__ (see Counters.bump)
+        record.bump("count")
         return
     record = Coverage(
         kind="graph_replay",
