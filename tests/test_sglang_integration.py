@@ -442,6 +442,18 @@ def test_skipped_feature_is_left_unpatched_and_said_once(rec, monkeypatch):
     st_install._reported.discard("acceptance")
 
 
+def test_a_misspelled_skip_feature_gets_one_line_and_nothing_else(rec, monkeypatch, capsys):
+    from spectrace import runtime
+    from spectrace.integrations.sglang.points import POINTS
+
+    monkeypatch.setitem(runtime._state, "settings", Settings(sglang_skip=("acceptence",)))
+    monkeypatch.setattr(st_install, "_skip_checked", [])
+    for point in POINTS:
+        assert not st_install.skipped(point)  # nothing is skipped by a name that matches no feature
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and "SPECTRACE_SGLANG_SKIP" in err[0] and "acceptence" in err[0]
+
+
 def test_graph_replay_coverage_once(rec):
     from spectrace.integrations.sglang.graphs import after_execute
 

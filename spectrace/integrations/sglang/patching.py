@@ -151,14 +151,24 @@ def _current(point: Point) -> Any:
     return getattr(*owner, None) if owner is not None else None
 
 
+_skip_checked: list[bool] = []
+
+
 def skipped(point: Point) -> bool:
     """A feature the user turned off (``SPECTRACE_SGLANG_SKIP``): left unpatched, said once."""
     try:
         from ... import runtime
+        from ...settings import warn
 
         skip = runtime.settings().sglang_skip
     except Exception:
         return False
+    if skip and not _skip_checked:
+        _skip_checked.append(True)
+        unknown = sorted(set(skip) - {p.feature for p in POINTS} - {"all"})
+        if unknown:
+            known = ", ".join(sorted({p.feature for p in POINTS}))
+            warn(f"SPECTRACE_SGLANG_SKIP names no SGLang feature: {', '.join(unknown)} (ignored; known: {known}, all)")
     if point.feature not in skip and "all" not in skip:
         return False
     if point.feature not in _reported:
