@@ -246,6 +246,22 @@ run_variants() {
 }
 
 # -------------------------------------------------------------------- phase: overhead
+snapshot_processes() {  # name: CPU time, threads and GPU contexts of the server's process tree
+  # after its bench, so an on/off gap can be placed in a process (scheduler, tokenizer, ...).
+  local name=$1 root=${PID[$1]-} f="$W/logs/procs-$1.txt"
+  [ -n "$root" ] || return 0
+  {
+    echo "# ps: pid ppid threads cpu-time rss-kb command (the server's process tree)"
+    ps -eo pid=,ppid=,nlwp=,time=,rss=,args= | awk -v root="$root" '
+      { pid[NR]=$1; ppid[NR]=$2; line[NR]=$0 } END {
+        keep[root]=1
+        for (pass = 0; pass < 4; pass++) for (i = 1; i <= NR; i++) if (ppid[i] in keep) keep[pid[i]]=1
+        for (i = 1; i <= NR; i++) if (pid[i] in keep) print substr(line[i], 1, 200) }'
+    echo "# nvidia-smi compute apps: pid, used memory"
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader 2>/dev/null || true
+  } > "$f"
+}
+
 run_overhead() {
   # One healthy server at a time, in the order off, on, on, off (ABBA): each measured alone
   # on the GPU from the same fresh start, so neither co-tenancy nor start order favours a
@@ -277,6 +293,7 @@ run_overhead() {
         --batch "${BENCH_BATCH:-32}" --max-new "${BENCH_MAX_NEW:-256}" --max-s "${BENCH_ONE_S:-40}" --out "$W/logs/bench-$name.json" \
         && files+=("$W/logs/bench-$name.json")
     fi
+    snapshot_processes "$name"
     stop_servers "$name"
     mark "$name"
   done
