@@ -106,6 +106,9 @@ def main() -> None:
           f"bare {bare:.2f} us, with spectrace's wrappers {traced:.2f} us: spectrace adds {traced - bare:.2f} us")
     print(f"accounting (hook_seconds / hook_calls): {counters.hook_seconds / max(counters.hook_calls, 1) * 1e6:.2f} us per hook call, "
           f"{counters.hook_calls} calls; records dropped {counters.records_dropped}")
+    steps = args.rounds * args.steps
+    split = {k: round(v / steps * 1e6, 2) for k, v in sorted(counters.hook_seconds_by_feature.items(), key=lambda kv: -kv[1])}
+    print(f"by hook, us per verify step: {split}")
 
 
 if __name__ == "__main__":

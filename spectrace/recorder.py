@@ -23,7 +23,7 @@ import time
 from typing import Any, Callable, Iterable
 
 from . import __version__
-from .records import Call, Counters, Coverage, Finding, Header
+from .records import RECORD_ADAPTER, Acceptance, Call, Counters, Coverage, Finding, Header
 from .settings import Settings, warn
 from .sinks.jsonl import JsonlSink, trace_file_name
 
@@ -105,6 +105,10 @@ class Recorder:
         self.calls: collections.deque[str] = collections.deque(maxlen=settings.record_cap)
         self._parsed: tuple[int, list[Call]] = (-1, [])
         self._calls_added = 0
+        # Non-call records in emission order. Acceptance records are kept as their JSON
+        # line: a server emits one per verify step, and a str is not tracked by the
+        # garbage collector, where 50k pydantic objects (each a dict, a set and lists)
+        # made every collection in the host process slower. Parsed again on read.
         self.important: list[Any] = []
         self.counters = Counters()
         self._pending: collections.deque[str] = collections.deque()
@@ -134,15 +138,16 @@ class Recorder:
         """Keep one non-call record (finding, capture, weights, acceptance, coverage, ...)."""
         try:
             with self._lock:
+                text = record.model_dump_json() if isinstance(record, Acceptance) else None
                 if len(self.important) < IMPORTANT_CAP:
-                    self.important.append(record)
+                    self.important.append(text if text is not None else record)
                 elif self.directory is None:
                     # Memory only and full: the record is gone, so count it.
                     self.counters.records_dropped += 1
                     return
                 # With a file the cap only trims memory: a server's millionth acceptance
                 # record still reaches the trace, as calls past the ring do.
-                self._queue(record)
+                self._queue(record, text)
             if isinstance(record, Finding) and record.severity == "error":
                 self._announce(record)
             if self.otel is not None:
@@ -181,9 +186,9 @@ class Recorder:
         except Exception as exc:
             self.internal_error(f"emit_step failed: {type(exc).__name__}: {exc}")
 
-    def _queue(self, record: Any) -> None:
+    def _queue(self, record: Any, text: str | None = None) -> None:
         if self.directory is not None:
-            self._queue_text(record.model_dump_json())
+            self._queue_text(text if text is not None else record.model_dump_json())
 
     def _queue_text(self, text: str) -> None:
         if self.directory is None:
@@ -320,7 +325,8 @@ class Recorder:
     def records(self) -> list[Any]:
         """Everything kept in memory: non-call records and the (bounded) calls."""
         with self._lock:
-            return [*self.important, *self.call_records()]
+            kept = [RECORD_ADAPTER.validate_json(r) if isinstance(r, str) else r for r in self.important]
+            return [*kept, *self.call_records()]
 
     def findings(self) -> list[Finding]:
         return [r for r in self.important if isinstance(r, Finding)]

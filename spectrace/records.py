@@ -170,6 +170,9 @@ class Counters(_Record):
     graph_replay_steps: int = 0
     hook_calls: int = Field(0, description="calls of spectrace's BEFORE/AFTER hooks in a serving engine")
     hook_seconds: float = Field(0.0, description="host time inside those hooks (the engine's own work excluded)")
+    hook_seconds_by_feature: dict[str, float] = Field(
+        default_factory=dict, description="hook_seconds split by patch-point feature (acceptance, graph_replay, ...)"
+    )
 
 
 Record = Annotated[

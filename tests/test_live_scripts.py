@@ -388,6 +388,7 @@ def test_dry_run_all_phases(tmp_path):
     assert ov["aa_off"] > 0 and ov["aa_on"] > 0 and all(v > 0 for v in ov["pair_ratios"].values())
     assert len(ov["trace_files_on"]) == 2 and all(f["closed"] for f in ov["trace_files_on"])
     assert all(f["hook_calls"] > 0 and f["hook_us_per_step"] > 0 for f in ov["trace_files_on"])  # accounting reached the file
+    assert all(f["hook_us_per_step_by_feature"].get("graph_replay", 0) > 0 for f in ov["trace_files_on"])  # split by hook
     assert "us of spectrace hooks per verify step" in (out / "summary.md").read_text()
     for name in ("overhead-off-1", "overhead-off-2"):  # SPECTRACE unset: no trace at all
         folder = tmp_path / "spectrace-live" / "traces" / name

@@ -819,3 +819,27 @@ def test_per_step_records_past_the_memory_cap_still_reach_the_file(tmp_path: Pat
     steps = [json.loads(line)["step"] for line in lines if '"acceptance"' in line]
     assert steps == list(range(200)) and with_file.counters.records_dropped == 0 and len(with_file.important) == 50
     assert len(memory_only.important) == 50 and memory_only.counters.records_dropped == 150
+
+
+def test_per_step_records_kept_in_memory_add_no_garbage_collector_work() -> None:
+    """Acceptance records (one per verify step of a server) are kept as JSON text, which
+    the garbage collector does not track, and read back as the records that were emitted,
+    in emission order among the other records."""
+    import gc
+
+    from spectrace.findings import finding
+    from spectrace.recorder import Recorder
+    from spectrace.records import Acceptance, Finding
+    from spectrace.settings import Settings
+
+    rec = Recorder(Settings(quiet=True))
+    first = Acceptance(step=0, accept_lengths=[2, 4], draft_tokens=3, accepted_per_position=[2, 1, 1])
+    rec.emit(first)
+    rec.emit(finding("fc_bypass", "fc skipped", module="draft.fc"))
+    rec.emit(Acceptance(step=1, accept_lengths=[1], draft_tokens=3, accepted_per_position=[0, 0, 0]))
+    kept = [r for r in rec.important if not isinstance(r, Finding)]
+    assert len(kept) == 2 and not any(gc.is_tracked(r) for r in kept)
+    records = rec.records()
+    assert [type(r).__name__ for r in records] == ["Acceptance", "Finding", "Acceptance"]
+    assert records[0] == first and records[2].step == 1
+    assert [f.code for f in rec.findings()] == ["fc_bypass"]

@@ -149,7 +149,7 @@ def _codes(recorder, severity: str | None = None) -> list[str]:
 
 
 def _of(recorder, kind):
-    return [r for r in recorder.important if isinstance(r, kind)]
+    return [r for r in recorder.records() if isinstance(r, kind)]
 
 
 # ------------------------------------------------------------------------------- capture

@@ -427,6 +427,10 @@ def trace_file_facts(path: str) -> dict[str, Any]:
         # spectrace's own host time in the engine's hooks, per verify step (accounting).
         facts["hook_calls"] = counters["hook_calls"]
         facts["hook_us_per_step"] = round(counters["hook_seconds"] / steps * 1e6, 1) if steps else None
+        if steps:
+            facts["hook_us_per_step_by_feature"] = {
+                k: round(v / steps * 1e6, 1) for k, v in sorted((counters.get("hook_seconds_by_feature") or {}).items(), key=lambda kv: -kv[1])
+            }
     return facts
 
 
@@ -560,6 +564,8 @@ def render_markdown(summary: dict[str, Any]) -> str:
                     step_us = ov["batch"] * accept / on_rate * 1e6  # each verify step yields `accept` tokens per request
                     out.append(f"- {tf['file']}: {tf['hook_us_per_step']} us of spectrace hooks per verify step "
                                f"({tf['hook_calls']} hook calls) = {tf['hook_us_per_step'] / step_us:.2%} of a {step_us:.0f} us step")
+                    if tf.get("hook_us_per_step_by_feature"):
+                        out.append(f"  - by hook (us per verify step): {tf['hook_us_per_step_by_feature']}")
         else:
             out.append(f"- {ov.get('status')}")
         out.append("")

@@ -82,6 +82,7 @@ class HeaderSummary(BaseModel):
     hook_calls: int = 0  # spectrace's serving-engine hooks: how often they ran, and their host time
     hook_us_per_call: float | None = None
     hook_us_per_verify_step: float | None = None
+    hook_us_per_verify_step_by_feature: dict[str, float] = {}  # largest first
     coverage_gaps: list[str] = []
     load_problems: list[str] = []
 
@@ -227,7 +228,7 @@ def _header(ts: TraceSet, files: list[TraceFile], calls: list[Call], flt: ViewFi
         # records only) has no span to state, and "0.0 s" would read as a measurement.
         span = round(max(starts + stamped) - min(starts), 3) if stamped else None
     dropped, gaps = _coverage(files)
-    hook_calls, hook_us, hook_us_step = _hook_cost(files)
+    hook_calls, hook_us, hook_us_step, hook_us_by_feature = _hook_cost(files)
     return HeaderSummary(
         source=ts.source,
         processes=procs,
@@ -241,13 +242,15 @@ def _header(ts: TraceSet, files: list[TraceFile], calls: list[Call], flt: ViewFi
         hook_calls=hook_calls,
         hook_us_per_call=hook_us,
         hook_us_per_verify_step=hook_us_step,
+        hook_us_per_verify_step_by_feature=hook_us_by_feature,
         coverage_gaps=gaps,
         load_problems=[p.message for p in ts.problems],
     )
 
 
-def _hook_cost(files: list[TraceFile]) -> tuple[int, float | None, float | None]:
-    """What spectrace's own serving hooks cost the host: calls, us per call, us per verify step.
+def _hook_cost(files: list[TraceFile]) -> tuple[int, float | None, float | None, dict[str, float]]:
+    """What spectrace's own serving hooks cost the host: calls, us per call, us per verify
+    step, and that per-step figure split by patch-point feature (largest first).
 
     Counters are cumulative, so per file the last (largest) stats record counts; a verify
     step is one acceptance record.
@@ -255,6 +258,7 @@ def _hook_cost(files: list[TraceFile]) -> tuple[int, float | None, float | None]
     calls = 0
     seconds = 0.0
     steps = 0
+    by_feature: dict[str, float] = {}
     for f in files:
         last = max(f.stats, key=lambda s: s.hook_calls, default=None)
         if last is None or not last.hook_calls:
@@ -262,9 +266,12 @@ def _hook_cost(files: list[TraceFile]) -> tuple[int, float | None, float | None]
         calls += last.hook_calls
         seconds += last.hook_seconds
         steps += len(f.acceptance)
+        for feature, spent in last.hook_seconds_by_feature.items():
+            by_feature[feature] = by_feature.get(feature, 0.0) + spent
     if not calls:
-        return 0, None, None
-    return calls, round(seconds / calls * 1e6, 2), round(seconds / steps * 1e6, 1) if steps else None
+        return 0, None, None, {}
+    per_step = {k: round(v / steps * 1e6, 1) for k, v in sorted(by_feature.items(), key=lambda kv: -kv[1])} if steps else {}
+    return calls, round(seconds / calls * 1e6, 2), round(seconds / steps * 1e6, 1) if steps else None, per_step
 
 
 def _coverage(files: list[TraceFile]) -> tuple[int, list[str]]:

@@ -148,6 +148,9 @@ class HeaderPanel:
         if h.hook_calls:
             per_step = f", {h.hook_us_per_verify_step} us per verify step" if h.hook_us_per_verify_step is not None else ""
             lines.append(f"\nspectrace's own host time: {h.hook_us_per_call} us per hook call ({h.hook_calls} calls){per_step}")
+            if h.hook_us_per_verify_step_by_feature:
+                split = ", ".join(f"{name} {us}" for name, us in h.hook_us_per_verify_step_by_feature.items())
+                lines.append(f"\n  us per verify step by hook: {split}")
         for gap in h.coverage_gaps:
             lines.append("\nnot seen: ", style="yellow")
             lines.append(gap)

@@ -26,17 +26,18 @@ def _proposed(worker: Any) -> int:
 
 
 def record_step(correct: Sequence[int], k: int) -> Acceptance:
-    correct = [int(c) for c in correct]
-    # accepted_per_position[i] = requests with more than i correct drafts, from one
-    # histogram pass (a pass per position cost more than the rest of the hook).
-    hist = [0] * (k + 1)
-    for c in correct:
-        hist[min(max(c, 0), k)] += 1
+    correct = list(map(int, correct))
+    # accepted_per_position[i] = requests with more than i correct drafts: the batch less
+    # those with at most i, counted by list.count (C speed; a Python loop over the batch
+    # was half of this hook's time). Counts outside 0..k are clamped, as a step can't
+    # accept fewer than none or more than it proposed.
+    at_most = 0
     per_position = [0] * k
-    running = 0
-    for i in range(k - 1, -1, -1):
-        running += hist[i + 1]
-        per_position[i] = running
+    clamped = min(correct, default=0) < 0 or max(correct, default=0) > k
+    values = [min(max(c, 0), k) for c in correct] if clamped else correct
+    for i in range(k):
+        at_most += values.count(i)
+        per_position[i] = len(values) - at_most
     # Built without validation: every field is computed right here from ints (once per
     # verify step of a server, validation was a third of the hook's time).
     record = Acceptance.model_construct(

@@ -60,11 +60,14 @@ def _owner(module: ModuleType, qualname: str) -> tuple[Any, str] | None:
     return obj, attr
 
 
-def _account(seconds: float) -> None:
+def _account(seconds: float, feature: str) -> None:
     try:
         counters = state.recorder().counters
         counters.bump("hook_calls")
         counters.bump("hook_seconds", seconds)
+        # Split by feature, so a server's cost names the hook to look at (or to skip).
+        by_feature = counters.hook_seconds_by_feature
+        by_feature[feature] = by_feature.get(feature, 0.0) + seconds
     except Exception:
         pass
 
@@ -74,6 +77,7 @@ def guarded(point: Point) -> Callable[..., Any]:
     hook = point.resolve_hook()
     first_arg_is_fn = point.kind == "AROUND"
     key = point.key  # a property that formats a string: once here, not three times per call
+    feature = point.feature
     clock = time.perf_counter
 
     @functools.wraps(hook)
@@ -96,7 +100,7 @@ def guarded(point: Point) -> Callable[..., Any]:
                 # Accounting for the overhead budget: what spectrace itself costs the host per
                 # step, independent of how noisy a throughput comparison is. An AROUND hook
                 # runs the engine's function inside, so it cannot be timed apart from it.
-                _account(clock() - start)
+                _account(clock() - start, feature)
 
     adapter.__spectrace_hook__ = point.key  # type: ignore[attr-defined]
     return adapter
