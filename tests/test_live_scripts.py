@@ -180,6 +180,11 @@ def test_bench_merge_pools_abba_servers_and_reports_the_aa_spread():
     assert got["pair_ratios"] == {"on-1/off-1": 0.98, "on-2/off-2": round(95 / 96, 4)}
     assert got["aa_off"] == 0.96 and got["aa_on"] == round(95 / 98, 4) and got["rounds"] == 12
     assert got["design"].endswith("overhead-off-1, overhead-on-1, overhead-on-2, overhead-off-2")
+    assert got["ratio_of_server_means"] == round((98 + 95) / (100 + 96), 4)  # each server weighs once
+    third = lk.bench_merge({"overhead-on-1": one("on", [90.0]), "overhead-off-1": one("off", [100.0]),
+                            "overhead-on-2": one("on", [99.0]), "overhead-off-2": one("off", [100.0]),
+                            "overhead-on-3": one("on", [93.0]), "overhead-off-3": one("off", [93.0])})
+    assert third["pair_ratios"] == {"on-1/off-1": 0.9, "on-2/off-2": 0.99, "on-3/off-3": 1.0}
     md = lk.render_markdown({"variants": {}, "overhead": got})
     assert "on/off: **0.99**" in md and "| overhead-on-2 | 3 | 95.00 |" in md
 

@@ -306,7 +306,13 @@ def bench_merge(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
         x, y = servers.get(a, {}).get("median_tok_s"), servers.get(b, {}).get("median_tok_s")
         return round(x / y, 4) if x and y else None
 
-    out["pair_ratios"] = {"on-1/off-1": ratio("overhead-on-1", "overhead-off-1"), "on-2/off-2": ratio("overhead-on-2", "overhead-off-2")}
+    count = max((sum(1 for v in servers.values() if v["label"] == lab) for lab in ("on", "off")), default=0)
+    out["pair_ratios"] = {f"on-{i}/off-{i}": ratio(f"overhead-on-{i}", f"overhead-off-{i}") for i in range(1, max(count, 2) + 1)}
+    # Server by server: the spread between identical servers is the larger noise, so each
+    # server weighs once (the mean of their medians), not by its number of rounds.
+    per_server = {lab: [v["median_tok_s"] for v in servers.values() if v["label"] == lab and v["median_tok_s"]] for lab in ("on", "off")}
+    if per_server["on"] and per_server["off"]:
+        out["ratio_of_server_means"] = round(statistics.mean(per_server["on"]) / statistics.mean(per_server["off"]), 4)
     out["aa_off"] = ratio("overhead-off-2", "overhead-off-1")
     out["aa_on"] = ratio("overhead-on-2", "overhead-on-1")
     return out
@@ -552,7 +558,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
                 out += [f"- {name}: {_fmt(g.get('median'))} over {g.get('intervals')} intervals, slow share {_fmt(g.get('share_below_80pct_of_p90'))}"
                         for name, g in gens.items() if g and g.get("median")]
             out += ["", f"- pooled median tokens/s: {ov['median_tok_s']}; on/off: **{_fmt(ov.get('ratio_of_medians'))}**",
-                    f"- neighbouring pairs: {ov.get('pair_ratios')}",
+                    f"- neighbouring pairs: {ov.get('pair_ratios')}; mean of server medians, on/off: {_fmt(ov.get('ratio_of_server_means'))}",
                     f"- A/A (same label, two servers): off {_fmt(ov.get('aa_off'))}, on {_fmt(ov.get('aa_on'))}"]
             for tr in ov.get("trace_on") or []:
                 out.append(f"- SPECTRACE=1 server's trace: errors {_fmt(tr.get('error_codes'))}, "
