@@ -119,6 +119,7 @@ class Recorder:
         self._warned: set[str] = set()
         self._printed_codes: set[str] = set()
         self._coverage: dict[str, Coverage] = {}
+        self._drains: list[Callable[[], None]] = []
         self._last_flush = time.monotonic()
         self._closed = False
         self.header = Header(
@@ -295,8 +296,24 @@ class Recorder:
                 self.sink_error(f"cannot write {self.sink.path}: {exc.strerror or exc}")
             self._pending.clear()
 
+    def add_drain(self, drain: Callable[[], None]) -> None:
+        """Register a producer that batches its records on a hot path (a serving engine's
+        per-step hook): ``drain()`` emits what it holds, before every read and at close."""
+        with self._lock:
+            if drain not in self._drains:
+                self._drains.append(drain)
+
+    def _drain(self) -> None:
+        for drain in list(self._drains):
+            try:
+                drain()
+            except Exception as exc:
+                self.internal_error(f"drain failed: {type(exc).__name__}: {exc}")
+
     def close(self) -> None:
         """Flush, append the counters, and shut the OpenTelemetry sink down (bounded)."""
+        if not self._closed:
+            self._drain()
         with self._lock:
             if self._closed:
                 return
@@ -324,11 +341,13 @@ class Recorder:
 
     def records(self) -> list[Any]:
         """Everything kept in memory: non-call records and the (bounded) calls."""
+        self._drain()
         with self._lock:
             kept = [RECORD_ADAPTER.validate_json(r) if isinstance(r, str) else r for r in self.important]
             return [*kept, *self.call_records()]
 
     def findings(self) -> list[Finding]:
+        self._drain()
         return [r for r in self.important if isinstance(r, Finding)]
 
     def extend(self, records: Iterable[Any]) -> None:

@@ -379,6 +379,29 @@ def test_acceptance_from_on_verify_complete_cpu(rec):
     assert (second.step, second.accept_lengths) == (1, [2])
 
 
+def test_acceptance_steps_are_built_in_batches_and_none_is_lost_at_close(installed, tmp_path):
+    """The per-step hook only holds the counts; records are built a batch at a time, and
+    the steps still held when the server closes its recorder reach the file, in order."""
+    mod, _ = _eagle_worker_v2_module()
+    worker = object.__new__(mod.EAGLEWorkerV2)
+    worker.adaptive_controller = None
+    worker.speculative_num_steps = 3
+    on_file = Recorder(Settings.from_env({"SPECTRACE_QUIET": "1"}), directory=str(tmp_path), name="trace-x.jsonl")
+    st_state.reset(on_file)
+    try:
+        steps = st_acceptance.ACCEPT_BATCH + 4
+        for i in range(steps):
+            worker.on_verify_complete_cpu([i % 4, 1], batch_size=2)
+        assert len(st_state.STATE.accept_pending) == 4  # one batch built, four steps held
+        on_file.close()
+        lines = [json.loads(x) for x in (tmp_path / "trace-x.jsonl").read_text().splitlines()]
+        kept = [x for x in lines if x["type"] == "acceptance"]
+        assert [x["step"] for x in kept] == list(range(steps))
+        assert [x["accept_lengths"] for x in kept[:5]] == [[1, 2], [2, 2], [3, 2], [4, 2], [1, 2]]
+    finally:
+        st_state.reset(_recorder())
+
+
 def test_acceptance_collapse_once(rec):
     for _ in range(12):
         st_acceptance.record_step([0, 0, 0, 0], 4)

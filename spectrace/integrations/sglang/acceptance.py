@@ -15,6 +15,8 @@ from ...checks.runtime import COLLAPSE_WINDOW, check_acceptance
 from ...records import Acceptance
 from . import state
 
+ACCEPT_BATCH = 16  # verify steps held before their records are built (two collapse windows)
+
 
 def _proposed(worker: Any) -> int:
     for attr in ("speculative_num_steps",):
@@ -60,12 +62,39 @@ def record_step(correct: Sequence[int], k: int) -> Acceptance:
     return record
 
 
+def drain() -> None:
+    """Build the records of the verify steps held by ``hold_step``, in order."""
+    st = state.STATE
+    pending, st.accept_pending = st.accept_pending, []
+    for correct, k in pending:
+        record_step(correct, k)
+
+
+def hold_step(correct: list[int], k: int) -> None:
+    """Keep one verify step's raw counts; build records a batch at a time.
+
+    On a live server this hook runs once per verify step between the engine's own work,
+    with its code and data cold in the caches: measured there, building and writing a
+    record cost 54-68 us per step, against 19 us in a loop. Appending two values is the
+    per-step cost; the batch of records is built warm, every ``ACCEPT_BATCH`` steps, and
+    before anything reads the recorder or closes it (a SIGKILL loses at most one batch).
+    """
+    st = state.STATE
+    st.accept_pending.append((correct, k))
+    rec = state.recorder()
+    if st.accept_drain_for is not rec:
+        rec.add_drain(drain)
+        st.accept_drain_for = rec
+    if len(st.accept_pending) >= ACCEPT_BATCH:
+        drain()
+
+
 def after_verify_complete_cpu(result: Any, *args: Any, **kwargs: Any) -> None:
     """HookRegistry AFTER: ``(result, self, num_correct_drafts_per_req, batch_size=0)``."""
     try:
         correct = kwargs.get("num_correct_drafts_per_req", args[1] if len(args) > 1 else None)
         if correct:
-            record_step(list(correct), _proposed(args[0]))
+            hold_step(list(correct), _proposed(args[0]))
     except Exception as exc:
         state.internal_error("accept lengths", exc)
     return None
@@ -78,7 +107,7 @@ def after_v1_verify(result: Any, *args: Any, **kwargs: Any) -> None:
         for item in items:
             lengths = getattr(item, "accept_length_per_req_cpu", None)
             if isinstance(lengths, list) and lengths:
-                record_step(lengths, _proposed(args[0]))  # v1 counted accepted drafts, bonus excluded
+                hold_step(list(lengths), _proposed(args[0]))  # v1 counted accepted drafts, bonus excluded
                 return None
     except Exception as exc:
         state.internal_error("accept lengths (v1)", exc)

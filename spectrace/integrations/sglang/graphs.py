@@ -57,9 +57,20 @@ def after_execute(result: Any, *args: Any, **kwargs: Any) -> None:
     return None
 
 
+STALE_CHECK_FIRST = 32  # draft-extend calls checked one by one, then one in STALE_CHECK_EVERY
+STALE_CHECK_EVERY = 64
+
+
 def before_draft_extend_execute(*args: Any, **kwargs: Any) -> None:
-    """HookRegistry BEFORE on ``EAGLEDraftExtendCudaGraphRunner.execute(self, forward_batch, ...)``."""
+    """HookRegistry BEFORE on ``EAGLEDraftExtendCudaGraphRunner.execute(self, forward_batch, ...)``.
+
+    The widths come from the configs and do not change within a run, so after the first
+    calls a sample suffices (this runs on every verify step of a server)."""
     try:
+        st = state.STATE
+        st.stale_checks += 1
+        if st.stale_checks > STALE_CHECK_FIRST and st.stale_checks % STALE_CHECK_EVERY:
+            return None
         runner = args[0]
         batch = args[1] if len(args) > 1 else kwargs.get("forward_batch")
         incoming = getattr(getattr(batch, "spec_info", None), "hidden_states", None)

@@ -32,6 +32,9 @@ class State:
     graph_coverage: dict[str, Coverage] = field(default_factory=dict)
     accept_step: int = 0
     accept_window: list[Any] = field(default_factory=list)
+    accept_pending: list[tuple[list[int], int]] = field(default_factory=list)  # (correct drafts, proposed)
+    stale_checks: int = 0  # draft-extend input-width checks so far (sampled after the first ones)
+    accept_drain_for: Any = None  # the recorder that drains accept_pending at reads and close
     rank_set: bool = False
     captures_emitted: int = 0
 
