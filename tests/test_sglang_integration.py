@@ -489,6 +489,33 @@ def test_graph_replay_coverage_once(rec):
     assert cov.count == 3 and rec.counters.graph_replay_steps == 3
 
 
+def test_draft_extend_graph_on_stale_hidden_states_is_found_once_and_sampled_after(rec):
+    """SGLang's draft-extend runner skips the hidden-state copy when the widths differ and
+    replays its graph on stale data: the width check finds it on the first call, counts
+    repeats, and after its first calls checks one call in STALE_CHECK_EVERY."""
+    from types import SimpleNamespace
+
+    from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import EAGLEDraftExtendCudaGraphRunner
+
+    from spectrace.integrations.sglang import graphs as st_graphs
+
+    runner = object.__new__(EAGLEDraftExtendCudaGraphRunner)  # only its buffers are read
+    runner.buffers = SimpleNamespace(hidden_states=torch.zeros(8, 3 * HIDDEN))
+    healthy = SimpleNamespace(spec_info=SimpleNamespace(hidden_states=torch.zeros(4, 3 * HIDDEN)))
+    bypassed = SimpleNamespace(spec_info=SimpleNamespace(hidden_states=torch.zeros(4, HIDDEN)))
+
+    st_graphs.before_draft_extend_execute(runner, healthy, None)
+    assert _codes(rec) == []
+    calls = st_graphs.STALE_CHECK_FIRST + 2 * st_graphs.STALE_CHECK_EVERY
+    for _ in range(calls - 1):
+        st_graphs.before_draft_extend_execute(runner, bypassed, None)
+    (found,) = rec.findings()
+    assert found.code == "fc_bypass" and found.severity == "error"
+    assert (found.evidence["seen_width"], found.evidence["fc_in_features"]) == (HIDDEN, 3 * HIDDEN)
+    # Every one of the first calls, then one in STALE_CHECK_EVERY (calls 64 and 128 here).
+    assert found.evidence["occurrences"] == st_graphs.STALE_CHECK_FIRST - 1 + 2
+
+
 # ------------------------------------------------------------------------- plugin route
 def _plugin_probe(extra_path: str | None, queue) -> None:
     """Runs in a fresh ``spawn`` interpreter, as SGLang's scheduler does: load_plugins, then look."""
