@@ -402,6 +402,44 @@ def test_acceptance_steps_are_built_in_batches_and_none_is_lost_at_close(install
         st_state.reset(_recorder())
 
 
+def test_acceptance_reads_on_another_thread_lose_and_reorder_no_step(installed, tmp_path):
+    """records() drains the held steps on the reading thread while the engine's thread
+    keeps verifying: every step still reaches the file once, numbered in call order."""
+    import threading
+
+    mod, _ = _eagle_worker_v2_module()
+    worker = object.__new__(mod.EAGLEWorkerV2)
+    worker.adaptive_controller = None
+    worker.speculative_num_steps = 3
+    on_file = Recorder(Settings.from_env({"SPECTRACE_QUIET": "1"}), directory=str(tmp_path), name="trace-x.jsonl")
+    st_state.reset(on_file)
+    steps, done = 3000, threading.Event()
+
+    def reader() -> None:
+        while not done.is_set():
+            on_file.records()
+
+    thread = threading.Thread(target=reader)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as Python allows: races show up
+    thread.start()
+    try:
+        for i in range(steps):
+            worker.on_verify_complete_cpu([i % 4], batch_size=1)
+    finally:
+        done.set()
+        thread.join()
+        sys.setswitchinterval(interval)
+    try:
+        on_file.close()
+        lines = [json.loads(x) for x in (tmp_path / "trace-x.jsonl").read_text().splitlines()]
+        kept = [x for x in lines if x["type"] == "acceptance"]
+        assert [x["step"] for x in kept] == list(range(steps))
+        assert [x["accept_lengths"][0] for x in kept] == [i % 4 + 1 for i in range(steps)]
+    finally:
+        st_state.reset(_recorder())
+
+
 def test_acceptance_collapse_once(rec):
     for _ in range(12):
         st_acceptance.record_step([0, 0, 0, 0], 4)

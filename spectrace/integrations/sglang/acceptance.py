@@ -64,10 +64,13 @@ def record_step(correct: Sequence[int], k: int) -> Acceptance:
 
 def drain() -> None:
     """Build the records of the verify steps held by ``hold_step``, in order."""
-    st = state.STATE
-    pending, st.accept_pending = st.accept_pending, []
-    for correct, k in pending:
-        record_step(correct, k)
+    # One drain at a time: a read on another thread (records(), close at exit) and the
+    # hook's own drain would otherwise number their steps interleaved.
+    with state.lock():
+        st = state.STATE
+        pending, st.accept_pending = st.accept_pending, []
+        for correct, k in pending:
+            record_step(correct, k)
 
 
 def hold_step(correct: list[int], k: int) -> None:
@@ -80,12 +83,14 @@ def hold_step(correct: list[int], k: int) -> None:
     before anything reads the recorder or closes it (a SIGKILL loses at most one batch).
     """
     st = state.STATE
-    st.accept_pending.append((correct, k))
+    with state.lock():  # a drain on another thread swaps the list: never append to the old one
+        st.accept_pending.append((correct, k))
+        full = len(st.accept_pending) >= ACCEPT_BATCH
     rec = state.recorder()
     if st.accept_drain_for is not rec:
         rec.add_drain(drain)
         st.accept_drain_for = rec
-    if len(st.accept_pending) >= ACCEPT_BATCH:
+    if full:
         drain()
 
 

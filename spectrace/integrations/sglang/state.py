@@ -50,6 +50,11 @@ def reset(recorder: Any = None) -> State:
     return STATE
 
 
+def lock() -> Any:
+    """The state's lock, for work that must not interleave with itself across threads."""
+    return _lock
+
+
 def use_recorder(recorder: Any) -> None:
     STATE.recorder = recorder
 
