@@ -137,6 +137,34 @@ def test_specforge_fixture_is_clean(version: str) -> None:
     assert run_cli(SPECFORGE, "--target-config", TARGET, "--engine-version", version).returncode == 0
 
 
+def test_stated_training_settles_the_ambiguity_as_at_runtime(tmp_path: Path) -> None:
+    """A config that states its training (the provenance keys the runtime check reads too)
+    has one reading: no ambiguity warning when it matches what SGLang captures, and an
+    error naming the stated boundaries when it does not."""
+
+    def stamp_specforge(cfg: dict) -> None:
+        cfg["trainer_convention"] = "specforge"
+        cfg["trained_aux_layer_ids"] = [0, 2, 5]
+
+    assert run_audit(variant(tmp_path, config=stamp_specforge)) == []
+
+    def stamp_boundaries(cfg: dict) -> None:
+        cfg["trained_aux_boundaries"] = [0, 2, 5]  # embeddings, 2, 5: not what SGLang's +1 captures
+
+    shutil.rmtree(tmp_path / "draft")
+    [mismatch] = by_code(run_audit(variant(tmp_path, config=stamp_boundaries)), "aux_layers_mismatch")
+    assert mismatch.severity == "error" and list(mismatch.evidence["readings"]) == ["stated"]
+    assert "trained on boundaries [0, 2, 5], as config.json states (trained_aux_boundaries)" in mismatch.message
+    assert mismatch.evidence["engine_boundaries"] == [1, 3, 6]
+
+
+def test_malformed_stated_training_is_a_one_line_error(tmp_path: Path) -> None:
+    def bad(cfg: dict) -> None:
+        cfg["trained_aux_boundaries"] = "3,31"
+
+    assert_one_line_error(run_cli(variant(tmp_path, config=bad)), "trained_aux_boundaries must be a list of integers")
+
+
 def test_hand_converted_speculators_config_is_off_by_one(tmp_path: Path) -> None:
     """Bug 3: speculators ids moved into eagle_config as they were; SGLang adds 1."""
 

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from ..eagle3.draft_config import SPECULATORS_FLAGS, speculators_traces
+from ..eagle3.draft_config import SPECULATORS_FLAGS, Reading, provenance, speculators_traces
 
 # The safetensors library refuses headers above 100 MB; a real header is a few KB per
 # hundred tensors, so anything larger is corrupt or hostile.
@@ -81,6 +81,9 @@ class DraftConfig(BaseModel):
     use_aux_hidden_state: bool | None = None
     flags: dict[str, bool] = {}
     speculators_traces: list[str] = []
+    stated: Reading | None = Field(
+        None, description="what the config states it was trained on (trainer_convention + trained_aux_boundaries or ids)"
+    )
 
 
 class TargetConfig(BaseModel):
@@ -197,7 +200,16 @@ def parse_draft_config(raw: dict[str, Any]) -> DraftConfig:
         use_aux_hidden_state=_get(eagle, "use_aux_hidden_state", "bool", "eagle_config."),
         flags=flags,
         speculators_traces=traces,
+        stated=_stated(raw),
     )
+
+
+def _stated(raw: dict[str, Any]) -> Reading | None:
+    """The training provenance stamped in the config, its values checked like the rest."""
+    for key in ("trained_aux_boundaries", "trained_aux_layer_ids"):
+        _get(raw, key, "ids", "")
+    _get(raw, "trainer_convention", "str", "")
+    return provenance(raw)
 
 
 def read_target_config(path: Path) -> TargetConfig:

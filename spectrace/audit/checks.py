@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..eagle3.conventions import engine_boundaries, trainer_boundaries
+from ..eagle3.draft_config import Reading
 from ..findings import finding
 from ..records import SEVERITY_RANK, Finding
 from .checkpoint import DraftConfig, TargetConfig, TensorInfo
@@ -228,16 +229,6 @@ def check_tensor_shapes(replay: LoadReplay, engine: Engine) -> list[Finding]:
 
 
 @dataclass(frozen=True)
-class Reading:
-    """One plausible meaning of the draft's ids: the trainer convention and the boundaries it trained on."""
-
-    trainer: str
-    ids: list[int] | None
-    boundaries: list[int]
-    source: str
-
-
-@dataclass(frozen=True)
 class EngineCapture:
     ids: list[int] | None
     source: str
@@ -273,6 +264,10 @@ def engine_capture(cfg: DraftConfig, engine: Engine, target: TargetConfig | None
 
 def trained_readings(cfg: DraftConfig, n: int | None) -> list[Reading]:
     """The boundaries the draft was trained on, under each plausible reading, most likely first."""
+    if cfg.stated is not None:
+        # The config states its training (trainer_convention + trained_aux_boundaries or
+        # trained_aux_layer_ids): one reading, as at runtime (eagle3.draft_config.provenance).
+        return [cfg.stated]
     if cfg.top_level_ids:
         ids = cfg.top_level_ids
         return [Reading("speculators", ids, trainer_boundaries(ids, "speculators"), f"top-level {IDS_KEY}")]
@@ -297,7 +292,9 @@ def _ids_for(boundaries: list[int], rule: str, n: int) -> list[int] | None:
 def _describe(reading: Reading) -> str:
     if reading.ids is None:
         return f"the trainer's default boundaries {reading.boundaries}"
-    return f"{reading.ids} read as {TRAINER_MEANING[reading.trainer]} = boundaries {reading.boundaries}"
+    if reading.convention not in TRAINER_MEANING:  # stated in config.json, no convention named
+        return f"boundaries {reading.boundaries}, as config.json states"
+    return f"{reading.ids} read as {TRAINER_MEANING[reading.convention]} = boundaries {reading.boundaries}"
 
 
 def check_aux_layers(cfg: DraftConfig, engine: Engine, target: TargetConfig | None) -> list[Finding]:
@@ -329,10 +326,10 @@ def check_aux_layers(cfg: DraftConfig, engine: Engine, target: TargetConfig | No
         )
     if cap.boundaries is None or not readings:
         return out
-    matches = {r.trainer: r.boundaries == cap.boundaries for r in readings}
+    matches = {r.convention: r.boundaries == cap.boundaries for r in readings}
     primary, others = readings[0], readings[1:]
-    bad_alt = [r for r in others if not matches[r.trainer]]
-    if matches[primary.trainer] and not bad_alt:
+    bad_alt = [r for r in others if not matches[r.convention]]
+    if matches[primary.convention] and not bad_alt:
         return out
     n_eff = n or max(max(primary.boundaries), max(cap.boundaries)) + 2
     fix_ids = _ids_for(primary.boundaries, cap.rule, n_eff)
@@ -356,7 +353,7 @@ def check_aux_layers(cfg: DraftConfig, engine: Engine, target: TargetConfig | No
         "engine_ids_source": cap.source,
         "engine_rule": cap.rule,
         "engine_boundaries": cap.boundaries,
-        "readings": {r.trainer: {"ids": r.ids, "boundaries": r.boundaries, "source": r.source} for r in readings},
+        "readings": {r.convention: {"ids": r.ids, "boundaries": r.boundaries, "source": r.source} for r in readings},
         "target_layers": n,
     }
     tail = (
@@ -364,10 +361,10 @@ def check_aux_layers(cfg: DraftConfig, engine: Engine, target: TargetConfig | No
         if len(cap.boundaries) == len(primary.boundaries)
         else " See short_capture for the width."
     )
-    if not matches[primary.trainer]:
+    if not matches[primary.convention]:
         alt = "".join(
-            f" Read as {TRAINER_MEANING[r.trainer]} they mean boundaries {r.boundaries}"
-            + (", which the engine does capture." if matches[r.trainer] else ", also not captured.")
+            f" Read as {TRAINER_MEANING[r.convention]} they mean boundaries {r.boundaries}"
+            + (", which the engine does capture." if matches[r.convention] else ", also not captured.")
             for r in others
         )
         message = f"trained on {_describe(primary)} ({primary.source}), but {engine_says}.{alt}{tail}"
@@ -388,7 +385,7 @@ def check_aux_layers(cfg: DraftConfig, engine: Engine, target: TargetConfig | No
                 module="config.json",
                 evidence=evidence,
                 fix=(
-                    f"if the draft was trained by {alt.trainer}, set eagle_config.{IDS_KEY} to {alt_fix}"
+                    f"if the draft was trained by {alt.convention}, set eagle_config.{IDS_KEY} to {alt_fix}"
                     if alt_fix is not None
                     else fix
                 ),
@@ -593,7 +590,7 @@ def audit(
         "engine": {"name": engine.name, "version": engine.version, "draft_class": engine.draft_class,
                    "assumptions": list(engine.assumptions)},  # fmt: skip
         "trained_readings": [
-            {"trainer": r.trainer, "ids": r.ids, "boundaries": r.boundaries, "source": r.source}
+            {"trainer": r.convention, "ids": r.ids, "boundaries": r.boundaries, "source": r.source}
             for r in trained_readings(cfg, n)
         ],
         "engine_capture": {"ids": cap.ids, "source": cap.source, "rule": cap.rule, "boundaries": cap.boundaries},

@@ -28,10 +28,12 @@ SPECULATORS_TRACES = (
 
 @dataclass(frozen=True)
 class Reading:
+    """One plausible meaning of a draft's ids: the trainer convention and the boundaries it trained on."""
+
     convention: str
-    ids: list[int]
+    ids: list[int] | None  # None: no ids in the config, the trainer's default boundaries
     boundaries: list[int]
-    source: str  # where the ids came from: "eagle_config", "top-level", "default"
+    source: str  # where the ids came from: "eagle_config", "top-level", "default", a provenance key
 
 
 def speculators_traces(config: Mapping[str, Any]) -> list[str]:
