@@ -379,40 +379,45 @@ def test_acceptance_from_on_verify_complete_cpu(rec):
     assert (second.step, second.accept_lengths) == (1, [2])
 
 
-def test_acceptance_steps_are_built_in_batches_and_none_is_lost_at_close(installed, tmp_path):
-    """The per-step hook only holds the counts; records are built a batch at a time, and
-    the steps still held when the server closes its recorder reach the file, in order."""
+@pytest.fixture
+def verifier_on_file(installed, tmp_path):
+    """A real EAGLEWorkerV2 (its verify callback only) and a recorder writing trace-x.jsonl,
+    plus a reader of the acceptance lines that file holds."""
     mod, _ = _eagle_worker_v2_module()
     worker = object.__new__(mod.EAGLEWorkerV2)
     worker.adaptive_controller = None
     worker.speculative_num_steps = 3
     on_file = Recorder(Settings.from_env({"SPECTRACE_QUIET": "1"}), directory=str(tmp_path), name="trace-x.jsonl")
     st_state.reset(on_file)
-    try:
-        steps = st_acceptance.ACCEPT_BATCH + 4
-        for i in range(steps):
-            worker.on_verify_complete_cpu([i % 4, 1], batch_size=2)
-        assert len(st_state.STATE.accept_pending) == 4  # one batch built, four steps held
-        on_file.close()
+
+    def acceptance_lines() -> list[dict]:
         lines = [json.loads(x) for x in (tmp_path / "trace-x.jsonl").read_text().splitlines()]
-        kept = [x for x in lines if x["type"] == "acceptance"]
-        assert [x["step"] for x in kept] == list(range(steps))
-        assert [x["accept_lengths"] for x in kept[:5]] == [[1, 2], [2, 2], [3, 2], [4, 2], [1, 2]]
-    finally:
-        st_state.reset(_recorder())
+        return [x for x in lines if x["type"] == "acceptance"]
+
+    yield worker, on_file, acceptance_lines
+    st_state.reset(_recorder())
 
 
-def test_acceptance_reads_on_another_thread_lose_and_reorder_no_step(installed, tmp_path):
+def test_acceptance_steps_are_built_in_batches_and_none_is_lost_at_close(verifier_on_file):
+    """The per-step hook only holds the counts; records are built a batch at a time, and
+    the steps still held when the server closes its recorder reach the file, in order."""
+    worker, on_file, acceptance_lines = verifier_on_file
+    steps = st_acceptance.ACCEPT_BATCH + 4
+    for i in range(steps):
+        worker.on_verify_complete_cpu([i % 4, 1], batch_size=2)
+    assert len(st_state.STATE.accept_pending) == 4  # one batch built, four steps held
+    on_file.close()
+    kept = acceptance_lines()
+    assert [x["step"] for x in kept] == list(range(steps))
+    assert [x["accept_lengths"] for x in kept[:5]] == [[1, 2], [2, 2], [3, 2], [4, 2], [1, 2]]
+
+
+def test_acceptance_reads_on_another_thread_lose_and_reorder_no_step(verifier_on_file):
     """records() drains the held steps on the reading thread while the engine's thread
     keeps verifying: every step still reaches the file once, numbered in call order."""
     import threading
 
-    mod, _ = _eagle_worker_v2_module()
-    worker = object.__new__(mod.EAGLEWorkerV2)
-    worker.adaptive_controller = None
-    worker.speculative_num_steps = 3
-    on_file = Recorder(Settings.from_env({"SPECTRACE_QUIET": "1"}), directory=str(tmp_path), name="trace-x.jsonl")
-    st_state.reset(on_file)
+    worker, on_file, acceptance_lines = verifier_on_file
     steps, done = 3000, threading.Event()
 
     def reader() -> None:
@@ -430,14 +435,10 @@ def test_acceptance_reads_on_another_thread_lose_and_reorder_no_step(installed, 
         done.set()
         thread.join()
         sys.setswitchinterval(interval)
-    try:
-        on_file.close()
-        lines = [json.loads(x) for x in (tmp_path / "trace-x.jsonl").read_text().splitlines()]
-        kept = [x for x in lines if x["type"] == "acceptance"]
-        assert [x["step"] for x in kept] == list(range(steps))
-        assert [x["accept_lengths"][0] for x in kept] == [i % 4 + 1 for i in range(steps)]
-    finally:
-        st_state.reset(_recorder())
+    on_file.close()
+    kept = acceptance_lines()
+    assert [x["step"] for x in kept] == list(range(steps))
+    assert [x["accept_lengths"][0] for x in kept] == [i % 4 + 1 for i in range(steps)]
 
 
 def test_acceptance_collapse_once(rec):
