@@ -85,12 +85,15 @@ def hold_step(correct: list[int], k: int) -> None:
     st = state.STATE
     with state.lock():  # a drain on another thread swaps the list: never append to the old one
         st.accept_pending.append((correct, k))
-        full = len(st.accept_pending) >= ACCEPT_BATCH
-    rec = state.recorder()
-    if st.accept_drain_for is not rec:
-        rec.add_drain(drain)
-        st.accept_drain_for = rec
-    if full:
+        held = len(st.accept_pending)
+    if held == 1:
+        # A new batch: the recorder it will reach drains it before reads and at close
+        # (looked up once per batch, not on every step).
+        rec = state.recorder()
+        if st.accept_drain_for is not rec:
+            rec.add_drain(drain)
+            st.accept_drain_for = rec
+    if held >= ACCEPT_BATCH:
         drain()
 
 
