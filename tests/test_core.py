@@ -97,9 +97,12 @@ def test_outputs_bit_identical_with_and_without_tracing(build):
 
 def test_hooks_and_forward_wrapper_removed_on_exit(llama):
     hooks_before = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in llama.modules())
+    cls = type(llama)
+    original = cls.__dict__["forward"]
     with spectrace.trace(llama):
-        assert "forward" in llama.__dict__
-    assert "forward" not in llama.__dict__
+        assert "forward" not in llama.__dict__  # nothing on the instance (copies stay clean)
+        assert cls.__dict__["forward"] is not original and cls.forward.__wrapped__ is original
+    assert "forward" not in llama.__dict__ and cls.__dict__["forward"] is original
     assert sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in llama.modules()) == hooks_before
 
 

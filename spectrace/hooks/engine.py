@@ -23,6 +23,7 @@ import functools
 import json
 import threading
 import time
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -30,6 +31,7 @@ import torch.nn as nn
 
 from ..recorder import Recorder
 from ..records import Call
+from . import hookdicts, stepwrap
 from .selection import ModuleFilter, select
 from .stats import _INDEX_DTYPES, Readback, StepStats, stats_for, stats_supported
 from .tensors import collect
@@ -111,7 +113,7 @@ class Tracer:
         self.step = -1
         self.auto_step = True
         self._handles: list[Any] = []
-        self._wrapped: list[tuple[nn.Module, Any, bool, Any]] = []
+        self._wrapped: dict[int, stepwrap.Handle] = {}
         self._active = True
         self._local = threading.local()
         self._seq = 0
@@ -125,6 +127,8 @@ class Tracer:
         self._values_lock = threading.Lock()
         self._values: collections.OrderedDict[int, list[list[float] | None]] = collections.OrderedDict()  # worker side
         self._worker = RecordWorker(self._build_step, self._drop_step)
+        self._step = functools.partial(Tracer._step_around, self)
+        self._step.compiled = self._compiled  # type: ignore[attr-defined]
 
     # ---------------------------------------------------------------- set-up
     def attach(
@@ -145,10 +149,13 @@ class Tracer:
                 continue
             full = f"{prefix}.{name}" if prefix else name
             self._hooked[id(module)] = full
-            self._handles.append(module.register_forward_pre_hook(self._make_pre_hook(full), with_kwargs=True))
-            self._handles.append(
-                module.register_forward_hook(self._make_post_hook(full, type(module).__name__, root_name), with_kwargs=True)
-            )
+            # Copy-safe hook dicts; where that cannot be (the module held other hooks), a
+            # deep copy carries our hooks, so they answer only to their own module.
+            owner = None if hookdicts.prepare(module) else weakref.ref(module)
+            pre = hookdicts.mark(self._make_pre_hook(full, owner))
+            post = hookdicts.mark(self._make_post_hook(full, type(module).__name__, root_name, owner))
+            self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+            self._handles.append(module.register_forward_hook(post, with_kwargs=True))
             names.append(full)
         self.wrap_forward(root)
         return names
@@ -174,30 +181,44 @@ class Tracer:
             self.recorder.internal_error(f"attach {prefix}: {type(exc).__name__}: {exc}")
 
     def wrap_forward(self, root: nn.Module) -> None:
-        """Make every call of ``root.forward`` (direct or through ``__call__``) a step."""
-        if any(entry[0] is root for entry in self._wrapped):
+        """Make every call of ``root.forward`` (direct or through ``__call__``) a step.
+
+        The wrapper lives on the class, not the instance (:mod:`.stepwrap`): a deep copy
+        or a pickle of ``root`` is untraced and runs its own weights.
+        """
+        if id(root) in self._wrapped:
             return
-        had_own = "forward" in root.__dict__
-        original = root.forward
+        self._wrapped[id(root)] = stepwrap.install(root, self._step)
 
-        @functools.wraps(original)
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            if not self._active:  # detached while another wrapper still sits on top
-                return original(*args, **kwargs)
-            if self._adopted and self._depth() == 0:
-                self._attach_adopted(root)
-            opened = self._open_step()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                if opened:
-                    self._close_step()
+    def _compiled(self) -> None:
+        self.recorder.coverage(
+            "not_covered",
+            "a traced model ran under torch.compile: its modules are not traced per module inside the compiled "
+            "region (the compiled graph is the untraced one); run it eagerly to trace it",
+        )
 
-        root.forward = forward  # type: ignore[method-assign]
-        self._wrapped.append((root, original, had_own, forward))
+    def _step_around(self, root: nn.Module, call: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if not self._active:
+            return call(*args, **kwargs)
+        depth = self._depth()
+        if self._adopted and depth == 0:
+            self._attach_adopted(root)
+        opened = self._open_step(depth)
+        stack = self._local.__dict__.setdefault("inputs", [])
+        pending = len(stack)  # a hooked root's own pre-hook ran before this wrapper
+        try:
+            return call(*args, **kwargs)
+        finally:
+            # Back to the depth this call found, whatever happened inside: a root called
+            # inside another (an HF LM head around its backbone) must not leave it raised.
+            self._local.depth = depth
+            if opened:
+                # A module that raised inside left its inputs on the stack (no post-hook ran).
+                del stack[pending:]
+                self.finish_step(wait=False)  # no host sync inside the forward
 
     def detach(self) -> None:
-        """Remove every hook and restore every wrapped forward (called from ``finally``)."""
+        """Remove every hook and every forward wrapper (called from ``finally``)."""
         for handle in self._handles:
             try:
                 handle.remove()
@@ -205,16 +226,9 @@ class Tracer:
                 pass
         self._handles.clear()
         self._active = False
-        for root, original, had_own, wrapper in self._wrapped:
+        for wrapped in self._wrapped.values():
             try:
-                if root.__dict__.get("forward") is not wrapper:
-                    # Another trace wrapped on top of ours: unwinding here would drop its
-                    # wrapper too. Ours stays inside the chain as a pass-through.
-                    continue
-                if had_own:
-                    root.forward = original  # type: ignore[method-assign]
-                else:
-                    del root.forward
+                wrapped.remove()
             except Exception:
                 pass
         self._wrapped.clear()
@@ -241,8 +255,7 @@ class Tracer:
     def _depth(self) -> int:
         return getattr(self._local, "depth", 0)
 
-    def _open_step(self) -> bool:
-        depth = self._depth()
+    def _open_step(self, depth: int) -> bool:
         self._local.depth = depth + 1
         if depth == 0 and self.auto_step:
             with self._counter_lock:
@@ -254,10 +267,6 @@ class Tracer:
             state.capturing = _capturing()
             return True
         return False
-
-    def _close_step(self) -> None:
-        self._local.depth = max(0, self._depth() - 1)
-        self.finish_step(wait=False)  # no host sync inside the forward
 
     def _sampled(self, state: _ThreadSteps) -> bool:
         step = state.step
@@ -343,8 +352,12 @@ class Tracer:
             self.recorder.internal_error(f"step hand-off: {type(exc).__name__}: {exc}")
 
     # ----------------------------------------------------------------- hooks
-    def _make_pre_hook(self, name: str) -> Callable[..., None]:
+    def _make_pre_hook(self, name: str, owner: Any = None) -> Callable[..., None]:
         def pre_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if owner is not None and owner() is not module:
+                return None  # a deep copy's call: not the module this name belongs to
+            if torch.compiler.is_compiling():
+                return None  # nothing of ours in a compiled graph (see Tracer._compiled)
             try:
                 state = self._thread()
                 if not self._sampled(state):
@@ -361,8 +374,10 @@ class Tracer:
 
         return pre_hook
 
-    def _make_post_hook(self, name: str, module_type: str, root: str) -> Callable[..., None]:
+    def _make_post_hook(self, name: str, module_type: str, root: str, owner: Any = None) -> Callable[..., None]:
         def post_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+            if owner is not None and owner() is not module or torch.compiler.is_compiling():
+                return None
             try:
                 state = self._thread()
                 sampled = self._sampled(state)
