@@ -12,7 +12,6 @@ an OTLP collector when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Iterator, Mapping, Sequence, Union
 
 import torch.nn as nn
@@ -29,19 +28,11 @@ Models = Union[nn.Module, Sequence[nn.Module], Mapping[str, nn.Module]]
 def make_otel_sink(settings: Settings, recorder_error: Any, rank: int | None = None) -> Any | None:
     """An OpenTelemetry sink when an OTLP endpoint is configured, else None."""
     if not settings.otlp_endpoint:
-        return None
+        return None  # the OpenTelemetry SDK is not even imported
     try:
-        from .sinks.otel import OtelSink
+        from .sinks.otel import sink_from_env  # the exporter reads the OTEL_* environment itself
 
-        resource = {"service.name": "spectrace", "process.pid": os.getpid()}
-        if rank is not None:
-            resource["spectrace.rank"] = rank
-        return OtelSink.from_endpoint(settings.otlp_endpoint, resource, recorder_error)
-    except ImportError:
-        recorder_error(
-            "OTEL_EXPORTER_OTLP_ENDPOINT is set but opentelemetry-exporter-otlp-proto-http is not installed "
-            "(pip install 'spectrace[otlp]'); spans are not sent"
-        )
+        return sink_from_env(settings, recorder_error, rank)
     except Exception as exc:
         recorder_error(f"cannot start the OTLP exporter: {type(exc).__name__}: {exc}")
     return None

@@ -104,7 +104,7 @@ class Settings:
     flush_seconds: float = DEFAULT_FLUSH_SECONDS
     capture_values: bool = False
     quiet: bool = False
-    otlp_endpoint: str = ""
+    otlp_endpoint: str = ""  # the OTEL_EXPORTER_OTLP(_TRACES)_ENDPOINT in effect: turns spans on
     sglang_skip: tuple[str, ...] = ()  # SGLang patch-point features left unpatched (reported once)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -127,8 +127,11 @@ class Settings:
             capture_values=capture_values,
             quiet=_flag(env, "SPECTRACE_QUIET", False),
             sglang_skip=_patterns(env, "SPECTRACE_SGLANG_SKIP"),
-            otlp_endpoint=env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
-            or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip(),
+            # Only "is an endpoint set" (spans on) and what to show: the OTLP exporter reads
+            # the URL and the rest from the environment itself (sinks/otel.py). The signal
+            # variable wins, as in the spec.
+            otlp_endpoint=env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+            or env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip(),
         )
 
     def dir_from_env(self, env: Mapping[str, str] | None = None) -> str | None:

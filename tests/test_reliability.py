@@ -119,9 +119,10 @@ if __name__ != "__main__":
         s.close()
         return port
 
-    def test_otlp_endpoint_down(small, capfd) -> None:
+    def test_otlp_endpoint_down(small, capfd, monkeypatch) -> None:
         model, ids, ref = small
-        settings = Settings(otlp_endpoint=f"http://127.0.0.1:{_closed_port()}")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
+        settings = Settings.from_env()
         t, closed = _run_traced(model, ids, ref, steps=3, settings=settings)
         assert t.recorder.counters.sink_errors >= 1
         err = capfd.readouterr().err
@@ -131,13 +132,14 @@ if __name__ != "__main__":
         assert "Transient error" not in err and "Failed to export" not in err.replace(lines[0], "")
         assert closed < otel_mod.SHUTDOWN_TIMEOUT_S + 1
 
-    def test_otlp_endpoint_that_hangs_cannot_hold_the_exit(small, capfd) -> None:
+    def test_otlp_endpoint_that_hangs_cannot_hold_the_exit(small, capfd, monkeypatch) -> None:
         model, ids, ref = small
         server = socket.socket()
         server.bind(("127.0.0.1", 0))
         server.listen(64)  # accepts connections (the kernel does), never answers
         try:
-            settings = Settings(otlp_endpoint=f"http://127.0.0.1:{server.getsockname()[1]}")
+            monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
+            settings = Settings.from_env()
             t, closed = _run_traced(model, ids, ref, steps=3, settings=settings)
         finally:
             server.close()

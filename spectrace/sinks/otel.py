@@ -7,30 +7,41 @@ JSON, so the OTLP and JSONL sinks hold the same content. Export runs on the SDK'
 ``BatchSpanProcessor`` thread; shutdown is bounded by :data:`SHUTDOWN_TIMEOUT_S` whatever
 the collector does (down, hanging, slow).
 
+The exporter reads its own settings from the environment, as the OpenTelemetry spec has
+them: ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (used as-is) before ``OTEL_EXPORTER_OTLP_ENDPOINT``
+(``/v1/traces`` appended), ``..._HEADERS``, ``..._TIMEOUT``, ``..._COMPRESSION``,
+``..._CERTIFICATE`` and their ``TRACES_`` variants; the resource takes ``OTEL_SERVICE_NAME``
+and ``OTEL_RESOURCE_ATTRIBUTES``. spectrace reads only what picks the exporter
+(``OTEL_EXPORTER_OTLP(_TRACES)_PROTOCOL``) and ``OTEL_SDK_DISABLED``; see :func:`sink_from_env`.
+
 The SDK and the OTLP exporter log every failed batch and every retry through
 ``logging``; in a server log that is a warning per batch. While spectrace's own spans
 are exported (or queued), those log records are caught instead: the failure is counted
 and the recorder warns once, with the cause the SDK gave. The host's own OpenTelemetry
 logging is untouched.
 
-    >>> sink = OtelSink.from_endpoint("http://127.0.0.1:4318")
+    >>> sink = sink_from_env(Settings.from_env(), print)  # None unless an endpoint is set
     >>> sink.export_step(0, records, start_ns, end_ns)
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
+import os
 import re
 import threading
 from typing import Any, Callable, Sequence
 
-from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from ..records import Call
+from ..settings import Settings, warn
 
+# Per-request export timeout, used only when OTEL_EXPORTER_OTLP(_TRACES)_TIMEOUT is unset.
 EXPORT_TIMEOUT_S = 2.0
 # Flush plus shutdown at close never take longer than this; unsent spans are then dropped
 # (and counted) rather than holding the host's exit.
@@ -39,7 +50,9 @@ MAX_ATTR_STRING = 8192
 # Loggers through which the SDK reports export trouble (retries, failures, full queue).
 _SDK_LOGGERS = (
     "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    "opentelemetry.exporter.otlp.proto.http._common",  # bad env values, at construction
     "opentelemetry.exporter.otlp.common.http",
+    "opentelemetry.exporter.otlp.proto.grpc.exporter",
     "opentelemetry.sdk._shared_internal",
     "opentelemetry.sdk.trace.export",
 )
@@ -161,12 +174,16 @@ class _Collect:
 class OtelSink:
     """Turns records into spans on a private ``TracerProvider`` (never the global one)."""
 
-    def __init__(self, exporter: SpanExporter, resource: dict[str, Any], on_error: Callable[[str], None]) -> None:
+    def __init__(
+        self, exporter: SpanExporter, resource: Resource | dict[str, Any], on_error: Callable[[str], None]
+    ) -> None:
         _install_filter()
         self.on_error = on_error
+        if not isinstance(resource, Resource):
+            resource = Resource.create(resource)
         # No atexit hook of the SDK's own: its shutdown joins the export thread for up to
         # 30 s; ours (called from the recorder's close) is bounded.
-        self.provider = TracerProvider(resource=Resource.create(resource), shutdown_on_exit=False)
+        self.provider = TracerProvider(resource=resource, shutdown_on_exit=False)
         self.exporter = _CountingExporter(exporter, on_error)
         self.processor = BatchSpanProcessor(self.exporter, export_timeout_millis=int(EXPORT_TIMEOUT_S * 1000))
         self.provider.add_span_processor(self.processor)
@@ -179,15 +196,6 @@ class OtelSink:
         if "queue full" in message.lower() or "dropping" in message.lower():
             self.spans_dropped += 1
         self.on_error(f"OpenTelemetry SDK: {message[:200]}")
-
-    @classmethod
-    def from_endpoint(cls, endpoint: str, resource: dict[str, Any], on_error: Callable[[str], None]) -> "OtelSink":
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        url = endpoint.rstrip("/")
-        if not url.endswith("/v1/traces"):
-            url += "/v1/traces"
-        return cls(OTLPSpanExporter(endpoint=url, timeout=EXPORT_TIMEOUT_S), resource, on_error)
 
     def export_step(self, step: int, records: Sequence[Any], start_ns: int, end_ns: int) -> None:
         """One step span with a child span per call record."""
@@ -243,3 +251,93 @@ class OtelSink:
             pass
         self.on_error(f"OTLP shutdown did not finish in {timeout_s:g} s (collector down or hanging); unsent spans dropped")
         return False
+
+
+# ------------------------------------------------------------------ from the environment
+TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
+# protocol -> (exporter module, its package, the spectrace extra that installs it)
+_EXPORTERS = {
+    "http/protobuf": (
+        "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+        "opentelemetry-exporter-otlp-proto-http",
+        "otlp",
+    ),
+    "grpc": (
+        "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
+        "opentelemetry-exporter-otlp-proto-grpc",
+        "otlp-grpc",
+    ),
+}
+
+
+def _env(name: str) -> str:
+    return os.environ.get(name, "").strip()
+
+
+def resource_from_env(rank: int | None = None) -> Resource:
+    """The SDK's resource (``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``, detectors)
+    plus spectrace's own: ``process.pid``, ``spectrace.rank`` and, when the environment
+    names no service, ``service.name`` "spectrace"."""
+    own: dict[str, Any] = {"process.pid": os.getpid()}
+    if rank is not None:
+        own["spectrace.rank"] = rank
+    resource = Resource.create(own)
+    named = str(resource.attributes.get(SERVICE_NAME, ""))
+    # The SDK falls back to "unknown_service:<executable>" when nothing named the service.
+    if named.startswith("unknown_service") and SERVICE_NAME not in OTELResourceDetector().detect().attributes:
+        resource = resource.merge(Resource({SERVICE_NAME: "spectrace"}))
+    return resource
+
+
+def sink_from_env(settings: Settings, error: Callable[[str], None], rank: int | None = None) -> OtelSink | None:
+    """An :class:`OtelSink` whose exporter reads the ``OTEL_*`` environment itself, or None.
+
+    On only when an endpoint variable is set (``settings.otlp_endpoint`` says whether one
+    was); the URL, headers, timeout, compression and certificates are left to the SDK.
+    Every way of ending with no sink says so in one line: ``OTEL_SDK_DISABLED=true`` as a
+    warning, the rest (unknown protocol, exporter package missing, exporter refusing its
+    settings) through ``error``, the recorder's counted sink error.
+    """
+    if not settings.otlp_endpoint:
+        return None
+    if _env("OTEL_SDK_DISABLED").lower() == "true":
+        if not settings.quiet:
+            warn("OTEL_SDK_DISABLED=true: OpenTelemetry is off, no spans are sent (the trace itself is kept)")
+        return None
+    variable = next((v for v in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL") if _env(v)), "")
+    protocol = _env(variable).lower() if variable else "http/protobuf"
+    if protocol not in _EXPORTERS:
+        error(f"{variable}={_env(variable)!r} is not supported (use http/protobuf or grpc); spans are not sent")
+        return None
+    module_name, package, extra = _EXPORTERS[protocol]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        error(
+            f"OTLP protocol {protocol} needs {package}, which is not installed "
+            f"(pip install 'spectrace[{extra}]'); spans are not sent"
+        )
+        return None
+    # No endpoint or headers here: the exporter reads those (and the rest) from the
+    # environment. The timeout too, when the user set one; else spectrace's short one.
+    kwargs: dict[str, Any] = {}
+    if not (_env(TRACES_ENDPOINT) or _env(ENDPOINT)):
+        # A Settings built in code names the endpoint itself; it reads as the generic
+        # variable would (the exporter alone would fall back to localhost:4318).
+        base = settings.otlp_endpoint
+        kwargs["endpoint"] = base if protocol == "grpc" else base.rstrip("/") + "/v1/traces"
+    if not (_env("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT") or _env("OTEL_EXPORTER_OTLP_TIMEOUT")):
+        kwargs["timeout"] = EXPORT_TIMEOUT_S
+    _install_filter()
+    said: list[str] = []
+    try:
+        with _own(_Collect(said)):  # e.g. "Unsupported compression type" becomes our one line
+            exporter = module.OTLPSpanExporter(**kwargs)
+        resource = resource_from_env(rank)
+    except Exception as exc:
+        error(f"cannot start the OTLP exporter: {type(exc).__name__}: {str(exc)[:200]}")
+        return None
+    if said:
+        error(f"OTLP exporter settings: {said[0][:200]}")
+    return OtelSink(exporter, resource, error)
