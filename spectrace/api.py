@@ -111,6 +111,50 @@ class Trace:
     def __iter__(self) -> Iterator[Any]:
         return iter(self.records)
 
+    # Assertions (spectrace.assertions) ---------------------------------------
+    # A failed one raises an AssertionError whose message lists what really ran.
+    def assert_called(self, module: str, times: int | None = None) -> list[Call]:
+        __tracebackhide__ = True
+        return _assertions().assert_called(self, module, times)
+
+    def assert_not_called(self, module: str) -> None:
+        __tracebackhide__ = True
+        _assertions().assert_not_called(self, module)
+
+    def assert_shape(self, module: str, input: Any = None, output: Any = None, **kw: Any) -> list[Call]:
+        """``input``/``output``: ints, ``None`` (one dim, any size) and one ``...`` (any dims)."""
+        __tracebackhide__ = True
+        return _assertions().assert_shape(self, module, input, output, **kw)
+
+    def assert_dtype(self, module: str, input: Any = None, output: Any = None, **kw: Any) -> list[Call]:
+        __tracebackhide__ = True
+        return _assertions().assert_dtype(self, module, input, output, **kw)
+
+    def assert_stats(self, module: str, **kw: Any) -> list[Call]:
+        __tracebackhide__ = True
+        return _assertions().assert_stats(self, module, **kw)
+
+    def assert_no_findings(self, severity: str = "error") -> None:
+        __tracebackhide__ = True
+        _assertions().assert_no_findings(self, severity)
+
+    def assert_finding(self, code: str, *, module: str | None = None) -> Finding:
+        __tracebackhide__ = True
+        return _assertions().assert_finding(self, code, module=module)
+
+    def detect(self, checks: Sequence[str] = ("nonfinite", "fc_bypass")) -> list[Finding]:
+        return _assertions().detect(self, checks)
+
+    def data_path(self, focus: Sequence[str] = (), limit: int | None = None) -> str:
+        helpers = _assertions()
+        return helpers.data_path(self, focus, helpers.DEFAULT_PATH_LINES if limit is None else limit)
+
+
+def _assertions() -> Any:
+    from . import assertions  # it imports this module: bound on first use
+
+    return assertions
+
 
 def _named_roots(models: Models) -> list[tuple[str, nn.Module]]:
     if isinstance(models, nn.Module):
@@ -135,7 +179,8 @@ def trace(
     ``models`` is a module, a list, or a ``{"target": ..., "draft": ...}`` mapping whose
     keys prefix the module names. ``modules`` is a glob, a list of globs or a callable
     ``(name, module) -> bool``; by default embeddings, decoder layers, the final norm
-    and ``lm_head`` are traced.
+    and ``lm_head`` are traced, and a draft's ``fc`` and ``midlayer`` (the ``eagle3``
+    profile, as under ``SPECTRACE=1`` and in the pytest fixture).
     """
     settings = settings or Settings.from_env()
     directory = directory or settings.dir_from_env()

@@ -464,66 +464,18 @@ def detect(trace: Trace, checks: Sequence[str] = ("nonfinite", "fc_bypass")) -> 
     return new
 
 
-# ----------------------------------------------------------------------------- Trace with methods
+# ----------------------------------------------------------------------------- the old names
 
 
-class TraceAssertions(Trace):
-    """A :class:`~spectrace.api.Trace` with the assertion helpers as methods."""
-
-    def assert_called(self, module: str, times: int | None = None) -> list[Call]:
-        __tracebackhide__ = True
-        return assert_called(self, module, times)
-
-    def assert_not_called(self, module: str) -> None:
-        __tracebackhide__ = True
-        assert_not_called(self, module)
-
-    def assert_shape(self, module: str, input: ShapePattern | None = None, output: ShapePattern | None = None, **kw: Any) -> list[Call]:
-        __tracebackhide__ = True
-        return assert_shape(self, module, input, output, **kw)
-
-    def assert_dtype(self, module: str, input: Any = None, output: Any = None, **kw: Any) -> list[Call]:
-        __tracebackhide__ = True
-        return assert_dtype(self, module, input, output, **kw)
-
-    def assert_stats(self, module: str, **kw: Any) -> list[Call]:
-        __tracebackhide__ = True
-        return assert_stats(self, module, **kw)
-
-    def assert_no_findings(self, severity: str = "error") -> None:
-        __tracebackhide__ = True
-        assert_no_findings(self, severity)
-
-    def assert_finding(self, code: str, *, module: str | None = None) -> Finding:
-        __tracebackhide__ = True
-        return assert_finding(self, code, module=module)
-
-    def detect(self, checks: Sequence[str] = ("nonfinite", "fc_bypass")) -> list[Finding]:
-        return detect(self, checks)
-
-    def data_path(self, focus: Iterable[str] = (), limit: int = DEFAULT_PATH_LINES) -> str:
-        return data_path(self, focus, limit)
+# The assertion methods live on Trace itself; these names stay for code written against them.
+TraceAssertions = Trace
 
 
-def as_assertions(trace: Trace) -> TraceAssertions:
-    """The same trace object, now with assertion methods (identity is kept)."""
-    if not isinstance(trace, TraceAssertions):
-        # A subclass that adds only methods: switching the class keeps hooks and records.
-        trace.__class__ = TraceAssertions
-    return trace  # type: ignore[return-value]
+def as_assertions(trace: Trace) -> Trace:
+    """The same trace (every :class:`~spectrace.api.Trace` has the assertion methods)."""
+    return trace
 
 
-def trace(models: Models, modules: ModuleFilter = None, **kwargs: Any) -> TraceAssertions:
-    """:func:`spectrace.trace` returning a :class:`TraceAssertions`.
-
-    With no ``modules``, ``types``, ``profile`` nor ``SPECTRACE_MODULES``/``SPECTRACE_PROFILE``,
-    the ``eagle3`` profile is used (the default HF modules plus ``fc``, ``midlayer``,
-    ``aux_concat``, ``hidden_norm``), since contracts are mostly about those.
-    """
-    from .settings import Settings
-
-    settings = kwargs.get("settings") or Settings.from_env()
-    kwargs["settings"] = settings
-    if modules is None and not kwargs.get("types") and not kwargs.get("profile") and not settings.modules and not settings.profile:
-        kwargs["profile"] = "eagle3"
-    return as_assertions(_api_trace(models, modules, **kwargs))
+def trace(models: Models, modules: ModuleFilter = None, **kwargs: Any) -> Trace:
+    """:func:`spectrace.trace` (the same defaults: the EAGLE-3 modules and the layers)."""
+    return _api_trace(models, modules, **kwargs)

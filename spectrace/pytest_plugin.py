@@ -1,8 +1,8 @@
 """pytest plugin: assert shapes and data-path contracts of traced models in tests.
 
 The ``spectrace`` fixture hands each test a session; ``spectrace.trace(models, **kw)``
-is :func:`spectrace.trace` returning a :class:`~spectrace.assertions.TraceAssertions`
-(default selection: the ``eagle3`` profile). Every trace the session made is closed at
+is :func:`spectrace.trace` (the same default selection: the EAGLE-3 modules and the
+layers), and the :class:`~spectrace.api.Trace` it returns has the ``assert_*`` methods. Every trace the session made is closed at
 teardown, hooks removed, even when the test failed::
 
     def test_fc_gets_fused_states(spectrace, target, draft, ids):
@@ -45,7 +45,6 @@ import pytest
 
 if TYPE_CHECKING:  # heavy: imported lazily at first use
     from .api import Trace
-    from .assertions import TraceAssertions
 
 SESSION_KEY = pytest.StashKey["SpectraceSession"]()
 DIR_KEY = pytest.StashKey["str | None"]()
@@ -136,13 +135,13 @@ class SpectraceSession:
         self._undo: list[Callable[[], None]] = []
         self._cleared = False
 
-    def trace(self, models: Any, modules: Any = None, **kwargs: Any) -> TraceAssertions:
-        """:func:`spectrace.assertions.trace`, kept by this session (closed at teardown).
+    def trace(self, models: Any, modules: Any = None, **kwargs: Any) -> Trace:
+        """:func:`spectrace.trace`, kept by this session (closed at teardown).
 
             >>> with spectrace.trace(draft, modules=["model.fc", "model.layers.*"]) as t:
             ...     draft(ids, hidden)
         """
-        from .assertions import trace
+        from .api import trace
 
         if self.directory is not None and kwargs.get("directory") is None:
             kwargs["directory"] = self._test_dir()

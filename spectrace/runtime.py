@@ -99,7 +99,7 @@ def adopt(model: Any) -> None:
             counts[base] = counts.get(base, 0) + 1
             prefix = base if counts[base] == 1 else f"{base}#{counts[base]}"
         s = settings()
-        tracer().adopt(model, prefix, modules=list(s.modules) or None, profile=s.profile or "eagle3")
+        tracer().adopt(model, prefix, modules=list(s.modules) or None, profile=s.profile or None)
     except Exception as exc:
         recorder().internal_error(f"adopt: {type(exc).__name__}: {exc}")
 
