@@ -12,6 +12,7 @@ an OTLP collector when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set.
 
 from __future__ import annotations
 
+import atexit
 from typing import Any, Iterator, Mapping, Sequence, Union
 
 import torch.nn as nn
@@ -61,6 +62,7 @@ class Trace:
 
     def close(self) -> None:
         """Remove the hooks and flush the sinks; safe to call twice."""
+        _open.discard(self)
         try:
             self.tracer.detach()
         finally:
@@ -150,6 +152,21 @@ class Trace:
         return helpers.data_path(self, focus, helpers.DEFAULT_PATH_LINES if limit is None else limit)
 
 
+# Traces never closed by their code are closed at exit: otherwise their files would lack
+# the closing record and read as cut by a crash. Held strongly: an unclosed trace's hooks
+# still run into its recorder whether or not the caller kept the Trace.
+_open: set[Trace] = set()
+
+
+@atexit.register
+def _close_open_traces() -> None:
+    for open_trace in list(_open):
+        try:
+            open_trace.close()
+        except Exception:
+            pass
+
+
 def _assertions() -> Any:
     from . import assertions  # it imports this module: bound on first use
 
@@ -187,6 +204,7 @@ def trace(
     recorder = build_recorder(settings, directory)
     tracer = Tracer(recorder, stats=stats or settings.stats, sample=settings.sample)
     result = Trace(recorder, tracer)
+    _open.add(result)
     modules = modules if modules is not None else (list(settings.modules) or None)
     try:
         for prefix, root in _named_roots(models):

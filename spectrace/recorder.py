@@ -153,10 +153,12 @@ class Recorder:
                 self._announce(record)
             if self.otel is not None:
                 self._to_otel(lambda: self.otel.export_record(record, time.time_ns()))
-            # Under CUDA graphs few calls arrive, so steps alone would rarely flush: write
-            # error findings at once (a later SIGKILL must not lose them), the rest on time.
-            urgent = isinstance(record, Finding) and record.severity == "error"
-            if urgent or time.monotonic() - self._last_flush >= self.settings.flush_seconds:
+            # Write-through for everything but the per-step records (acceptance; calls go
+            # through emit_step): a header, a weights or capture record, a finding or a
+            # coverage note is on disk before the engine's next action, so a server that
+            # crashes or is SIGKILLed a moment later still leaves it. Per-step records wait
+            # for the flush interval (a SIGKILL loses at most that much of them).
+            if not isinstance(record, Acceptance) or time.monotonic() - self._last_flush >= self.settings.flush_seconds:
                 self.flush()
         except Exception as exc:  # never into the host
             self.internal_error(f"emit failed: {type(exc).__name__}: {exc}")
@@ -188,8 +190,15 @@ class Recorder:
             self.internal_error(f"emit_step failed: {type(exc).__name__}: {exc}")
 
     def _queue(self, record: Any, text: str | None = None) -> None:
-        if self.directory is not None:
-            self._queue_text(text if text is not None else record.model_dump_json())
+        if self.directory is None:
+            return
+        if text is None:
+            if "t_unix" in type(record).model_fields and record.t_unix is None:
+                # The file's copy says when (a trace cut by a crash shows its last record's
+                # time); the caller's object stays as it was given.
+                record = record.model_copy(update={"t_unix": time.time()})
+            text = record.model_dump_json()
+        self._queue_text(text)
 
     def _queue_text(self, text: str) -> None:
         if self.directory is None:

@@ -94,6 +94,7 @@ class Finding(_Record):
     fix: str
     step: int | None = None
     source: str = ""
+    t_unix: float | None = Field(None, description="when it was recorded (the writer stamps it)")
 
 
 class Acceptance(_Record):
@@ -116,6 +117,7 @@ class Coverage(_Record):
     detail: str
     count: int = 1
     step: int | None = None
+    t_unix: float | None = Field(None, description="when it was recorded (the writer stamps it)")
 
 
 class Weights(_Record):
@@ -128,6 +130,7 @@ class Weights(_Record):
     ignored: list[str] = []
     missing: list[str] = []
     source: str = ""
+    t_unix: float | None = Field(None, description="when it was recorded (the writer stamps it)")
 
 
 class Capture(_Record):
@@ -145,6 +148,7 @@ class Capture(_Record):
     hidden_size: int
     rule: str = Field(description="the engine rule that mapped ids to boundaries")
     enabled: bool = True
+    t_unix: float | None = Field(None, description="when it was recorded (the writer stamps it)")
 
 
 class Fingerprint(_Record):

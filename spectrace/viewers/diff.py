@@ -20,7 +20,7 @@ from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.text import Text
 
 from .loader import TraceSet
-from .model import StatsSummary, build_view, module_table, summarize
+from .model import StatsSummary, build_view, closure_state, module_table, not_closed_line, summarize
 from .render import num, shape
 
 DEFAULT_RTOL = 0.25
@@ -43,6 +43,10 @@ class DiffResult(BaseModel):
     rtol: float
     differences: list[Difference] = []
     verdict: str = ""
+    # Files of either side that lack their closing record (crashed, killed, or still
+    # running): what they hold is a prefix of the run, so a missing step may be that.
+    a_not_closed: list[str] = []
+    b_not_closed: list[str] = []
 
 
 def drifted(a: float | None, b: float | None, rtol: float, scale: float | None = None) -> bool:
@@ -81,7 +85,14 @@ def diff_traces(a: TraceSet, b: TraceSet, *, rtol: float = DEFAULT_RTOL) -> Diff
     diffs += _diff_fingerprints(a, b, rtol)
     diffs += _diff_acceptance(a, b, rtol)
     diffs += _diff_findings(a, b)
-    result = DiffResult(a=a.source, b=b.source, rtol=rtol, differences=diffs)
+    result = DiffResult(
+        a=a.source,
+        b=b.source,
+        rtol=rtol,
+        differences=diffs,
+        a_not_closed=[not_closed_line(f) for f in a.files if closure_state(f) != "closed"],
+        b_not_closed=[not_closed_line(f) for f in b.files if closure_state(f) != "closed"],
+    )
     if not diffs:
         result.verdict = "traces agree"
     else:
@@ -89,6 +100,9 @@ def diff_traces(a: TraceSet, b: TraceSet, *, rtol: float = DEFAULT_RTOL) -> Diff
         result.verdict = f"{len(diffs)} difference{'s' if len(diffs) != 1 else ''}: " + ", ".join(
             f"{n} {k}" for k, n in counts.items()
         )
+    cut = [side for side, lines in (("A", result.a_not_closed), ("B", result.b_not_closed)) if lines]
+    if cut:
+        result.verdict += f" ({' and '.join(cut)} not closed: a prefix of the run only)"
     return result
 
 
@@ -193,6 +207,9 @@ class DiffView:
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         r = self.r
         yield Text(f"A {r.a}\nB {r.b}\nrtol {r.rtol:g}", style="dim")
+        for side, lines in (("A", r.a_not_closed), ("B", r.b_not_closed)):
+            for line in lines:
+                yield Text(f"{side} {line}", style="bold red" if ": not closed" in line else "yellow")
         kind = None
         for d in r.differences:
             if d.kind != kind:

@@ -11,6 +11,8 @@ tests can assert on data, not on pixels.
 from __future__ import annotations
 
 import math
+import os
+import socket
 from collections import defaultdict
 from datetime import datetime, timezone
 from fnmatch import fnmatchcase
@@ -67,6 +69,10 @@ class ProcessInfo(BaseModel):
     schema_version: int | None = None
     spectrace_version: str | None = None
     records: int = 0
+    # "closed" (its closing stats record is there), "running" (no closing record yet and
+    # its process is alive on this host) or "not closed" (crashed or killed).
+    state: str = "closed"
+    last_record: str | None = None  # ISO UTC of the newest time stamp in the file
 
 
 class HeaderSummary(BaseModel):
@@ -79,6 +85,9 @@ class HeaderSummary(BaseModel):
     started: str | None = None  # ISO UTC of the earliest header
     span_s: float | None = None
     records_dropped: int = 0
+    # Files without their closing record: their drop counts were never written, so
+    # "records dropped" is not known for them. One line each, e.g. "<file>: not closed ...".
+    not_closed: list[str] = []
     hook_calls: int = 0  # spectrace's serving-engine hooks: how often they ran, and their host time
     hook_us_per_call: float | None = None
     hook_us_per_verify_step: float | None = None
@@ -216,6 +225,8 @@ def _header(ts: TraceSet, files: list[TraceFile], calls: list[Call], flt: ViewFi
             schema_version=f.header.schema_version if f.header else None,
             spectrace_version=f.header.spectrace_version if f.header else None,
             records=f.record_count,
+            state=closure_state(f),
+            last_record=_iso(last_record_unix(f)),
         )
         for f in files
     ]
@@ -239,6 +250,7 @@ def _header(ts: TraceSet, files: list[TraceFile], calls: list[Call], flt: ViewFi
         started=started,
         span_s=span,
         records_dropped=dropped,
+        not_closed=[not_closed_line(f) for f in files if closure_state(f) != "closed"],
         hook_calls=hook_calls,
         hook_us_per_call=hook_us,
         hook_us_per_verify_step=hook_us_step,
@@ -272,6 +284,48 @@ def _hook_cost(files: list[TraceFile]) -> tuple[int, float | None, float | None,
         return 0, None, None, {}
     per_step = {k: round(v / steps * 1e6, 1) for k, v in sorted(by_feature.items(), key=lambda kv: -kv[1])} if steps else {}
     return calls, round(seconds / calls * 1e6, 2), round(seconds / steps * 1e6, 1) if steps else None, per_step
+
+
+def _iso(unix: float | None) -> str | None:
+    return datetime.fromtimestamp(unix, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") if unix else None
+
+
+def last_record_unix(f: TraceFile) -> float | None:
+    """The newest time stamp in a file: its last call, finding, capture, ... or its header."""
+    stamps = [f.header.started_unix] if f.header else []
+    for kind in (f.calls[-1:], f.findings, f.coverage, f.weights, f.captures):
+        stamps += [r.t_unix for r in kind if getattr(r, "t_unix", None)]
+    return max(stamps) if stamps else None
+
+
+def _alive_here(f: TraceFile) -> bool:
+    if f.header is None or f.header.host != socket.gethostname():
+        return False
+    try:
+        os.kill(f.header.pid, 0)
+    except PermissionError:
+        return True  # alive, another user's
+    except (OSError, OverflowError):
+        return False
+    return True
+
+
+def closure_state(f: TraceFile) -> str:
+    """Whether a file got its closing record (written at exit, on SIGTERM and at the end of
+    ``trace()``): a file without one was cut by a crash or a SIGKILL, or is still written."""
+    if f.stats:
+        return "closed"
+    return "running" if _alive_here(f) else "not closed"
+
+
+def not_closed_line(f: TraceFile) -> str:
+    last = _iso(last_record_unix(f)) or "unknown"
+    if closure_state(f) == "running":
+        return f"{f.name}: open, its process is still running (last record {last})"
+    return (
+        f"{f.name}: not closed: the process crashed or was killed (no closing record; last record {last}); "
+        "records after that and its drop counts are not in the file"
+    )
 
 
 def _coverage(files: list[TraceFile]) -> tuple[int, list[str]]:

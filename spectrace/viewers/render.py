@@ -141,10 +141,19 @@ class HeaderPanel:
         if h.started:
             span = f", span {h.span_s:.1f} s" if h.span_s is not None else ""
             lines.append(f"\nstarted {h.started}{span}")
+        for line in h.not_closed:
+            lines.append("\n" + line, style="bold red" if ": not closed" in line else "yellow")
         lines.append("\nrecords dropped ")
-        lines.append(str(h.records_dropped), style="bold red" if h.records_dropped else "green")
-        if h.records_dropped:
-            lines.append(" (ring buffer full; statistics undercount)")
+        if h.not_closed:
+            # Drop counts reach the file in its closing record: without it, no count is true.
+            known = len(h.processes) - len(h.not_closed)
+            lines.append(f"unknown ({len(h.not_closed)} of {len(h.processes)} files not closed)", style="bold red")
+            if known and h.records_dropped:
+                lines.append(f"; {h.records_dropped} in the closed ones")
+        else:
+            lines.append(str(h.records_dropped), style="bold red" if h.records_dropped else "green")
+            if h.records_dropped:
+                lines.append(" (ring buffer full; statistics undercount)")
         if h.hook_calls:
             per_step = f", {h.hook_us_per_verify_step} us per verify step" if h.hook_us_per_verify_step is not None else ""
             lines.append(f"\nspectrace's own host time: {h.hook_us_per_call} us per hook call ({h.hook_calls} calls){per_step}")
