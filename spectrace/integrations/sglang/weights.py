@@ -57,14 +57,20 @@ def _sglang_fix(found: Finding, record: Weights, model: Any) -> Finding:
         return found
     names = found.evidence.get("missing") or found.evidence.get("dropped") or []
     fix = found.fix
-    if found.code == "weights_missing" and any(n.startswith("lm_head.") for n in names):
-        fix = (
-            "the checkpoint has no lm_head.weight but the config sets draft_vocab_size, so SGLang keeps its own "
-            "random head (accept length ~1): add the trained lm_head.weight, or drop draft_vocab_size so SGLang "
-            "takes the target's head (load_lm_head_from_target)"
-        )
-    elif found.code == "weights_missing" and "d2t" in names:
-        fix = "add the trained d2t (draft->target id offsets) to the checkpoint; without it draft ids are read as target ids"
+    if found.code == "weights_missing":
+        parts = []
+        if any(n.startswith("lm_head.") for n in names):
+            parts.append(
+                "the checkpoint has no lm_head.weight but the config sets draft_vocab_size, so SGLang keeps its own "
+                "random head (accept length ~1): add the trained lm_head.weight, or drop draft_vocab_size so SGLang "
+                "takes the target's head (load_lm_head_from_target)"
+            )
+        if "d2t" in names:
+            parts.append(
+                "add the trained d2t (draft->target id offsets) to the checkpoint; without it draft ids are read as target ids"
+            )
+        if parts:
+            fix = "; ".join(parts)
     elif found.code == "weights_dropped":
         fix = (
             "SGLang's LlamaForCausalLMEagle3.load_weights maps only midlayer->layers.0, aux_norm_*->fc_norm.i and an "
