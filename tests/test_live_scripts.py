@@ -420,3 +420,27 @@ def test_steal_share_is_the_hypervisors_part_of_the_cpu_time_between_readings():
     assert lk.steal_share(None, after) is None and lk.steal_share(before, before) is None
     reading = lk.cpu_times()
     assert reading is None or (len(reading) == 8 and all(v >= 0 for v in reading))
+
+
+def test_make_trained_models_writes_the_shipped_pair_and_its_variants(tmp_path):
+    from safetensors.torch import load_file
+
+    script = os.path.join(LIVE, "make_trained_models.py")
+    for flags, gone in (([], set()), (["--ids", "0,1,3", "--no-lm-head"], {"lm_head.weight"}), (["--no-d2t"], {"d2t"})):
+        out = tmp_path / "-".join(flags or ["as-shipped"])
+        subprocess.run([sys.executable, script, str(out), *flags], check=True, capture_output=True, timeout=120)
+        draft = load_file(str(out / "tiny-eagle3" / "model.safetensors"))
+        shipped = load_file(os.path.join(ROOT, "spectrace", "eagle3", "data", "draft.safetensors"))
+        assert set(shipped) - set(draft) == gone
+        config = json.load(open(out / "tiny-eagle3" / "config.json"))
+        ids = config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+        assert ids == ([0, 1, 3] if "--ids" in flags else [-1, 1, 3])
+        assert config["trained_aux_boundaries"] == [0, 2, 4]  # what it was trained on stays stated
+        target = json.load(open(out / "tiny-llama" / "config.json"))
+        assert target["architectures"] == ["LlamaForCausalLM"] and (out / "tiny-llama" / "model.safetensors").exists()
+
+
+def test_probe_prompts_file_is_the_pairs_own_language():
+    given, max_new = lk.load_prompts(os.path.join(ROOT, "spectrace", "eagle3", "data", "demo.json"))
+    assert len(given) == 6 and max_new == 40
+    assert all(0 <= t < 128 for p in given for t in p)

@@ -34,6 +34,12 @@ VARIANTS: dict[str, str] = {
     "eagle": "same draft served with `--speculative-algorithm EAGLE` (no aux capture)",
     "nolmhead": "draft without `lm_head.weight` (config keeps `draft_vocab_size`)",
     "layers0": "draft with speculators-style `layers.0.*` decoder keys",
+    # The trained pair (spectrace/eagle3/data; mode `trained`): a draft trained on boundaries
+    # [0, 2, 4], SpecForge ids [-1, 1, 3]. SGLang 0.5.17's Llama cannot capture the embedding.
+    "trained-embed": "trained pair as shipped: ids [-1, 1, 3], the embedding first",
+    "trained": "trained pair, ids [0, 1, 3] (0.5.17 captures boundaries [1, 2, 4]: slot 0 one block late)",
+    "trained-nolmhead": "as `trained`, draft without `lm_head.weight` (config keeps `draft_vocab_size`)",
+    "trained-nod2t": "as `trained`, draft without `d2t`",
 }
 # The overhead phase: one healthy server at a time, without / with SPECTRACE=1, ABBA order.
 OVERHEAD_SERVERS = ("overhead-off-1", "overhead-on-1", "overhead-on-2", "overhead-off-2", "overhead-skip-1", "overhead-skip-2")
@@ -174,8 +180,20 @@ def prompts(n: int, length: int, offset: int = 0) -> list[list[int]]:
     return [[3 + (offset + 37 * i + 11 * j) % 2000 for j in range(length)] for i in range(n)]
 
 
-def probe(port: int, n_single: int = 4, batch: int = 8, max_new: int = 48) -> dict[str, Any]:
-    """Single requests, then one batch; the accept length SGLang reports for each."""
+def load_prompts(path: str) -> tuple[list[list[int]], int | None]:
+    """Prompts (token ids) from a JSON file: a list of lists, or {"prompts": [...], "max_new_tokens": n}."""
+    with open(path, encoding="utf-8") as fh:
+        data = json.load(fh)
+    if isinstance(data, dict):
+        return [list(map(int, p)) for p in data["prompts"]], data.get("max_new_tokens")
+    return [list(map(int, p)) for p in data], None
+
+
+def probe(port: int, n_single: int = 4, batch: int = 8, max_new: int = 48,
+          given: list[list[int]] | None = None) -> dict[str, Any]:
+    """Single requests, then one batch; the accept length SGLang reports for each.
+
+    ``given``: prompts to use (the trained pair's own language) instead of synthetic ones."""
     results: list[dict[str, Any]] = []
     errors: list[str] = []
 
@@ -190,14 +208,16 @@ def probe(port: int, n_single: int = 4, batch: int = 8, max_new: int = 48) -> di
                 "spec_accept_rate": m.get("spec_accept_rate"),
             })
 
-    for i, ids in enumerate(prompts(n_single, 30, offset=5)):
+    singles = given[:n_single] if given else prompts(n_single, 30, offset=5)
+    batched = [given[i % len(given)] for i in range(batch)] if given else prompts(batch, 30, offset=101)
+    for i, ids in enumerate(singles):
         try:
             take(_post(port, {"input_ids": ids, "sampling_params": {"max_new_tokens": max_new, "temperature": 0}}, 120),
                  "single")
         except Exception as exc:
             errors.append(f"single {i}: {type(exc).__name__}: {exc}")
     try:
-        body = {"input_ids": prompts(batch, 30, offset=101),
+        body = {"input_ids": batched,
                 "sampling_params": {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}}
         take(_post(port, body, 180), "batch")
     except Exception as exc:
@@ -595,6 +615,7 @@ def main(argv: list[str] | None = None) -> int:
     pr = sub.add_parser("probe")
     pr.add_argument("--port", type=int, required=True)
     pr.add_argument("--out", required=True)
+    pr.add_argument("--prompts", default=None, help="a JSON file of prompts (and max_new_tokens) to send")
     bo = sub.add_parser("bench-one")
     bo.add_argument("--label", required=True, choices=("off", "on", "skip"))
     bo.add_argument("--port", type=int, required=True)
@@ -620,7 +641,11 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "wait":
         return wait_up(a.port, a.pid, a.timeout)
     if a.cmd == "probe":
-        res = probe(a.port)
+        if a.prompts:
+            given, max_new = load_prompts(a.prompts)
+            res = probe(a.port, n_single=len(given), batch=8, max_new=max_new or 40, given=given)
+        else:
+            res = probe(a.port)
         with open(a.out, "w", encoding="utf-8") as fh:
             json.dump(res, fh, indent=1)
         print(f"port {a.port}: {len(res['requests'])} answers, SGLang accept length "

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The live proof: SPECTRACE=1 on real SGLang 0.5.17 EAGLE-3 servers on the H200.
 # Run it ON the GPU machine, from the repository root (docs/live-sglang.md has the device call).
-# Usage: bash scripts/live/run_live_all.sh [all|variants|overhead]
+# Usage: bash scripts/live/run_live_all.sh [all|variants|overhead|trained]
 #   variants  four servers at once (healthy, --speculative-algorithm EAGLE, no lm_head, layers.0 keys),
 #             each with SPECTRACE=1 and its own SPECTRACE_DIR; requests; SIGTERM; spectrace view
 #   overhead  one healthy server at a time, SPECTRACE off, on, on, off (ABBA), decode throughput of each
 #   all       both (overhead is skipped, and says so, when less than OVERHEAD_MIN_S is left)
+#   trained   the trained tiny pair (spectrace/eagle3/data), four servers at once: as shipped (ids
+#             [-1,1,3], the embedding), ids [0,1,3], and that without lm_head / without d2t; the
+#             pair's own prompts, so SGLang's accept length means something
 # Environment: OUT (required; what comes back), CARRY_TAR (default .carry/sgl/sglang-0.5.17-site.tar.xz),
 #   LIVE_BUDGET_S (default 480: waits, the bench and the overhead phase fit inside it), BENCH_ROUNDS (6),
 #   BENCH_BATCH (32), BENCH_MAX_NEW (256), SGL_EXTRA (extra server flags), STAGGER_S (6),
@@ -15,7 +18,7 @@
 # bootstrap (site.addsitedir) and a dist-info carrying the sglang.srt.plugins entry point.
 set -u
 mode=${1:-all}
-case $mode in all|variants|overhead) ;; *) echo "usage: $0 [all|variants|overhead]" >&2; exit 2 ;; esac
+case $mode in all|variants|overhead|trained) ;; *) echo "usage: $0 [all|variants|overhead|trained]" >&2; exit 2 ;; esac
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 out=${OUT:?set OUT to the folder whose files come back}
@@ -76,10 +79,23 @@ make_models() {  # dir flags...
   [ -f "$dir/tiny-eagle3/model.safetensors" ] && return 0
   env -u PYTHONPATH "${MODELS_PYTHON:-python3}" "$here/make_tiny_models.py" "$dir" "$@" > "$dir.log" 2>&1
 }
-make_models "$W/models/midlayer" --draft-keys midlayer & m1=$!
-make_models "$W/models/nolmhead" --draft-keys midlayer --no-lm-head & m2=$!
-make_models "$W/models/layers0" --draft-keys layers.0 & m3=$!
-for m in $m1 $m2 $m3; do wait "$m" || { say "make_tiny_models failed"; cat "$W"/models/*.log; exit 1; }; done
+make_trained() {  # dir flags...: the trained pair, written from the repository's data
+  local dir=$1; shift
+  [ -f "$dir/tiny-eagle3/model.safetensors" ] && return 0
+  env -u PYTHONPATH "${MODELS_PYTHON:-python3}" "$here/make_trained_models.py" "$dir" "$@" > "$dir.log" 2>&1
+}
+if [ "$mode" = trained ]; then
+  make_trained "$W/models/trained-embed" & m1=$!
+  make_trained "$W/models/trained" --ids 0,1,3 & m2=$!
+  make_trained "$W/models/trained-nolmhead" --ids 0,1,3 --no-lm-head & m3=$!
+  make_trained "$W/models/trained-nod2t" --ids 0,1,3 --no-d2t & m4=$!
+  for m in $m1 $m2 $m3 $m4; do wait "$m" || { say "make_trained_models failed"; cat "$W"/models/*.log; exit 1; }; done
+else
+  make_models "$W/models/midlayer" --draft-keys midlayer & m1=$!
+  make_models "$W/models/nolmhead" --draft-keys midlayer --no-lm-head & m2=$!
+  make_models "$W/models/layers0" --draft-keys layers.0 & m3=$!
+  for m in $m1 $m2 $m3; do wait "$m" || { say "make_tiny_models failed"; cat "$W"/models/*.log; exit 1; }; done
+fi
 mark setup
 say "models ready"
 
@@ -306,6 +322,36 @@ run_overhead() {
   mark overhead_done
 }
 
+# ---------------------------------------------------------------------- phase: trained
+run_trained() {
+  local v order=(trained-embed trained trained-nolmhead trained-nod2t)
+  declare -A VPORT=([trained-embed]=$port_base [trained]=$((port_base + 10)) [trained-nolmhead]=$((port_base + 20)) [trained-nod2t]=$((port_base + 30)))
+  # fp16 as trained; a draft this small needs no more
+  for v in "${order[@]}"; do
+    start_server "$v" "${VPORT[$v]}" EAGLE3 "$W/models/$v" 1 0.15 "$extra --dtype float16"
+    sleep "$stagger"
+  done
+  for v in "${order[@]}"; do
+    wait_server "$v" || true   # the embedding capture may crash 0.5.17: its trace is the point then
+  done
+  mark trained_up
+  for v in "${order[@]}"; do
+    if grep -q "^port .* up after" "$W/logs/status-$v.txt" 2>/dev/null; then
+      python3 "$here/livekit.py" probe --port "${VPORT[$v]}" --prompts "$repo/spectrace/eagle3/data/demo.json" \
+        --out "$W/logs/probe-$v.json" || say "$v: probe failed"
+    fi
+  done
+  sleep "$stagger"
+  mark trained_requests
+  stop_servers "${order[@]}"
+  for v in "${order[@]}"; do view "$v"; done
+  mark trained_done
+  for v in "${order[@]}"; do
+    say "$v: printed $(grep -c '^==== spectrace: ERROR' "$W/logs/server-$v.log") error block(s); $(grep 'accept len' "$W/logs/server-$v.log" | tail -1 | grep -o 'accept len: [0-9.]*')"
+  done
+}
+
+if [ "$mode" = trained ]; then run_trained; exit 0; fi
 if [ "$mode" != overhead ]; then run_variants; fi
 if [ "$mode" = overhead ] || { [ "$mode" = all ] && [ "$(left)" -ge "$overhead_min" ]; }; then
   run_overhead
