@@ -104,6 +104,15 @@ CATALOGUE: dict[str, Code] = {
             "use layer ids below the target's layer count; the engine drops the others without a word",
         ),
         Code(
+            "capture_unsupported",
+            "error",
+            "this SGLang release cannot capture the layers the target is asked for (the embedding output on a "
+            "Llama target before 0.5.22, fewer layers than ids on DeepSeek): it fails at the first forward, "
+            "on a server at CUDA-graph capture, and says nothing else",
+            "serve with a release whose target captures these layers, or retrain the draft on layers this "
+            "release can capture; rewriting the ids alone does not help, the draft was trained on those chunks",
+        ),
+        Code(
             "logits_fallback",
             "error",
             "the logits processor stored the final hidden state because no aux states were captured",

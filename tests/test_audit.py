@@ -319,6 +319,48 @@ def test_bad_arguments_are_one_line(tmp_path: Path) -> None:
     assert_one_line_error(run_cli(SPECFORGE, "--target-config", tmp_path / "none.json"), "target config")
 
 
+# ------------------------------------------------------------ one SGLang release (--engine sglang==V)
+
+SHIPPED = ROOT / "spectrace" / "eagle3" / "data"  # the shipped draft: eagle_config ids [-1, 1, 3]
+
+
+def shipped_draft(tmp_path: Path) -> Path:
+    """The shipped SpecForge-format draft as a checkpoint directory (config.json + weights)."""
+    dst = tmp_path / "shipped"
+    dst.mkdir()
+    shutil.copy(SHIPPED / "draft_config.json", dst / "config.json")
+    shutil.copy(SHIPPED / "draft.safetensors", dst / "model.safetensors")
+    return dst
+
+
+def test_embedding_first_draft_on_sglang_0517_is_capture_unsupported(tmp_path: Path) -> None:
+    """SGLang 0.5.17's Llama target crashes on id -1 (None residual at layer 0): said offline."""
+    draft, target = shipped_draft(tmp_path), SHIPPED / "target_config.json"
+    proc = run_cli(draft, "--target-config", target, "--engine", "sglang==0.5.17", "--json")
+    assert proc.returncode == 1, proc.stderr
+    report = json.loads(proc.stdout)
+    [found] = report["findings"]
+    assert found["code"] == "capture_unsupported" and found["severity"] == "error"
+    assert "SGLang 0.5.17's LlamaForCausalLM" in found["message"] and "residual is still None" in found["message"]
+    assert "SGLang 0.5.22 or newer" in found["fix"] and "retrain" in found["fix"]
+    assert report["checkpoint"]["engine"]["version"] == "0.5.17"
+    assert json.loads(run_cli(draft, "--target-config", target, "--engine-version", "0.5.17", "--json").stdout) == report
+    table = run_cli(draft, "--target-config", target, "--engine", "sglang==0.5.17")
+    assert table.returncode == 1 and "capture_unsupported" in table.stdout and "0.5.17" in table.stdout
+    # 0.5.22 and later capture the embedding: nothing to say.
+    for clean in ("sglang==0.5.22", "sglang==0.5.23", "sglang"):
+        ok = run_cli(draft, "--target-config", target, "--engine", clean, "--json")
+        assert ok.returncode == 0 and json.loads(ok.stdout)["findings"] == [], (clean, ok.stdout)
+
+
+def test_engine_release_arguments_are_one_line(tmp_path: Path) -> None:
+    draft = shipped_draft(tmp_path)
+    assert_one_line_error(run_cli(draft, "--engine", "sglang==0.5.17", "--engine-version", "0.5.23"), "disagree")
+    assert_one_line_error(run_cli(draft, "--engine", "vllm==0.32.0"), "applies to --engine sglang only")
+    assert_one_line_error(run_cli(draft, "--engine", "sglang==five"), "unknown SGLang version")
+    assert_one_line_error(run_cli(draft, "--engine", "sglang==0.5.1"), "0.5.14 to 0.5.23 only")
+
+
 class _WritesAFile:
     def __init__(self, path: str) -> None:
         self.path = path

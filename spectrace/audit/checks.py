@@ -17,10 +17,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from ..checks.capture import check_engine_support
 from ..eagle3.conventions import engine_boundaries, trainer_boundaries
 from ..eagle3.draft_config import Reading
 from ..findings import finding
-from ..records import SEVERITY_RANK, Finding
+from ..records import SEVERITY_RANK, Capture, Finding
 from .checkpoint import DraftConfig, TargetConfig, TensorInfo
 from .engines import Dims, Engine, Param, dims_of
 
@@ -432,6 +433,32 @@ def check_short_capture(cfg: DraftConfig, engine: Engine, target: TargetConfig |
     return out
 
 
+def check_capture_support(cfg: DraftConfig, engine: Engine, target: TargetConfig | None) -> list[Finding]:
+    """Will this SGLang release crash on the capture list? The runtime check's table and finding.
+
+    The capture the engine would make (ids it reads, its rule, the target's layer count) goes
+    through ``checks.capture.check_engine_support``, the function the runtime join calls at
+    ``set_eagle3_layers_to_capture``, so ``--engine sglang==V`` says what a live V would.
+    Without --target-config the target is taken to be a Llama (the audit's default rule).
+    """
+    if engine.name != "sglang" or engine.version == "older":
+        return []
+    cap = engine_capture(cfg, engine, target)
+    if cap.boundaries is None:
+        return []
+    arch = (target.architectures[0] if target and target.architectures else "") or (target.model_type if target else "")
+    n = target.num_hidden_layers if target else 0
+    capture = Capture(
+        module="target", requested_ids=cap.ids, boundaries=cap.boundaries, num_layers=n,
+        hidden_size=target.hidden_size if target else 0, rule=cap.rule,
+    )  # fmt: skip
+    found = check_engine_support(capture, engine.version, target_class=arch or "LlamaForCausalLM")
+    for f in found:
+        if not arch:
+            f.evidence["target_class_assumed"] = "no --target-config: a Llama target assumed"
+    return found
+
+
 # ---------------------------------------------------------------- widths, switches, flags
 
 
@@ -580,6 +607,7 @@ def audit(
     findings += check_aux_enabled(cfg, engine)
     findings += check_aux_layers(cfg, engine, target)
     findings += check_short_capture(cfg, engine, target)
+    findings += check_capture_support(cfg, engine, target)
     findings += check_flags(cfg, engine)
     for f in findings:
         f.source = "audit"

@@ -1,6 +1,7 @@
 """``spectrace audit DRAFT_DIR``: check a draft checkpoint against the serving engine before launch.
 
     $ spectrace audit tests/fixtures/speculators_tiny --target-config tests/fixtures/target_llama_config.json
+    $ spectrace audit ./my-draft --target-config ./target/config.json --engine sglang==0.5.17
 
 Exit status: 0 no error finding, 1 at least one error finding, 2 unusable input (one
 line on stderr, never a traceback).
@@ -18,7 +19,7 @@ from pydantic import BaseModel
 from ..records import Finding, Severity
 from .checkpoint import AuditInputError, DraftCheckpoint, TargetConfig, read_checkpoint, read_target_config
 from .checks import AuditResult, audit
-from .engines import get_engine
+from .engines import get_engine, parse_engine
 
 PROG = "spectrace audit"
 
@@ -32,17 +33,32 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="Audit an EAGLE-3 draft checkpoint against the serving engine before launch.")
     p.add_argument("draft_dir", metavar="DRAFT_DIR", help="the draft checkpoint directory (config.json + weights)")
-    p.add_argument("--engine", choices=("sglang", "vllm"), default="sglang")
-    p.add_argument("--engine-version", choices=("0.5.23", "older"), default=None, help="SGLang release (default 0.5.23)")
+    p.add_argument(
+        "--engine", default="sglang", metavar="ENGINE",
+        help="sglang, vllm, or sglang==VERSION for one SGLang release (e.g. sglang==0.5.17; default sglang = 0.5.23)",
+    )  # fmt: skip
+    p.add_argument(
+        "--engine-version", default=None, metavar="VERSION",
+        help="SGLang release: 0.5.23 (default), another release such as 0.5.17, or 'older' (a midlayer-only loader)",
+    )  # fmt: skip
     p.add_argument("--target-config", metavar="PATH", help="the target's config.json (or its directory)")
     p.add_argument("--json", action="store_true", help="print findings and a checkpoint summary as JSON")
     return p
 
 
 def run_audit(draft_dir: Path, engine_name: str, engine_version: str | None, target_path: str | None) -> tuple[DraftCheckpoint, TargetConfig | None, AuditResult]:
-    if engine_name == "vllm" and engine_version is not None:
-        raise AuditInputError("--engine-version applies to --engine sglang only")
-    engine = get_engine(engine_name, engine_version)
+    try:
+        name, pinned = parse_engine(engine_name)
+    except ValueError as err:
+        raise AuditInputError(f"argument --engine: {err}") from None
+    if name == "vllm" and (engine_version is not None or pinned is not None):
+        raise AuditInputError("a version (--engine-version, or ==VERSION) applies to --engine sglang only")
+    if pinned is not None and engine_version is not None and pinned != engine_version:
+        raise AuditInputError(f"--engine {engine_name} and --engine-version {engine_version} disagree: give one")
+    try:
+        engine = get_engine(name, pinned or engine_version)
+    except ValueError as err:
+        raise AuditInputError(str(err)) from None
     ckpt = read_checkpoint(draft_dir)
     target = read_target_config(Path(target_path)) if target_path else None
     return ckpt, target, audit(ckpt.config, ckpt.tensors, engine, target)

@@ -13,10 +13,11 @@ target applies. Nothing here imports an engine.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from ..eagle3.conventions import engine_rule
+from ..eagle3.conventions import engine_rule, version_tuple
 from .checkpoint import DraftConfig
 
 RouteKind = Literal["param", "special", "skipped", "dropped"]
@@ -234,14 +235,56 @@ VLLM = Engine(
 )
 
 
+# SGLang releases whose LlamaForCausalLMEagle3.load_weights was read: identical in all of
+# them (legacy map midlayer -> layers.0, aux_norm_* -> fc_norm.i), the one SGLANG_0523 models.
+SGLANG_LOADER_READ = ("0.5.14", "0.5.17", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
+_VERSION = re.compile(r"^\d+\.\d+\.\d+([.+\-]?[0-9A-Za-z.+\-]*)?$")
+
+
+def sglang_release(version: str) -> Engine:
+    """SGLang at one release: the 0.5.23 loader model (the same in every release read) with
+    that release's capture rules (``eagle3.conventions.SGLANG_CAPTURE``)."""
+    if not _VERSION.match(version):
+        raise ValueError(f"unknown SGLang version {version!r} (a release such as 0.5.17, or 'older')")
+    if version_tuple(version) < version_tuple(SGLANG_LOADER_READ[0]):
+        raise ValueError(
+            f"SGLang {version}: spectrace has read the draft loader of {SGLANG_LOADER_READ[0]} to "
+            f"{SGLANG_LOADER_READ[-1]} only; use --engine-version older for a loader that knows midlayer.* only"
+        )
+    read = version in SGLANG_LOADER_READ
+    note = (
+        f"the draft loader is modelled on {', '.join(SGLANG_LOADER_READ)} (identical in all of them)"
+        + ("" if read else f"; {version}'s own was not read")
+    )
+    return replace(
+        SGLANG_0523,
+        version=version,
+        draft_class=f"LlamaForCausalLMEagle3 (sglang/srt/models/llama_eagle3.py, {version})",
+        assumptions=(note, *SGLANG_0523.assumptions[1:]),
+    )
+
+
+def parse_engine(spec: str) -> tuple[str, str | None]:
+    """``sglang``, ``vllm`` or ``sglang==VERSION`` -> (name, version or None)."""
+    name, sep, version = spec.partition("==")
+    name = name.strip().lower()
+    if name not in ("sglang", "vllm"):
+        raise ValueError(f"invalid choice: {spec!r} (choose from sglang, vllm, sglang==VERSION)")
+    if sep and not version.strip():
+        raise ValueError(f"{spec!r}: no version after '=='")
+    return name, (version.strip() if sep else None)
+
+
 def get_engine(name: str, version: str | None = None) -> Engine:
-    """``sglang`` (0.5.23 or ``older``) or ``vllm``."""
+    """``sglang`` (0.5.23 by default, ``older``, or a release such as ``0.5.17``) or ``vllm``."""
     if name == "vllm":
+        if version is not None:
+            raise ValueError("a version applies to --engine sglang only")
         return VLLM
     if name == "sglang":
         if version in (None, "0.5.23"):
             return SGLANG_0523
         if version == "older":
             return SGLANG_OLDER
-        raise ValueError(f"unknown SGLang version {version!r} (known: 0.5.23, older)")
+        return sglang_release(version)
     raise ValueError(f"unknown engine {name!r} (known: sglang, vllm)")

@@ -13,6 +13,13 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from ..eagle3.conventions import (
+    SGLangCaptureFacts,
+    default_ids,
+    first_sglang_capturing_embedding,
+    sglang_family,
+    sglang_family_facts,
+)
 from ..eagle3.draft_config import is_eagle3_architecture, readings, uses_aux_hidden_state
 from ..findings import finding
 from ..records import Capture, Finding
@@ -132,3 +139,115 @@ def check_config_flags(config: Mapping[str, Any], engine: str = "sglang") -> lis
                 )
             )
     return findings
+
+
+def check_engine_support(
+    capture: Capture,
+    version: str | None,
+    *,
+    target_class: str | None = None,
+    family: str | None = None,
+    module: str | None = "target",
+    engine: str = "SGLang",
+) -> list[Finding]:
+    """Can this SGLang release capture what ``capture`` asks for, or will it crash?
+
+    Reads :data:`spectrace.eagle3.conventions.SGLANG_CAPTURE` (one table for the runtime
+    check and the audit). ``capture`` needs its boundaries, requested ids, layer count and
+    rule; ``target_class`` / ``family`` default to ``capture.target_class`` (a record's
+    extra field) and the family of that name. Says nothing when the version or the
+    family is unknown, or capture is off.
+
+        >>> check_engine_support(Capture(module="target", requested_ids=[-1, 1, 3], boundaries=[0, 2, 4],
+        ...     num_layers=6, hidden_size=64, rule="sglang_llama"), "0.5.17", target_class="LlamaForCausalLM")
+        [Finding(code='capture_unsupported', ...)]
+    """
+    extra = capture.model_extra or {}
+    target_class = target_class or extra.get("target_class") or ""
+    family = family or extra.get("target_family") or (sglang_family(target_class) if target_class else None)
+    if not version or not capture.enabled or not capture.boundaries:
+        return []
+    facts = sglang_family_facts(family, version)
+    if facts is None:
+        return []
+    out: list[Finding] = []
+    asked = f"ids {capture.requested_ids}" if capture.requested_ids is not None else "SGLang's default ids"
+    evidence = {
+        "engine": engine.lower(),
+        "engine_version": version,
+        "target_class": target_class,
+        "target_family": facts.family,
+        "requested_ids": capture.requested_ids,
+        "boundaries": capture.boundaries,
+        "rule": capture.rule,
+        "releases": facts.span,
+        "read_in": list(facts.read_in),
+    }
+    if 0 in capture.boundaries and facts.embedding in ("crash", "unknown"):
+        since = first_sglang_capturing_embedding(facts.family)
+        evidence.update(kind="embedding", supported_since=since)
+        fix = _embedding_fix(engine, since, facts, capture.num_layers)
+        if facts.embedding == "crash":
+            out.append(
+                finding(
+                    "capture_unsupported",
+                    f"{engine} {version}'s {target_class} cannot capture the embedding output the draft asks for "
+                    f"({asked} -> boundaries {capture.boundaries} under the {capture.rule} rule; boundary 0 is "
+                    f"the embedding, asked for by id {facts.embedding_ids}): {facts.embedding_how}",
+                    module=module,
+                    evidence=evidence,
+                    fix=fix,
+                    source="checks.capture",
+                )
+            )
+        else:
+            out.append(
+                finding(
+                    "capture_unsupported",
+                    f"{engine} {version}'s {target_class} is asked to capture the embedding output ({asked} -> "
+                    f"boundaries {capture.boundaries}); whether this release can is not known to spectrace: "
+                    f"{facts.embedding_how}",
+                    module=module,
+                    evidence=evidence,
+                    severity="warning",
+                    fix=f"read {_FORWARD.get(facts.family, 'the target forward')} of this release (what it captures "
+                    "before layer 0) before launch; " + fix,
+                    source="checks.capture",
+                )
+            )
+    requested = capture.requested_ids
+    if facts.short == "raises" and requested is not None and len(capture.boundaries) < len(requested):
+        evidence = {**evidence, "kind": "short"}
+        out.append(
+            finding(
+                "capture_unsupported",
+                f"{engine} {version}'s {target_class} reaches {len(capture.boundaries)} of the {len(requested)} "
+                f"layers asked for ({asked} -> boundaries {capture.boundaries} under the {capture.rule} rule; it "
+                f"has {capture.num_layers} layers) and then crashes: {facts.short_how}",
+                module=module,
+                evidence=evidence,
+                fix=f"write ids that the {capture.rule} rule maps inside [0, {capture.num_layers}) (under it the "
+                f"embedding is asked for by {facts.embedding_ids}); see short_capture for the layers reached",
+                source="checks.capture",
+            )
+        )
+    return out
+
+
+_FORWARD = {
+    "llama": "models/llama.py::LlamaModel.forward (`hidden_states + residual` at layer 0 crashes)",
+    "deepseek": "models/deepseek_v2.py::DeepseekV2Model.forward",
+}
+
+
+def _embedding_fix(engine: str, since: str | None, facts: SGLangCaptureFacts, num_layers: int) -> str:
+    name = {"llama": "Llama", "deepseek": "DeepSeek"}.get(facts.family, facts.family)
+    newer = f"serve with {engine} {since} or newer (its {name} target captures the embedding)" if since else ""
+    ids = default_ids("specforge", num_layers)
+    distinct = num_layers > 0 and len(set(ids)) == len(ids) and min(ids) >= 0
+    example = f" (e.g. SpecForge's defaults {ids} for {num_layers} layers)" if distinct else ""
+    retrain = (
+        f"retrain the draft on layers without the embedding{example}: rewriting the ids alone does not help, "
+        "the draft was trained on the embedding chunk"
+    )
+    return f"{newer}, or {retrain}" if newer else retrain

@@ -4,14 +4,17 @@ SGLang captures the residual stream entering layer ``i`` for every ``i`` in
 ``model.layers_to_capture`` (Llama and DeepSeek alike), walking layers in order: so the
 boundaries are the sorted, de-duplicated indices inside ``[0, num_layers)``. Reading the
 list after the call (not re-deriving it from the ids) makes the record true for every
-SGLang version, whatever rule it applied.
+SGLang version, whatever rule it applied. The record also carries the release and the
+target family, so the join can say at once when this release will crash on the list
+(``capture_unsupported``, from ``eagle3.conventions.SGLANG_CAPTURE``), before the first
+forward or CUDA-graph capture does.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ...eagle3.conventions import engine_rule
+from ...eagle3.conventions import engine_rule, sglang_family
 from ...records import Capture
 from . import correlate, server, state
 
@@ -38,17 +41,23 @@ def capture_of(model: Any, layer_ids: Any) -> Capture | None:
     boundaries = [b for b in range(num_layers) if b in wanted]
     requested = [int(i) for i in layer_ids] if layer_ids is not None else [int(i) for i in indices]
     arch = type(owner).__name__
+    version = server.sglang_version()
+    # The family by the class's ancestry: a subclass of LlamaForCausalLM runs its LlamaModel.
+    ancestry = [cls.__name__ for cls in type(owner).__mro__]
+    family = sglang_family(ancestry)
     return Capture(
         module="target",
         requested_ids=requested,
         boundaries=boundaries,
         num_layers=num_layers,
         hidden_size=hidden,
-        rule=engine_rule(arch, server.sglang_version()),
+        rule=engine_rule(ancestry, version),
         enabled=enabled,
         target_class=arch,
         layers_to_capture=indices,
         ids_given=layer_ids is not None,
+        engine_version=version,
+        target_family=family,
     )
 
 

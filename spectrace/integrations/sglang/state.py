@@ -1,8 +1,10 @@
 """Process state shared by the SGLang hooks: where records go, what is known so far.
 
 The target's capture list and the draft's config arrive at different moments (the
-target is configured before the draft loads, or the other way round in tests), so the
-latest of each is kept here and the capture check runs when the second one arrives.
+target is configured before the draft is built or loads, or the other way round in a
+script), so the latest of each is kept here and the capture check runs when the second
+one arrives; ``checked_pairs`` and ``join_emitted`` keep it from running or saying
+anything twice.
 Findings that could repeat every step are emitted once and counted afterwards.
 
     >>> state.use_recorder(my_recorder)   # tests; a server uses runtime.recorder()
@@ -27,7 +29,8 @@ class State:
     draft_config_source: str = ""
     algorithm: str | None = None
     eagle3_draft: bool = False
-    checked_pairs: set[tuple[Any, Any]] = field(default_factory=set)
+    checked_pairs: set[tuple[Any, Any]] = field(default_factory=set)  # (capture key, config key) / (capture key, code)
+    join_emitted: set[tuple[Any, ...]] = field(default_factory=set)  # findings of the capture join already emitted
     once: dict[str, Finding] = field(default_factory=dict)
     graph_coverage: dict[str, Coverage] = field(default_factory=dict)
     accept_step: int = 0

@@ -130,8 +130,25 @@ def _report(model: Any, record: Weights) -> None:
 
 
 def after_draft_init(result: Any, *args: Any, **kwargs: Any) -> None:
-    """An EAGLE-3 draft exists in this process: the target's fallbacks now matter."""
+    """An EAGLE-3 draft exists in this process: the target's fallbacks now matter.
+
+    HookRegistry AFTER signature: ``(result, self, config, quant_config=None, prefix="")``.
+    The draft's config is known from here on, with or without server args (a script,
+    test or notebook builds SGLang's classes directly): the capture check runs now if
+    the target is configured already, else when it is. The server's raw config.json,
+    when there is one, is still preferred over the parsed object.
+    """
     state.STATE.eagle3_draft = True
+    try:
+        from .rank import ensure_rank
+
+        ensure_rank()
+        model = args[0] if args else None
+        config = kwargs.get("config", args[1] if len(args) > 1 else getattr(model, "config", None))
+        correlate.learn_from_server()
+        correlate.note_draft_config(server.config_to_dict(config), source=f"{type(model).__name__}.config")
+    except Exception as exc:
+        state.internal_error("draft __init__ config", exc)
     try:
         # Said once per process: silence about per-module data would read as "all fine".
         state.recorder().coverage(
