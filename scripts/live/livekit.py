@@ -416,6 +416,7 @@ def view_facts(view: dict[str, Any]) -> dict[str, Any]:
         "position_rate": acc.get("position_rate"),
         "coverage_gaps": header.get("coverage_gaps", []),
         "records_dropped": header.get("records_dropped", 0),
+        "not_closed": header.get("not_closed", []),  # files without their closing record
     }
 
 
@@ -552,7 +553,10 @@ def render_markdown(summary: dict[str, Any]) -> str:
             for tf in v.get("trace_files", []):
                 out.append(f"- trace file {tf['file']} (rank {tf['rank']}): "
                            f"{'closed' if tf['closed'] else 'NOT closed (no exit flush)'}; {tf['types']}")
-            out.append(f"- records dropped: {tr.get('records_dropped', 0)}")
+            if tr.get("not_closed"):  # drop counts reach the file in its closing record
+                out.append(f"- records dropped: unknown ({len(tr['not_closed'])} file(s) not closed)")
+            else:
+                out.append(f"- records dropped: {tr.get('records_dropped', 0)}")
             for f in tr.get("findings", []):
                 out.append(f"- {f['severity']} `{f['code']}` ×{f['count']}: {f['message']}")
             for g in tr.get("coverage_gaps", []):
