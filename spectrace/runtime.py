@@ -24,26 +24,6 @@ from .settings import Settings, warn
 
 _lock = threading.RLock()
 _state: dict[str, Any] = {}
-# Integrations (SGLang) add their own post-import patches here.
-INTEGRATIONS: list[tuple[str, str]] = [
-    ("transformers.modeling_utils", "spectrace.integrations.transformers:patch"),
-    ("sglang.srt.models.llama_eagle3", "spectrace.integrations.sglang.patches:patch_draft_module"),
-    # The other SGLang patch points (spectrace/integrations/sglang/points.py); modules a
-    # version lacks are simply never imported.
-    ("sglang.srt.models.kimi_k25_eagle3", "spectrace.integrations.sglang.patches:patch_module"),
-    ("sglang.srt.models.llama", "spectrace.integrations.sglang.patches:patch_module"),
-    ("sglang.srt.models.deepseek_v2", "spectrace.integrations.sglang.patches:patch_module"),
-    ("sglang.srt.models.kimi_k25", "spectrace.integrations.sglang.patches:patch_module"),
-    ("sglang.srt.layers.logits_processor", "spectrace.integrations.sglang.patches:patch_module"),
-    ("sglang.srt.speculative.eagle_worker_v2", "spectrace.integrations.sglang.patches:patch_module"),
-    ("sglang.srt.speculative.eagle_worker", "spectrace.integrations.sglang.patches:patch_module"),
-    ("sglang.srt.model_executor.runner.decode_cuda_graph_runner", "spectrace.integrations.sglang.patches:patch_module"),
-    ("sglang.srt.model_executor.cuda_graph_runner", "spectrace.integrations.sglang.patches:patch_module"),
-    ("sglang.srt.speculative.eagle_draft_cuda_graph_runner", "spectrace.integrations.sglang.patches:patch_module"),
-    ("sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner", "spectrace.integrations.sglang.patches:patch_module"),
-    ("sglang.srt.runtime_context", "spectrace.integrations.sglang.patches:patch_module"),
-    ("sglang.srt.managers.scheduler", "spectrace.integrations.sglang.patches:patch_module"),
-]
 
 
 def _env_rank() -> int | None:
@@ -154,7 +134,9 @@ def activate() -> None:
     if not s.enabled:
         return
     set_error_handler(lambda message: recorder().coverage("not_covered", message))
-    for module_name, target in INTEGRATIONS:
+    from .integrations import import_targets  # each integration's own list, from its tables
+
+    for module_name, target in import_targets():
         when_imported(module_name, _import_target(target))
     atexit.register(shutdown)
     try:

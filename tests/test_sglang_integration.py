@@ -458,9 +458,9 @@ def test_no_double_patch(installed):
     before = LlamaForCausalLMEagle3.load_weights
     assert st_sglang.install() == []  # everything imported is already patched
     import sglang.srt.models.llama_eagle3 as mod
-    from spectrace.integrations.sglang.patches import patch_draft_module
+    from spectrace.integrations.sglang.patching import patch_module
 
-    patch_draft_module(mod)
+    patch_module(mod)  # the import-hook route's callback, run again
     assert LlamaForCausalLMEagle3.load_weights is before
     depth, fn = 0, before
     while getattr(fn, "__wrapped__", None) is not None:
@@ -692,3 +692,17 @@ def test_installed_entry_point(tmp_path):
     assert eps[0].value == "spectrace.integrations.sglang.plugin:register"
     result = _run_child({"SPECTRACE": "1", "SPECTRACE_DIR": str(tmp_path), "SPECTRACE_QUIET": "1"})
     assert result["load_weights"] and result["capture"]
+
+
+def test_import_hook_targets_come_from_the_point_table():
+    """The runtime names no SGLang module: every module of the point table is waited for,
+    each with the callback that patches its points."""
+    from spectrace.integrations import import_targets
+    from spectrace.integrations.sglang.points import MODULES
+
+    targets = dict(import_targets())
+    assert set(MODULES) <= set(targets) and len(MODULES) >= 14
+    assert {targets[m] for m in MODULES} == {"spectrace.integrations.sglang.patching:patch_module"}
+    assert targets["transformers.modeling_utils"] == "spectrace.integrations.transformers:patch"
+    runtime_source = open(os.path.join(REPO, "spectrace", "runtime.py")).read()
+    assert "sglang" not in runtime_source

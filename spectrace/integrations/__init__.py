@@ -1,1 +1,16 @@
-"""Integrations with model libraries and engines; they import the core, never the reverse."""
+"""Integrations with model libraries and engines; they import the core, never the reverse.
+
+Each integration registers the modules whose import it waits for (``SPECTRACE=1``): the
+core's runtime asks :func:`import_targets` and names none of them itself.
+"""
+
+from __future__ import annotations
+
+
+def import_targets() -> list[tuple[str, str]]:
+    """``(module to wait for, "package.module:function" to run once it is imported)`` of every
+    integration; reading it imports only the integrations' tables."""
+    from .sglang.points import import_targets as sglang_targets
+    from .transformers_targets import IMPORT_TARGETS as transformers_targets
+
+    return [*transformers_targets, *sglang_targets()]

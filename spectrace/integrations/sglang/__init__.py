@@ -4,8 +4,9 @@ Routes in (both idempotent, never double-patching):
 
 - ``SPECTRACE=1`` + the plugin entry point ``sglang.srt.plugins`` (``plugin.register``),
   hooks registered with SGLang's ``HookRegistry``;
-- ``SPECTRACE=1`` + the ``.pth`` bootstrap: ``runtime.INTEGRATIONS`` patches the same
-  points as the modules import (versions without plugins);
+- ``SPECTRACE=1`` + the ``.pth`` bootstrap: the import hooks this integration registers
+  (:func:`.points.import_targets`, from its point table) patch the same points as the
+  modules import (versions without plugins);
 - explicitly, e.g. in tests::
 
       from spectrace.integrations import sglang as st_sglang
@@ -18,16 +19,36 @@ per verify (``acceptance``), graph-replay coverage; findings per spectrace.findi
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-from . import state
-from .patching import applied, hooked, install_direct, is_patched
-from .points import POINTS, Point
+# Nothing is imported eagerly: the import-hook route reads .points in every process
+# under SPECTRACE=1, and must not pull the hooks in with it.
+_LAZY = {
+    "state": (".state", None),
+    "applied": (".patching", "applied"),
+    "hooked": (".patching", "hooked"),
+    "install_direct": (".patching", "install_direct"),
+    "is_patched": (".patching", "is_patched"),
+    "POINTS": (".points", "POINTS"),
+    "Point": (".points", "Point"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attr = _LAZY[name]
+    loaded = importlib.import_module(module, __name__)
+    return loaded if attr is None else getattr(loaded, attr)
 
 
 def install(recorder: Any = None) -> list[str]:
     """Patch SGLang now (imported modules) and on import (the rest); records go to ``recorder``
     (default: the process recorder). Returns the point keys patched by this call."""
+    from . import state
+    from .patching import install_direct
+
     if recorder is not None:
         state.use_recorder(recorder)
     return install_direct()

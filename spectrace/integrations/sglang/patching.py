@@ -206,7 +206,7 @@ def patch_point(module: ModuleType, point: Point) -> bool:
 
 
 def patch_module(module: ModuleType) -> None:
-    """Import-hook callback: patch every point of ``module`` (runtime.INTEGRATIONS)."""
+    """Import-hook callback: patch every point of ``module`` (registered by points.import_targets)."""
     for point in points_for(module.__name__):
         try:
             patch_point(module, point)
@@ -320,7 +320,7 @@ def register_with_hook_registry() -> list[str]:
             continue  # the import hook got there first
         _claimed.add(point.key)
         pending.append(point)
-    runtime.activate()  # exit flush + import hooks (runtime.INTEGRATIONS); idempotent
+    runtime.activate()  # exit flush + import hooks (registered by points.import_targets); idempotent
     install_direct()  # the points of modules not imported yet: patched when SGLang imports them
     registered: list[str] = []
     for point in pending:

@@ -69,8 +69,14 @@ POINTS: tuple[Point, ...] = (
     Point("sglang.srt.managers.scheduler", "Scheduler.__init__", "BEFORE", "rank:before_scheduler_init", "rank"),
 )
 
-# Modules whose absence is normal in some version (alternatives exist): never "not covered" alone.
+# Every SGLang module with a point, in table order (a version may lack some: never "not covered" alone).
 MODULES: tuple[str, ...] = tuple(dict.fromkeys(p.module for p in POINTS))
+
+
+def import_targets() -> list[tuple[str, str]]:
+    """The import hooks this integration registers: each module of the point table, and the
+    callback (``module:function``) that patches its points right after SGLang imports it."""
+    return [(module, f"{_PKG}.patching:patch_module") for module in MODULES]
 
 
 def points_for(module: str) -> list[Point]:
