@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from spectrace.checks.capture import check_capture
-from spectrace.eagle3.conventions import engine_boundaries
+from spectrace.rules.conventions import engine_boundaries
 from spectrace.records import Capture
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from spectrace.eagle3 import bugs, pair
-from spectrace.eagle3.conventions import engine_boundaries
+from spectrace.rules.conventions import engine_boundaries
 from spectrace.eagle3.draft import DraftConfig, Eagle3Draft
 from spectrace.eagle3.loop import speculate
 from spectrace.eagle3.target import Eagle3Target, tiny_deepseek_v3, tiny_llama

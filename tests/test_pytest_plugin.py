@@ -46,7 +46,7 @@ def llama():
 
 
 def error_finding():
-    from spectrace.findings import finding
+    from spectrace.rules.catalogue import finding
     return finding("fc_bypass", "draft got 32-wide states, fc expects 96", module="draft.model.fc")
 '''
 
@@ -309,7 +309,7 @@ def test_opted_out(spectrace, mlp):
         t.emit(error_finding())
 
 def test_warning_only(spectrace, mlp):
-    from spectrace.findings import finding
+    from spectrace.rules.catalogue import finding
     with spectrace.trace(mlp, modules="**") as t:
         t.emit(finding("unsupported_config_flag", "norm_before_residual is ignored", severity="warning"))
 """

@@ -39,7 +39,7 @@ from spectrace.audit.checkpoint import read_checkpoint, read_target_config
 from spectrace.audit.checks import audit
 from spectrace.audit.engines import get_engine
 from spectrace.checks.capture import check_engine_support
-from spectrace.eagle3.conventions import engine_boundaries, engine_rule
+from spectrace.rules.conventions import engine_boundaries, engine_rule
 from spectrace.integrations.sglang import correlate, server
 from spectrace.integrations.sglang import state as st_state
 from spectrace.records import Capture
@@ -90,7 +90,7 @@ def test_b1_no_server_args_target_then_draft_finds_the_ignored_top_level_ids(rec
     (mismatch,) = [f for f in rec.findings() if f.code == "aux_layers_mismatch"]
     assert mismatch.severity == "error"
     assert mismatch.evidence["captured_boundaries"] == [2, 4, 5]
-    assert mismatch.evidence["readings"]["speculators"] == {"ids": [1, 3, 6], "boundaries": [1, 3, 6], "source": "top-level"}
+    assert mismatch.evidence["readings"]["speculators"] == {"ids": [1, 3, 6], "boundaries": [1, 3, 6], "source": "top-level eagle_aux_hidden_state_layer_ids"}
     assert "unsupported_config_flag" in _codes(rec, "error")  # norm_before_residual: SGLang ignores it
 
 

@@ -10,7 +10,7 @@ import random
 from pathlib import Path
 from typing import Iterable
 
-from spectrace.findings import finding
+from spectrace.rules.catalogue import finding
 from spectrace.records import (
     Acceptance,
     Call,

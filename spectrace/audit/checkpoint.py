@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from ..eagle3.draft_config import SPECULATORS_FLAGS, Reading, provenance, speculators_traces
+from ..rules.readings import SPECULATORS_FLAGS, Reading, provenance, speculators_traces
 
 # The safetensors library refuses headers above 100 MB; a real header is a few KB per
 # hundred tensors, so anything larger is corrupt or hostile.

@@ -18,15 +18,16 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..checks.capture import check_engine_support
-from ..eagle3.conventions import engine_boundaries, trainer_boundaries
-from ..eagle3.draft_config import Reading
-from ..findings import finding
+from ..rules.conventions import default_ids, engine_boundaries
+from ..rules.readings import Reading
+from ..rules.readings import trained_readings as shared_readings
+from ..rules.catalogue import finding
 from ..records import SEVERITY_RANK, Capture, Finding
 from .checkpoint import DraftConfig, TargetConfig, TensorInfo
 from .engines import Dims, Engine, Param, dims_of
 
 # Names the trainers use for the same aux-id list, for messages.
-IDS_KEY = "eagle_aux_hidden_state_layer_ids"
+from ..rules.readings import IDS_KEY  # noqa: E402 (one name for the key, in the rules leaf)
 TRAINER_MEANING = {
     "speculators": "speculators ids (id k = boundary k, 0 = embeddings)",
     "specforge": "SpecForge ids (id k = output of block k = boundary k+1)",
@@ -241,7 +242,7 @@ class EngineCapture:
 
 def _sglang_defaults(n: int) -> list[int]:
     # set_eagle3_layers_to_capture(None) stores these as layers_to_capture directly: no +1.
-    wanted = {2, n // 2, n - 3}
+    wanted = set(default_ids("sglang", n))
     return [b for b in range(n) if b in wanted]
 
 
@@ -264,22 +265,14 @@ def engine_capture(cfg: DraftConfig, engine: Engine, target: TargetConfig | None
 
 
 def trained_readings(cfg: DraftConfig, n: int | None) -> list[Reading]:
-    """The boundaries the draft was trained on, under each plausible reading, most likely first."""
-    if cfg.stated is not None:
-        # The config states its training (trainer_convention + trained_aux_boundaries or
-        # trained_aux_layer_ids): one reading, as at runtime (eagle3.draft_config.provenance).
-        return [cfg.stated]
-    if cfg.top_level_ids:
-        ids = cfg.top_level_ids
-        return [Reading("speculators", ids, trainer_boundaries(ids, "speculators"), f"top-level {IDS_KEY}")]
-    if cfg.eagle_config_ids:
-        ids = cfg.eagle_config_ids
-        order = ["speculators", "specforge"] if cfg.speculators_traces else ["specforge", "speculators"]
-        return [Reading(t, ids, trainer_boundaries(ids, t), f"eagle_config.{IDS_KEY}") for t in order]
-    if n:
-        # Both trainers' defaults ([2, n//2, n-3] and SpecForge's [1, n//2-1, n-4]) are the same boundaries.
-        return [Reading("trainer default", None, [2, n // 2, n - 3], "no ids in the config: the trainer's default")]
-    return []
+    """The boundaries the draft was trained on, most likely first (the runtime's rule)."""
+    return shared_readings(
+        stated=cfg.stated,
+        top_level_ids=cfg.top_level_ids,
+        eagle_config_ids=cfg.eagle_config_ids,
+        speculators_hints=bool(cfg.speculators_traces),
+        num_layers=n,
+    )
 
 
 def _ids_for(boundaries: list[int], rule: str, n: int) -> list[int] | None:

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from ..eagle3.conventions import engine_rule, version_tuple
+from ..rules.conventions import engine_rule, version_tuple
 from .checkpoint import DraftConfig
 
 RouteKind = Literal["param", "special", "skipped", "dropped"]

@@ -13,15 +13,15 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..eagle3.conventions import (
+from ..rules.conventions import (
     SGLangCaptureFacts,
     default_ids,
     first_sglang_capturing_embedding,
     sglang_family,
     sglang_family_facts,
 )
-from ..eagle3.draft_config import is_eagle3_architecture, readings, uses_aux_hidden_state
-from ..findings import finding
+from ..rules.readings import is_eagle3_architecture, readings, uses_aux_hidden_state
+from ..rules.catalogue import finding
 from ..records import Capture, Finding
 
 
@@ -152,7 +152,7 @@ def check_engine_support(
 ) -> list[Finding]:
     """Can this SGLang release capture what ``capture`` asks for, or will it crash?
 
-    Reads :data:`spectrace.eagle3.conventions.SGLANG_CAPTURE` (one table for the runtime
+    Reads :data:`spectrace.rules.conventions.SGLANG_CAPTURE` (one table for the runtime
     check and the audit). ``capture`` needs its boundaries, requested ids, layer count and
     rule; ``target_class`` / ``family`` default to ``capture.target_class`` (a record's
     extra field) and the family of that name. Says nothing when the version or the

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from ..findings import finding
+from ..rules.catalogue import finding
 from ..records import Finding, Weights
 
 MAX_NAMES = 12

@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .conventions import trainer_boundaries
+from ..rules.conventions import trainer_boundaries
 from .draft import DraftConfig, Eagle3Draft
 from .loop import mean_accept_length
 from .pair import (

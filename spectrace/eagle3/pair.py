@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .conventions import trainer_boundaries
+from ..rules.conventions import trainer_boundaries
 from .draft import DraftConfig, Eagle3Draft
 
 DATA_DIR = Path(__file__).resolve().parent / "data"

@@ -1,6 +1,6 @@
 """An EAGLE-3 target: a Hugging Face causal LM that stores aux hidden states the way SGLang does.
 
-The capture follows an engine convention from :mod:`spectrace.eagle3.conventions`
+The capture follows an engine convention from :mod:`spectrace.rules.conventions`
 (ids -> boundaries, with the engine's silent drops), the chunks are joined by a child
 module ``aux_concat`` (so forward hooks can see the fused input), and when nothing was
 captured the stored states fall back, silently, to the final *normed* hidden state, as
@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from .conventions import CaptureResult, engine_boundaries
+from ..rules.conventions import CaptureResult, default_ids, engine_boundaries
 
 
 class AuxConcat(nn.Module):
@@ -141,7 +141,7 @@ class Eagle3Target(nn.Module):
     def set_eagle3_layers_to_capture(self, layer_ids: Sequence[int] | None = None) -> CaptureResult:
         """Turn capture on for ``layer_ids`` (None: the engine's literal default ``[2, n//2, n-3]``)."""
         n = self.num_layers
-        ids = [2, n // 2, n - 3] if layer_ids is None else [int(i) for i in layer_ids]
+        ids = default_ids("sglang", n) if layer_ids is None else [int(i) for i in layer_ids]
         self.capture = engine_boundaries(ids, self.convention, n)
         self.aux_enabled = True
         return self.capture

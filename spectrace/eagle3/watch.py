@@ -23,7 +23,7 @@ from ..api import Trace
 from ..checks.capture import check_algorithm, check_capture, check_config_flags
 from ..checks.runtime import check_acceptance, check_feature_skew, check_nonfinite
 from ..checks.weights import check_weights
-from ..findings import finding
+from ..rules.catalogue import finding
 from ..hooks.weights import observe_load
 from ..records import Acceptance, Capture, Call, Fingerprint
 from .fingerprint import FingerprintCollector

@@ -14,7 +14,7 @@ Routes in (both idempotent, never double-patching):
 
 What it records: the draft's weight load (``weights``), the target's capture list
 (``capture``), shape checks on the draft input and the logits processor, accept lengths
-per verify (``acceptance``), graph-replay coverage; findings per spectrace.findings.
+per verify (``acceptance``), graph-replay coverage; findings per spectrace.rules.catalogue.
 """
 
 from __future__ import annotations

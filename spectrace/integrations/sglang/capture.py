@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...eagle3.conventions import engine_rule, sglang_family
+from ...rules.conventions import engine_rule, sglang_family
 from ...records import Capture
 from . import correlate, server, state
 

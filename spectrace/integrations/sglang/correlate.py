@@ -18,7 +18,7 @@ import json
 from typing import Any, Mapping
 
 from ...checks.capture import check_algorithm, check_capture, check_config_flags, check_engine_support
-from ...eagle3.draft_config import is_eagle3_architecture, uses_aux_hidden_state
+from ...rules.readings import is_eagle3_architecture, uses_aux_hidden_state
 from ...records import Capture
 from . import server, state
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...findings import finding
+from ...rules.catalogue import finding
 from . import server, state
 
 # Forward modes whose spec_info.hidden_states were produced by the target (any version).

@@ -55,23 +55,53 @@ def aux_ids(config: Mapping[str, Any]) -> tuple[list[int] | None, str]:
     return None, "default"
 
 
-def readings(config: Mapping[str, Any], num_layers: int) -> list[Reading]:
+IDS_KEY = "eagle_aux_hidden_state_layer_ids"
+
+
+def readings(config: Mapping[str, Any], num_layers: int | None) -> list[Reading]:
     """Trained boundaries under each plausible trainer convention, likeliest first."""
-    ids, source = aux_ids(config)
-    stamped = provenance(config)
-    if stamped is not None:
-        return [stamped]
-    if is_speculators_format(config) or source == "top-level":
-        order = ["speculators"]  # SGLang never reads top-level ids; only speculators writes them
-    elif speculators_traces(config):
-        order = ["speculators", "specforge"]
-    else:
-        order = ["specforge", "speculators"]
-    found: list[Reading] = []
-    for convention in order:
-        chosen = ids if ids is not None else default_ids(convention, num_layers)
-        found.append(Reading(convention, chosen, trainer_boundaries(chosen, convention), source))
-    return found
+    eagle = config.get("eagle_config") or {}
+    eagle_ids = eagle.get(IDS_KEY) if isinstance(eagle, Mapping) else None
+    top_ids = config.get(IDS_KEY)
+    return trained_readings(
+        stated=provenance(config),
+        top_level_ids=[int(i) for i in top_ids] if top_ids else None,
+        eagle_config_ids=[int(i) for i in eagle_ids] if eagle_ids else None,
+        speculators_hints=bool(speculators_traces(config)),
+        num_layers=num_layers,
+    )
+
+
+def trained_readings(
+    *,
+    stated: Reading | None,
+    top_level_ids: list[int] | None,
+    eagle_config_ids: list[int] | None,
+    speculators_hints: bool,
+    num_layers: int | None,
+) -> list[Reading]:
+    """The one reading of a draft's training, for the runtime check and the audit alike.
+
+    - A config that states its training (``trainer_convention`` + ``trained_aux_*``) has
+      one reading.
+    - Top-level ids are the trainer's own (only speculators writes them; SGLang never
+      reads them): one speculators reading.
+    - ``eagle_config`` ids may come from SpecForge or a hand conversion from speculators:
+      both readings, the speculators one first when the file carries speculators' keys.
+    - No ids: both trainers' defaults name the same boundaries, one reading.
+    """
+    if stated is not None:
+        return [stated]
+    if top_level_ids:
+        ids = list(top_level_ids)
+        return [Reading("speculators", ids, trainer_boundaries(ids, "speculators"), f"top-level {IDS_KEY}")]
+    if eagle_config_ids:
+        ids = list(eagle_config_ids)
+        order = ["speculators", "specforge"] if speculators_hints else ["specforge", "speculators"]
+        return [Reading(t, ids, trainer_boundaries(ids, t), f"eagle_config.{IDS_KEY}") for t in order]
+    if num_layers:
+        return [Reading("trainer default", None, default_ids("speculators", num_layers), "no ids in the config: the trainer's default")]
+    return []
 
 
 def provenance(config: Mapping[str, Any]) -> Reading | None:
