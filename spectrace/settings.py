@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Literal, Mapping
 
 StatsMode = Literal["off", "basic", "full"]
@@ -106,7 +106,6 @@ class Settings:
     quiet: bool = False
     otlp_endpoint: str = ""  # the OTEL_EXPORTER_OTLP(_TRACES)_ENDPOINT in effect: turns spans on
     sglang_skip: tuple[str, ...] = ()  # SGLang patch-point features left unpatched (reported once)
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -146,4 +145,4 @@ class Settings:
 
     def describe(self) -> str:
         """The settings in effect, one per line (``spectrace settings``)."""
-        return "\n".join(f"{k} = {v!r}" for k, v in self.as_dict().items() if k != "extra")
+        return "\n".join(f"{k} = {v!r}" for k, v in self.as_dict().items())
