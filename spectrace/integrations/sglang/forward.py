@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...rules.catalogue import finding
+from ...checks.widths import check_draft_input_width, check_stored_hidden
 from . import server, state
 
 # Forward modes whose spec_info.hidden_states were produced by the target (any version).
@@ -62,38 +62,14 @@ def check_draft_input(model: Any, batch: Any) -> None:
         return
     seen, expected, hidden = int(hs.shape[-1]), _fc_in(fc), _hidden(model)
     if expected is None or seen == expected:
-        return
+        return  # the common case: no finding to build
     capture = state.STATE.capture
-    evidence = {
-        "seen_width": seen,
-        "fc_in_features": expected,
-        "hidden_size": hidden,
-        "forward_mode": mode,
-        "captured_boundaries": capture.boundaries if capture else None,
-    }
-    if seen == hidden:
-        state.emit_once(
-            "fc_bypass",
-            lambda: finding(
-                "fc_bypass",
-                f"the draft got {seen}-wide hidden states in {mode} but fc expects {expected}: {seen} equals the "
-                "embedding width, so SGLang skipped fc and the draft runs on inputs it was never trained on",
-                module="draft.model.fc",
-                evidence=evidence,
-                source="sglang.forward",
-            ),
-        )
-    else:
-        state.emit_once(
-            "draft_width",
-            lambda: finding(
-                "shape_mismatch",
-                f"the draft got {seen}-wide hidden states in {mode}; fc expects {expected} (hidden {hidden})",
-                module="draft.model.fc",
-                evidence=evidence,
-                source="sglang.forward",
-            ),
-        )
+    boundaries = capture.boundaries if capture else None
+    # Said once per kind, repeats counted; the finding is built only the first time.
+    state.emit_once(
+        "fc_bypass" if seen == hidden else "draft_width",
+        lambda: check_draft_input_width(seen, expected, hidden, mode, boundaries, source="sglang.forward")[0],
+    )
 
 
 def around_draft_forward(original: Any, *args: Any, **kwargs: Any) -> Any:
@@ -133,17 +109,8 @@ def after_hidden_to_store(result: Any, *args: Any, **kwargs: Any) -> None:
         if mode is None or not mode.need_capture() or not _serving_eagle3():
             return None
         width = int(result.shape[-1])
-        state.emit_once(
-            "logits_fallback",
-            lambda: finding(
-                "logits_fallback",
-                f"the target captured no aux hidden states, so the logits processor stored its final normed hidden "
-                f"state ({width} wide) for the EAGLE-3 draft instead of the aux concat",
-                module="target.logits_processor",
-                evidence={"stored_width": width, "capture_hidden_mode": getattr(mode, "name", str(mode))},
-                source="sglang.forward",
-            ),
-        )
+        name = getattr(mode, "name", str(mode))
+        state.emit_once("logits_fallback", lambda: check_stored_hidden(width, name, source="sglang.forward")[0])
     except Exception as exc:
         state.internal_error("logits processor", exc)
     return None

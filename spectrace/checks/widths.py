@@ -1,0 +1,73 @@
+"""Findings from the widths of the hidden states a draft receives (facts from any engine).
+
+The draft applies ``fc`` only when its input is wider than the embedding (SGLang:
+``if hidden_states.shape[-1] != embeds.shape[-1]``): an input exactly ``hidden`` wide
+is the silent fc bypass (BRIEF bug 1); any other width that is not ``fc.in_features``
+is a plain shape mismatch. A target that captured no aux states and stored its final
+hidden state instead is the start of the same bug.
+
+    >>> [f.code for f in check_draft_input_width(64, 192, 64, "EXTEND")]
+    ['fc_bypass']
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ..records import Finding
+from ..rules.catalogue import finding
+
+
+def check_draft_input_width(
+    seen: int,
+    expected: int | None,
+    hidden: int | None,
+    mode: str,
+    captured_boundaries: Sequence[int] | None = None,
+    *,
+    source: str = "",
+) -> list[Finding]:
+    """The draft got ``seen``-wide hidden states where ``fc`` takes ``expected``."""
+    if expected is None or seen == expected:
+        return []
+    evidence: dict[str, Any] = {
+        "seen_width": seen,
+        "fc_in_features": expected,
+        "hidden_size": hidden,
+        "forward_mode": mode,
+        "captured_boundaries": list(captured_boundaries) if captured_boundaries is not None else None,
+    }
+    if seen == hidden:
+        return [
+            finding(
+                "fc_bypass",
+                f"the draft got {seen}-wide hidden states in {mode} but fc expects {expected}: {seen} equals the "
+                "embedding width, so SGLang skipped fc and the draft runs on inputs it was never trained on",
+                module="draft.model.fc",
+                evidence=evidence,
+                source=source,
+            )
+        ]
+    return [
+        finding(
+            "shape_mismatch",
+            f"the draft got {seen}-wide hidden states in {mode}; fc expects {expected} (hidden {hidden})",
+            module="draft.model.fc",
+            evidence=evidence,
+            source=source,
+        )
+    ]
+
+
+def check_stored_hidden(width: int, capture_mode: str, *, source: str = "") -> list[Finding]:
+    """The target stored its final normed hidden state for an EAGLE-3 draft (no aux capture)."""
+    return [
+        finding(
+            "logits_fallback",
+            f"the target captured no aux hidden states, so the logits processor stored its final normed hidden "
+            f"state ({width} wide) for the EAGLE-3 draft instead of the aux concat",
+            module="target.logits_processor",
+            evidence={"stored_width": width, "capture_hidden_mode": capture_mode},
+            source=source,
+        )
+    ]
