@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from spectrace.audit.checkpoint import AuditInputError, read_checkpoint, read_safetensors_header, read_target_config
-from spectrace.audit.checks import audit
+from spectrace.checks.checkpoint import audit
 from spectrace.audit.engines import get_engine
 
 ROOT = Path(__file__).resolve().parents[1]

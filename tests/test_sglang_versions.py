@@ -36,7 +36,7 @@ except ImportError:  # pragma: no cover
     from tests.test_sglang_integration import _codes, _draft_config, _of, _speculators_weights, installed, rec  # noqa: F401
 
 from spectrace.audit.checkpoint import read_checkpoint, read_target_config
-from spectrace.audit.checks import audit
+from spectrace.checks.checkpoint import audit
 from spectrace.audit.engines import get_engine
 from spectrace.checks.capture import check_engine_support
 from spectrace.rules.conventions import engine_boundaries, engine_rule

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from ..records import Finding, Severity
 from .checkpoint import AuditInputError, DraftCheckpoint, TargetConfig, read_checkpoint, read_target_config
-from .checks import AuditResult, audit
+from ..checks.checkpoint import AuditResult, audit
 from .engines import get_engine, parse_engine
 
 PROG = "spectrace audit"

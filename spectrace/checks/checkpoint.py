@@ -17,17 +17,16 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from ..checks.capture import check_engine_support
+from .capture import check_engine_support
 from ..rules.conventions import default_ids, engine_boundaries
-from ..rules.readings import Reading
+from ..rules.readings import IDS_KEY, Reading
 from ..rules.readings import trained_readings as shared_readings
 from ..rules.catalogue import finding
 from ..records import SEVERITY_RANK, Capture, Finding
-from .checkpoint import DraftConfig, TargetConfig, TensorInfo
-from .engines import Dims, Engine, Param, dims_of
+from ..audit.checkpoint import DraftConfig, TargetConfig, TensorInfo
+from ..audit.engines import Dims, Engine, Param, dims_of
 
 # Names the trainers use for the same aux-id list, for messages.
-from ..rules.readings import IDS_KEY  # noqa: E402 (one name for the key, in the rules leaf)
 TRAINER_MEANING = {
     "speculators": "speculators ids (id k = boundary k, 0 = embeddings)",
     "specforge": "SpecForge ids (id k = output of block k = boundary k+1)",
