@@ -40,8 +40,13 @@ def make_otel_sink(settings: Settings, recorder_error: Any, rank: int | None = N
 
 
 def build_recorder(settings: Settings, directory: str | None, rank: int | None = None) -> Recorder:
+    """The recorder of a trace or a process: the trace file under ``directory`` (if any),
+    plus the OpenTelemetry sink when an OTLP endpoint is configured."""
     recorder = Recorder(settings, directory=directory, rank=rank)
-    recorder.otel = make_otel_sink(settings, recorder.sink_error, rank)
+    # Built after the recorder: the sink reports its failures as the recorder's sink errors.
+    otel = make_otel_sink(settings, recorder.sink_error, rank)
+    if otel is not None:
+        recorder.add_sink(otel)
     return recorder
 
 

@@ -1,13 +1,17 @@
 """The recorder: where records go after capture, bounded, counted, never raising.
 
 Capture code hands records to a :class:`Recorder`; it keeps them in memory (bounded by
-the record cap), queues them for the JSONL file, mirrors them to OpenTelemetry, counts
-what it had to drop, and prints each error finding once to stderr so it stands out in
-a server log. Every sink failure is counted and warned about once; the host program
-never sees an exception from here.
+the record cap), queues them for the JSONL file, fans them out to its sinks (the
+:class:`~spectrace.sinks.base.Sink` protocol: OpenTelemetry, or any other), counts what
+it had to drop, and prints each error finding once to stderr so it stands out in a
+server log. Every sink failure is counted and warned about once; the host program never
+sees an exception from here. Counters change only through its methods (:meth:`~Recorder.count`,
+:meth:`~Recorder.count_dropped`, :meth:`~Recorder.account_hook`); whatever should be said
+once and then counted goes through :meth:`~Recorder.once`.
 
-    >>> recorder = Recorder(Settings.from_env(), directory="traces")
+    >>> recorder = Recorder(Settings.from_env(), directory="traces", sinks=[my_sink])
     >>> recorder.emit(finding("fc_bypass", "64-wide input, fc expects 192"))
+    >>> recorder.once("graph_stale_hidden", lambda: finding(...))  # then only counted
     >>> recorder.close()
 """
 
@@ -25,6 +29,7 @@ from typing import Any, Callable, Iterable
 from . import __version__
 from .records import RECORD_ADAPTER, Acceptance, Call, Counters, Coverage, Finding, Header
 from .settings import Settings, warn
+from .sinks.base import Sink, Step, sink_name
 from .sinks.jsonl import JsonlSink, trace_file_name
 
 # Non-call records (findings, capture, weights, ...) are few; they get their own, larger
@@ -83,7 +88,14 @@ def _kind_of(message: str) -> str:
 
 
 class Recorder:
-    """Collects records for one process (or one ``trace()`` context)."""
+    """Collects records for one process (or one ``trace()`` context).
+
+    Where records go: memory (bounded, for the returned ``Trace``), the trace file when
+    ``directory`` is set (the recorder's own :class:`JsonlSink`, opened on the first flush
+    so the rank and the name may still change), and every sink given in ``sinks`` or
+    :meth:`add_sink` (the :class:`~spectrace.sinks.base.Sink` protocol; how each kind is
+    fed is described there). Counters change only through the methods below.
+    """
 
     def __init__(
         self,
@@ -92,14 +104,17 @@ class Recorder:
         directory: str | None = None,
         rank: int | None = None,
         name: str | None = None,
-        otel: Any | None = None,
+        sinks: Iterable[Sink] = (),
     ) -> None:
         self.settings = settings
         self.rank = rank
         self.directory = directory
         self.file_name = name
-        self.sink: JsonlSink | None = None
-        self.otel = otel
+        self._file: JsonlSink | None = None
+        self._sinks: list[Any] = []
+        self._line_sinks: list[Any] = []
+        self._object_sinks: list[Any] = []
+        self._started: set[int] = set()  # sinks (by id) that got the header
         # Calls are kept as their JSON line (~0.5 KB) rather than as pydantic objects
         # (~7 KB): a full ring of 100k calls stays near 50 MB. Parsed again on read.
         self.calls: collections.deque[str] = collections.deque(maxlen=settings.record_cap)
@@ -111,14 +126,20 @@ class Recorder:
         # made every collection in the host process slower. Parsed again on read.
         self.important: list[Any] = []
         self.counters = Counters()
+        self._dropped_by: dict[str, int] = {}
         self._pending: collections.deque[str] = collections.deque()
         self._lock = threading.RLock()
-        # Sink errors arrive from the OpenTelemetry export thread too; counting and
-        # warning take their own small lock so that thread never waits on a flush.
+        # Counters are bumped from hooks, the record worker and the OpenTelemetry export
+        # thread: their own small lock, never held while calling out, so no thread waits
+        # on a flush to count.
+        self._count_lock = threading.Lock()
         self._warn_lock = threading.Lock()
         self._warned: set[str] = set()
         self._printed_codes: set[str] = set()
-        self._coverage: dict[str, Coverage] = {}
+        # "Say once, then count": key -> [the record emitted, occurrences]. Its own lock,
+        # never held while calling out: a repeat on a hot path never waits on a flush.
+        self._once: dict[str, list[Any]] = {}
+        self._once_lock = threading.Lock()
         self._drains: list[Callable[[], None]] = []
         self._last_flush = time.monotonic()
         self._closed = False
@@ -132,87 +153,210 @@ class Recorder:
             settings=_safe_settings(settings),
             versions=_versions(),
         )
-        self._header_written = False
+        for sink in sinks:
+            self.add_sink(sink)
+
+    # ------------------------------------------------------------------ sinks
+    def add_sink(self, sink: Sink) -> None:
+        """Send records to ``sink`` too; add it before the first record (it gets the header
+        on its first write, and only what is emitted from then on)."""
+        if not isinstance(sink, Sink):
+            raise TypeError(f"{type(sink).__name__} is not a spectrace Sink (needs_objects, write, flush, shutdown)")
+        with self._lock:
+            if any(s is sink for s in self._sinks):
+                return
+            self._sinks.append(sink)
+            (self._object_sinks if sink.needs_objects else self._line_sinks).append(sink)
+
+    @property
+    def sinks(self) -> tuple[Any, ...]:
+        """The sinks given to this recorder (the trace file is its own: :attr:`sink`)."""
+        return tuple(self._sinks)
+
+    @property
+    def needs_call_objects(self) -> bool:
+        """Whether any sink needs :class:`Call` objects (else a step's calls go as JSON text)."""
+        return bool(self._object_sinks)
+
+    def _writes_lines(self) -> bool:
+        return self.directory is not None or bool(self._line_sinks)
+
+    # --------------------------------------------------------------- counters
+    def count(self, name: str, delta: float = 1) -> None:
+        """Add ``delta`` to the numeric counter ``name`` (a ``stats`` field: steps, calls_seen, ...)."""
+        try:
+            with self._count_lock:
+                self.counters.bump(name, delta)
+        except Exception as exc:
+            self.internal_error(f"count {name!r}: {type(exc).__name__}: {exc}")
+
+    def count_dropped(self, n: int, reason: str) -> None:
+        """``n`` records lost for ``reason``: ``records_dropped`` in the ``stats`` record (what
+        ``spectrace view`` shows as "records dropped N"), split in ``dropped_by_reason``."""
+        if n <= 0:
+            return
+        with self._count_lock:
+            self.counters.bump("records_dropped", n)
+            self._dropped_by[reason] = self._dropped_by.get(reason, 0) + n
+
+    def account_hook(self, seconds: float, feature: str) -> None:
+        """One call of a serving engine's hook and the host time it took, split by feature
+        (``hook_calls``, ``hook_seconds``, ``hook_seconds_by_feature``): the overhead budget."""
+        with self._count_lock:
+            counters = self.counters
+            counters.bump("hook_calls")
+            counters.bump("hook_seconds", seconds)
+            by_feature = counters.hook_seconds_by_feature
+            by_feature[feature] = by_feature.get(feature, 0.0) + seconds
 
     # ----------------------------------------------------------------- intake
     def emit(self, record: Any) -> None:
         """Keep one non-call record (finding, capture, weights, acceptance, coverage, ...)."""
         try:
+            per_step = isinstance(record, Acceptance)
+            out = record
+            if not per_step and "t_unix" in type(record).model_fields and record.t_unix is None and (
+                self._object_sinks or self._writes_lines()
+            ):
+                # What the sinks get says when (a trace cut by a crash shows its last
+                # record's time); the caller's object stays as it was given.
+                out = record.model_copy(update={"t_unix": time.time()})
             with self._lock:
-                text = record.model_dump_json() if isinstance(record, Acceptance) else None
+                text = record.model_dump_json() if per_step else None
+                lines = self._writes_lines()
                 if len(self.important) < IMPORTANT_CAP:
                     self.important.append(text if text is not None else record)
-                elif self.directory is None:
+                elif not lines and not self._object_sinks:
                     # Memory only and full: the record is gone, so count it.
-                    self.counters.records_dropped += 1
+                    self.count_dropped(1, "memory cap")
                     return
-                # With a file the cap only trims memory: a server's millionth acceptance
+                # With a sink the cap only trims memory: a server's millionth acceptance
                 # record still reaches the trace, as calls past the ring do.
-                self._queue(record, text)
+                if lines:
+                    self._queue_text(text if text is not None else out.model_dump_json())
             if isinstance(record, Finding) and record.severity == "error":
                 self._announce(record)
-            if self.otel is not None:
-                self._to_otel(lambda: self.otel.export_record(record, time.time_ns()))
+            if self._object_sinks:
+                self._to_objects([out])
             # Write-through for everything but the per-step records (acceptance; calls go
             # through emit_step): a header, a weights or capture record, a finding or a
             # coverage note is on disk before the engine's next action, so a server that
             # crashes or is SIGKILLed a moment later still leaves it. Per-step records wait
             # for the flush interval (a SIGKILL loses at most that much of them).
-            if not isinstance(record, Acceptance) or time.monotonic() - self._last_flush >= self.settings.flush_seconds:
+            if not per_step or time.monotonic() - self._last_flush >= self.settings.flush_seconds:
                 self.flush()
         except Exception as exc:  # never into the host
             self.internal_error(f"emit failed: {type(exc).__name__}: {exc}")
 
     def emit_step(self, step: int, calls: list[Call], start_ns: int, end_ns: int, texts: list[str] | None = None) -> None:
-        """Keep the call records of one step and mirror them as one step span.
+        """Keep the call records of one step; object sinks get them as one :class:`Step`.
 
         ``texts``: the calls already serialised (the record worker does it outside the lock);
-        ``calls`` may then be empty, as they are only needed for OpenTelemetry.
+        ``calls`` may then be empty, as they are only needed when :attr:`needs_call_objects`.
         """
         try:
             if texts is None:
                 texts = [call.model_dump_json() for call in calls]
             with self._lock:
-                self.counters.bump("steps")
+                self.count("steps")
+                lines = self._writes_lines()
+                elsewhere = lines or bool(self._object_sinks and calls)
                 for text in texts:
-                    if len(self.calls) == self.calls.maxlen and self.directory is None:
-                        # With a file, the ring only trims memory (the file keeps the call);
+                    if len(self.calls) == self.calls.maxlen and not elsewhere:
+                        # With a sink, the ring only trims memory (the sink has the call);
                         # without one the oldest call is gone, so count it.
-                        self.counters.records_dropped += 1
+                        self.count_dropped(1, "memory cap")
                     self.calls.append(text)
                     self._calls_added += 1
-                    self._queue_text(text)
-            if self.otel is not None and calls:
-                self._to_otel(lambda: self.otel.export_step(step, calls, start_ns, end_ns))
+                    if lines:
+                        self._queue_text(text)
+            if self._object_sinks and calls:
+                self._to_objects([Step(step, calls, start_ns, end_ns)])
             if time.monotonic() - self._last_flush >= self.settings.flush_seconds:
                 self.flush()
         except Exception as exc:
             self.internal_error(f"emit_step failed: {type(exc).__name__}: {exc}")
 
-    def _queue(self, record: Any, text: str | None = None) -> None:
-        if self.directory is None:
-            return
-        if text is None:
-            if "t_unix" in type(record).model_fields and record.t_unix is None:
-                # The file's copy says when (a trace cut by a crash shows its last record's
-                # time); the caller's object stays as it was given.
-                record = record.model_copy(update={"t_unix": time.time()})
-            text = record.model_dump_json()
-        self._queue_text(text)
-
     def _queue_text(self, text: str) -> None:
-        if self.directory is None:
-            return
         if len(self._pending) >= self.settings.record_cap:
             self._pending.popleft()
-            self.counters.records_dropped += 1
+            self.count_dropped(1, "record cap")
         self._pending.append(text)
+
+    def _to_objects(self, items: list[Any]) -> None:
+        """Hand ``items`` to every object sink, the header before anything else."""
+        for sink in list(self._object_sinks):
+            try:
+                if id(sink) not in self._started:
+                    with self._lock:
+                        if id(sink) not in self._started:
+                            self._started.add(id(sink))
+                            sink.write([self.header])
+                sink.write(items)
+            except Exception as exc:
+                self._sink_failed(sink, exc)
+
+    # ------------------------------------------------------------ say once
+    def once(self, key: str, make: Callable[[], Any] | Any) -> bool:
+        """Emit a record the first time ``key`` is seen; later times only count. True when emitted.
+
+        ``make`` is the record or a function building it (run once; None emits nothing and
+        leaves ``key`` unseen). The record carries ``once_key`` (an extra field, in the file
+        too). Repeats are counted here and reach the file at close, in the ``stats``
+        record's ``once_counts`` (``{once_key: occurrences}``, keys seen more than once):
+        a reader's true count for a record with ``once_key`` K is ``once_counts.get(K, 1)``
+        (coverage keys also stay in ``coverage_counts``, without the ``coverage:`` prefix).
+        In memory the kept record follows along: a coverage record's ``count``, a
+        finding's ``evidence["occurrences"]``.
+        """
+        try:
+            if self._repeated(key):
+                return False
+            record = make() if callable(make) else make  # outside the lock: it may call back in
+            if record is None:
+                return False
+            with self._once_lock:
+                entry = self._once.get(key)
+                if entry is None:
+                    record.once_key = key
+                    self._once[key] = [record, 1]
+                else:  # another thread said it meanwhile
+                    entry[1] += 1
+                    _show_repeats(entry[0], entry[1])
+                    return False
+            self.emit(record)
+            return True
+        except Exception as exc:
+            self.internal_error(f"once {key!r}: {type(exc).__name__}: {exc}")
+            return False
+
+    def _repeated(self, key: str) -> bool:
+        """Count one more occurrence of ``key`` if it was said; False if it was not."""
+        with self._once_lock:
+            entry = self._once.get(key)
+            if entry is None:
+                return False
+            entry[1] += 1
+            _show_repeats(entry[0], entry[1])
+            return True
+
+    def said(self, key: str) -> bool:
+        """Whether :meth:`once` has emitted for ``key``."""
+        return key in self._once
+
+    def coverage(self, kind: str, detail: str, *, step: int | None = None) -> None:
+        """Say once, loudly, what could not be seen; later repeats only count (:meth:`once`)."""
+        key = f"coverage:{kind}:{detail}"
+        if self._repeated(key):  # the hot path (a graph replay per step): no closure built
+            return
+        if self.once(key, lambda: Coverage(kind=kind, detail=detail, step=step)):  # type: ignore[arg-type]
+            self.warn_once(key, f"not covered: {detail}")
 
     # ---------------------------------------------------------------- problems
     def internal_error(self, message: str) -> None:
         """Count a failure inside spectrace; warn the first time each kind is seen."""
-        with self._warn_lock:
-            self.counters.internal_errors += 1
+        with self._count_lock:
+            self.counters.bump("internal_errors")
         # Keyed by the exception, not the site: one failing statistic or an unreadable
         # tensor kind hits every hook and every dtype, and is still one warning.
         cause = message.split(": ", 1)[1] if ": " in message else message
@@ -220,24 +364,15 @@ class Recorder:
 
     def sink_error(self, message: str) -> None:
         """Count a failing sink (disk, collector); warn once per kind, never per batch."""
-        with self._warn_lock:
-            self.counters.sink_errors += 1
+        with self._count_lock:
+            self.counters.bump("sink_errors")
         self.warn_once("sink:" + _kind_of(message), f"sink error (counted, the model is unaffected): {message}")
 
-    def coverage(self, kind: str, detail: str, *, step: int | None = None) -> None:
-        """Say once, loudly, what could not be seen; later repeats only count.
-
-        The count reaches the file in the ``stats`` record at close (``coverage_counts``).
-        """
-        key = f"{kind}:{detail}"
-        existing = self._coverage.get(key)
-        if existing is not None:
-            existing.bump("count")
-            return
-        record = Coverage(kind=kind, detail=detail, step=step)  # type: ignore[arg-type]
-        self._coverage[key] = record
-        self.warn_once("coverage:" + key, f"not covered: {detail}")
-        self.emit(record)
+    def _sink_failed(self, sink: Any, exc: BaseException) -> None:
+        if isinstance(exc, OSError) and isinstance(getattr(sink, "path", None), str):
+            self.sink_error(f"cannot write {sink.path}: {exc.strerror or exc}")
+        else:
+            self.sink_error(f"{sink_name(sink)}: {type(exc).__name__}: {exc}")
 
     def warn_once(self, key: str, message: str) -> None:
         with self._warn_lock:
@@ -264,16 +399,15 @@ class Recorder:
         except Exception:
             pass
 
-    def _to_otel(self, action: Callable[[], None]) -> None:
-        try:
-            action()
-        except Exception as exc:
-            self.sink_error(f"OpenTelemetry: {type(exc).__name__}: {exc}")
-
     # ------------------------------------------------------------------ output
     @property
+    def sink(self) -> JsonlSink | None:
+        """The trace file's sink, once the first flush opened it (None before, or without a folder)."""
+        return self._file
+
+    @property
     def path(self) -> str | None:
-        return self.sink.path if self.sink else None
+        return self._file.path if self._file else None
 
     def set_rank(self, rank: int) -> None:
         """Name the rank before the first flush (it goes in the file name and header)."""
@@ -282,28 +416,51 @@ class Recorder:
                 return
             self.rank = rank
             self.header.rank = rank
-            if self.sink is not None and not self._header_written:
-                self.sink = None
+            if self._file is not None and id(self._file) not in self._started:
+                self._file = None
 
-    def flush(self) -> None:
-        """Write queued records; a failing disk is counted and never raised."""
+    def _line_outputs(self) -> list[Any]:
+        outputs: list[Any] = []
+        if self.directory is not None:
+            if self._file is None:
+                self._file = JsonlSink(self.directory, self.file_name or trace_file_name(rank=self.rank))
+            outputs.append(self._file)
+        return outputs + self._line_sinks
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Write queued records to the line sinks; a failing sink is counted, never raised.
+
+        ``records_written`` and ``records_dropped`` describe the trace itself: the file under
+        ``directory``, else the first line sink given (another line sink that fails costs a
+        sink error, not a drop). With ``timeout_s`` every sink is then also asked to
+        ``flush(timeout_s)`` (an OTLP collector is waited for); without it nothing here
+        waits on a network.
+        """
         with self._lock:
             self._last_flush = time.monotonic()
-            if self.directory is None or not self._pending:
-                return
-            if self.sink is None:
-                self.sink = JsonlSink(self.directory, self.file_name or trace_file_name(rank=self.rank))
-            lines = list(self._pending)
-            if not self._header_written:
-                lines.insert(0, self.header.model_dump_json())
-            try:
-                self.sink.write_lines(lines)
-                self._header_written = True
-                self.counters.records_written += len(self._pending)
-            except OSError as exc:
-                self.counters.records_dropped += len(self._pending)
-                self.sink_error(f"cannot write {self.sink.path}: {exc.strerror or exc}")
-            self._pending.clear()
+            if self._pending and self._writes_lines():
+                lines = list(self._pending)
+                self._pending.clear()
+                for n, sink in enumerate(self._line_outputs()):
+                    batch = lines if id(sink) in self._started else [self.header.model_dump_json(), *lines]
+                    try:
+                        sink.write(batch)
+                        self._started.add(id(sink))
+                        if n == 0:
+                            self.count("records_written", len(lines))
+                    except Exception as exc:
+                        if n == 0:
+                            self.count_dropped(len(lines), "sink error")
+                        self._sink_failed(sink, exc)
+        if timeout_s is not None:
+            for sink in self._outputs():
+                try:
+                    sink.flush(timeout_s)
+                except Exception as exc:
+                    self._sink_failed(sink, exc)
+
+    def _outputs(self) -> list[Any]:
+        return ([self._file] if self._file is not None else []) + list(self._sinks)
 
     def add_drain(self, drain: Callable[[], None]) -> None:
         """Register a producer that batches its records on a hot path (a serving engine's
@@ -319,8 +476,21 @@ class Recorder:
             except Exception as exc:
                 self.internal_error(f"drain failed: {type(exc).__name__}: {exc}")
 
+    def _final_counts(self) -> None:
+        """What only counted so far goes into the ``stats`` record (see :meth:`once`)."""
+        with self._once_lock:
+            repeated = {key: entry[1] for key, entry in self._once.items() if entry[1] > 1}
+        if repeated:
+            self.counters.once_counts = repeated  # type: ignore[attr-defined]
+            coverage = {k[len("coverage:"):]: n for k, n in repeated.items() if k.startswith("coverage:")}
+            if coverage:
+                self.counters.coverage_counts = coverage  # type: ignore[attr-defined]
+        with self._count_lock:
+            if self._dropped_by:
+                self.counters.dropped_by_reason = dict(self._dropped_by)  # type: ignore[attr-defined]
+
     def close(self) -> None:
-        """Flush, append the counters, and shut the OpenTelemetry sink down (bounded)."""
+        """Flush, append the counters (the ``stats`` record), shut every sink down (each bounded)."""
         if not self._closed:
             self._drain()
         with self._lock:
@@ -328,17 +498,17 @@ class Recorder:
                 return
             self._closed = True
             self.flush()
-            if self.directory is not None:
-                repeated = {k: c.count for k, c in self._coverage.items() if c.count > 1}
-                if repeated:
-                    self.counters.coverage_counts = repeated  # type: ignore[attr-defined]
+            self._final_counts()
+            if self._writes_lines():
                 self._pending.append(self.counters.model_dump_json())
                 self.flush()
-            if self.sink is not None:
-                self.sink.close()
-        if self.otel is not None:
-            self._to_otel(lambda: self.otel.export_record(self.counters, time.time_ns()))
-            self._to_otel(self.otel.shutdown)
+        if self._object_sinks:
+            self._to_objects([self.counters])
+        for sink in self._outputs():
+            try:
+                sink.shutdown()  # each sink's own bound (OtelSink: SHUTDOWN_TIMEOUT_S)
+            except Exception as exc:
+                self._sink_failed(sink, exc)
 
     # ---------------------------------------------------------------- reading
     def call_records(self) -> list[Call]:
@@ -362,3 +532,11 @@ class Recorder:
     def extend(self, records: Iterable[Any]) -> None:
         for record in records:
             self.emit(record)
+
+
+def _show_repeats(record: Any, occurrences: int) -> None:
+    """The in-memory copy of a record said once shows how often it happened."""
+    if isinstance(record, Coverage):
+        record.__dict__["count"] = occurrences
+    elif isinstance(record, Finding):
+        record.evidence["occurrences"] = occurrences

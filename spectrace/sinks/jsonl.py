@@ -9,8 +9,11 @@ extend (RELIABILITY.md measures it). A short write (disk full, file size limit) 
 back off the file. The folder is created 0700 and the file 0600 (never
 through a symlink): traces describe a user's model.
 
+A line sink of the :class:`~spectrace.sinks.base.Sink` protocol: the recorder hands it
+batches of JSON lines (header first) and counts what it raises.
+
     >>> sink = JsonlSink("traces", "trace-host-123.jsonl")
-    >>> sink.write_lines(['{"type": "stats"}'])
+    >>> sink.write(['{"type": "stats"}'])
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ from __future__ import annotations
 import errno
 import os
 import socket
+from typing import Sequence
+
+from .base import DEFAULT_TIMEOUT_S
 
 MAX_WRITE = 1 << 20  # bytes per write() call; always a whole number of lines
 
@@ -40,6 +46,8 @@ def ensure_private_dir(path: str) -> None:
 class JsonlSink:
     """Appends JSON lines to ``directory/name``; opened on first write."""
 
+    needs_objects = False  # the Sink protocol: write() gets JSON lines
+
     def __init__(self, directory: str, name: str) -> None:
         self.directory = directory
         self.name = name
@@ -58,7 +66,7 @@ class JsonlSink:
             self._fd = os.open(self.path, flags, 0o600)
         return self._fd
 
-    def write_lines(self, lines: list[str]) -> None:
+    def write(self, lines: Sequence[str]) -> None:
         """Write complete lines; raises OSError (the recorder counts it)."""
         if not lines:
             return
@@ -74,6 +82,17 @@ class JsonlSink:
             size += len(data)
         if chunk:
             _write_all(fd, b"".join(chunk))
+
+    write_lines = write
+
+    def flush(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
+        """Nothing is buffered here: a line is in the kernel once ``write`` returned
+        (a SIGKILL keeps it; only a power loss could not)."""
+        return True
+
+    def shutdown(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
+        self.close()
+        return True
 
     def close(self) -> None:
         if self._fd is not None:

@@ -20,8 +20,12 @@ are exported (or queued), those log records are caught instead: the failure is c
 and the recorder warns once, with the cause the SDK gave. The host's own OpenTelemetry
 logging is untouched.
 
+An object sink of the :class:`~spectrace.sinks.base.Sink` protocol: ``write`` takes
+record objects (the header first) and :class:`~spectrace.sinks.base.Step` batches.
+
     >>> sink = sink_from_env(Settings.from_env(), print)  # None unless an endpoint is set
-    >>> sink.export_step(0, records, start_ns, end_ns)
+    >>> sink.write([header, Step(0, calls, start_ns, end_ns), finding])
+    >>> sink.shutdown()  # bounded by SHUTDOWN_TIMEOUT_S
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import logging
 import os
 import re
 import threading
+import time
 from typing import Any, Callable, Sequence
 
 from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
@@ -40,6 +45,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 
 from ..records import Call
 from ..settings import Settings, warn
+from .base import Step
 
 # Per-request export timeout, used only when OTEL_EXPORTER_OTLP(_TRACES)_TIMEOUT is unset.
 EXPORT_TIMEOUT_S = 2.0
@@ -174,6 +180,9 @@ class _Collect:
 class OtelSink:
     """Turns records into spans on a private ``TracerProvider`` (never the global one)."""
 
+    needs_objects = True  # the Sink protocol: write() gets record objects and Step batches
+    name = "OpenTelemetry"  # how the recorder's sink-error warnings name it
+
     def __init__(
         self, exporter: SpanExporter, resource: Resource | dict[str, Any], on_error: Callable[[str], None]
     ) -> None:
@@ -197,6 +206,16 @@ class OtelSink:
             self.spans_dropped += 1
         self.on_error(f"OpenTelemetry SDK: {message[:200]}")
 
+    def write(self, records: Sequence[Any]) -> None:
+        """Queue spans for ``records`` (a :class:`Step` becomes a step span with its calls);
+        the SDK's batch thread sends them."""
+        for record in records:
+            if isinstance(record, Step):
+                self.export_step(record.step, record.calls, record.start_ns, record.end_ns)
+            else:
+                t_unix = getattr(record, "t_unix", None)
+                self.export_record(record, int(t_unix * 1e9) if t_unix else time.time_ns())
+
     def export_step(self, step: int, records: Sequence[Any], start_ns: int, end_ns: int) -> None:
         """One step span with a child span per call record."""
         from opentelemetry import trace as otel_trace
@@ -219,6 +238,12 @@ class OtelSink:
             span = self.tracer.start_span(f"spectrace.{record.type}", start_time=time_ns, attributes=flat_attributes(record))
             span.end(end_time=time_ns)
 
+    def flush(self, timeout_s: float = EXPORT_TIMEOUT_S) -> bool:
+        """Send what is queued, waiting at most ``timeout_s``; True when it was sent."""
+        if self._closed:
+            return True
+        return self._bounded(lambda: self.processor.force_flush(timeout_millis=int(EXPORT_TIMEOUT_S * 1000)), timeout_s, "flush")
+
     def shutdown(self, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> bool:
         """Send what is queued and stop, in at most ``timeout_s``; True when it finished.
 
@@ -229,19 +254,12 @@ class OtelSink:
         if self._closed:
             return True
         self._closed = True
-        done = threading.Event()
 
         def run() -> None:
-            try:
-                self.processor.force_flush(timeout_millis=int(EXPORT_TIMEOUT_S * 1000))
-                self.provider.shutdown()
-            except Exception as exc:
-                self.on_error(f"OTLP shutdown raised {type(exc).__name__}: {exc}")
-            finally:
-                done.set()
+            self.processor.force_flush(timeout_millis=int(EXPORT_TIMEOUT_S * 1000))
+            self.provider.shutdown()
 
-        threading.Thread(target=run, name="spectrace-otel-shutdown", daemon=True).start()
-        if done.wait(timeout_s):
+        if self._bounded(run, timeout_s, "shutdown"):
             return True
         # Abort the exporter's retries so its thread ends soon; what is still queued is lost.
         try:
@@ -251,6 +269,21 @@ class OtelSink:
             pass
         self.on_error(f"OTLP shutdown did not finish in {timeout_s:g} s (collector down or hanging); unsent spans dropped")
         return False
+
+    def _bounded(self, action: Callable[[], Any], timeout_s: float, what: str) -> bool:
+        """Run ``action`` on a daemon thread; False when it is still running at ``timeout_s``."""
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                action()
+            except Exception as exc:
+                self.on_error(f"OTLP {what} raised {type(exc).__name__}: {exc}")
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name=f"spectrace-otel-{what}", daemon=True).start()
+        return done.wait(timeout_s)
 
 
 # ------------------------------------------------------------------ from the environment

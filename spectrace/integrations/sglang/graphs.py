@@ -1,11 +1,11 @@
 """CUDA graphs: what spectrace can and cannot see, and the one check that works on replay.
 
 Python hooks inside the model run when a graph is captured, never when it replays, so
-each runner's first replay records (once, then counts) that replayed steps are not
-traced per module. ``execute`` itself is Python and runs on every replay: the
-draft-extend runner copies the incoming hidden states into its static buffer only when
-the widths match, otherwise the graph replays on stale data (0.5.17 and 0.5.23). The
-width test is host metadata (shapes), no device sync.
+each runner's first replay records (once, then counts: ``Recorder.coverage``) that
+replayed steps are not traced per module. ``execute`` itself is Python and runs on every
+replay: the draft-extend runner copies the incoming hidden states into its static buffer
+only when the widths match, otherwise the graph replays on stale data (0.5.17 and
+0.5.23). The width test is host metadata (shapes), no device sync.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 from ...findings import finding
-from ...records import Coverage
 from . import state
 
 
@@ -27,25 +26,20 @@ def capturing() -> bool:
         return False
 
 
+_details: dict[str, str] = {}  # runner -> its coverage detail (this runs on every replay)
+
+
 def _replayed(runner: str) -> None:
-    st = state.STATE
-    record = st.graph_coverage.get(runner)
     rec = state.recorder()
-    try:
-        rec.counters.bump("graph_replay_steps")
-    except Exception:
-        pass
-    if record is not None:
-        record.bump("count")
-        return
-    record = Coverage(
-        kind="graph_replay",
-        detail=f"{runner} replays a captured CUDA graph: replayed steps are not traced per module "
-        "(load- and capture-time checks ran; acceptance is still recorded)",
-    )
-    st.graph_coverage[runner] = record
-    rec.warn_once(f"coverage:graph_replay:{runner}", f"not covered: {record.detail}")
-    rec.emit(record)
+    rec.count("graph_replay_steps")
+    detail = _details.get(runner)
+    if detail is None:
+        detail = _details[runner] = (
+            f"{runner} replays a captured CUDA graph: replayed steps are not traced per module "
+            "(load- and capture-time checks ran; acceptance is still recorded)"
+        )
+    # Said once per runner, then counted (the count reaches the file's stats record).
+    rec.coverage("graph_replay", detail)
 
 
 def after_execute(result: Any, *args: Any, **kwargs: Any) -> None:

@@ -62,12 +62,8 @@ def _owner(module: ModuleType, qualname: str) -> tuple[Any, str] | None:
 
 def _account(seconds: float, feature: str) -> None:
     try:
-        counters = state.recorder().counters
-        counters.bump("hook_calls")
-        counters.bump("hook_seconds", seconds)
         # Split by feature, so a server's cost names the hook to look at (or to skip).
-        by_feature = counters.hook_seconds_by_feature
-        by_feature[feature] = by_feature.get(feature, 0.0) + seconds
+        state.recorder().account_hook(seconds, feature)
     except Exception:
         pass
 

@@ -5,7 +5,8 @@ target is configured before the draft is built or loads, or the other way round 
 script), so the latest of each is kept here and the capture check runs when the second
 one arrives; ``checked_pairs`` and ``join_emitted`` keep it from running or saying
 anything twice.
-Findings that could repeat every step are emitted once and counted afterwards.
+Findings that could repeat every step are emitted once and counted afterwards
+(:func:`emit_once`, the recorder's ``once``: the count reaches the file at close).
 
     >>> state.use_recorder(my_recorder)   # tests; a server uses runtime.recorder()
 """
@@ -16,7 +17,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...records import Capture, Coverage, Finding
+from ...records import Capture
 
 _lock = threading.RLock()
 
@@ -31,8 +32,6 @@ class State:
     eagle3_draft: bool = False
     checked_pairs: set[tuple[Any, Any]] = field(default_factory=set)  # (capture key, config key) / (capture key, code)
     join_emitted: set[tuple[Any, ...]] = field(default_factory=set)  # findings of the capture join already emitted
-    once: dict[str, Finding] = field(default_factory=dict)
-    graph_coverage: dict[str, Coverage] = field(default_factory=dict)
     accept_step: int = 0
     accept_window: list[Any] = field(default_factory=list)
     accept_pending: list[tuple[list[int], int]] = field(default_factory=list)  # (correct drafts, proposed)
@@ -40,6 +39,20 @@ class State:
     accept_drain_for: Any = None  # the recorder that drains accept_pending at reads and close
     rank_set: bool = False
     captures_emitted: int = 0
+
+    @property
+    def once(self) -> "_Said":
+        """The keys said through :func:`emit_once` (``key in STATE.once``); the recorder keeps them."""
+        return _Said(self)
+
+
+class _Said:
+    def __init__(self, st: State) -> None:
+        self.st = st
+
+    def __contains__(self, key: object) -> bool:
+        rec = self.st.recorder if self.st.recorder is not None else recorder()
+        return isinstance(key, str) and rec.said(key)
 
 
 STATE = State()
@@ -75,18 +88,13 @@ def emit(record: Any) -> None:
 
 
 def emit_once(key: str, make: Any) -> None:
-    """Emit the finding ``make()`` the first time ``key`` is seen; count repeats on it."""
-    with _lock:
-        seen = STATE.once.get(key)
-        if seen is not None:
-            # In memory only: the line already written keeps count 1; the viewer reads the first.
-            seen.evidence["occurrences"] = int(seen.evidence.get("occurrences", 1)) + 1
-            return
-        record = make()
-        if record is None:
-            return
-        STATE.once[key] = record
-    emit(record)
+    """Emit the finding ``make()`` the first time ``key`` is seen; count repeats on it.
+
+    ``Recorder.once``: the repeats reach the file in the ``stats`` record at close
+    (``once_counts[key]``, the finding carries ``once_key``); in memory the finding's
+    ``evidence["occurrences"]`` follows along.
+    """
+    recorder().once(key, make)
 
 
 def internal_error(where: str, exc: BaseException) -> None:

@@ -1,0 +1,81 @@
+"""The sink protocol: what the recorder hands records to (the JSONL file, an OTLP collector, ...).
+
+Shaped like OpenTelemetry's ``SpanExporter``: a sink *exports* what it is handed and
+does no policy of its own. The recorder is the processor: it decides when records go
+out, keeps the header first, bounds and counts, and catches every exception a sink
+raises (a sink error, counted and warned about once). A sink declares one thing,
+``needs_objects``, and the recorder delivers accordingly:
+
+- **line sinks** (``needs_objects = False``, e.g. :class:`~spectrace.sinks.jsonl.JsonlSink`)
+  get JSON lines (``str``, no newline), in batches from the recorder's pending queue. A
+  batch is handed over before ``emit`` returns for every record but the per-step ones
+  (header, weights, capture, findings, coverage: on disk before the engine's next
+  action), and at the flush interval for the per-step ones (calls, acceptance). The
+  queue is bounded by the record cap; what it drops, and a batch a line sink refuses,
+  is counted in ``records_dropped``. ``write`` must write whole lines.
+- **object sinks** (``needs_objects = True``, e.g. :class:`~spectrace.sinks.otel.OtelSink`)
+  get the record objects (pydantic) as they are emitted, on the emitting thread, and a
+  :class:`Step` per traced step with its :class:`~spectrace.records.Call` objects (built
+  only while such a sink is attached: ``Recorder.needs_call_objects``). They batch
+  themselves (the OTLP SDK's ``BatchSpanProcessor`` does): holding objects in the
+  recorder's queue would cost ~7 KB a call where a line costs ~0.5 KB, and would move
+  the span building from the record worker to whichever thread flushes.
+
+Every sink gets the :class:`~spectrace.records.Header` first, the run's ``stats`` record
+last, then ``shutdown`` once. ``flush`` and ``shutdown`` are bounded by ``timeout_s``
+(each sink's default is its own bound; the recorder's close calls ``shutdown()`` with it)
+and return whether they finished in time.
+
+    >>> class ListSink:
+    ...     needs_objects = True
+    ...     def __init__(self): self.records = []
+    ...     def write(self, records): self.records.extend(records)
+    ...     def flush(self, timeout_s=1.0): return True
+    ...     def shutdown(self, timeout_s=1.0): return True
+    >>> isinstance(ListSink(), Sink)
+    True
+    >>> recorder = Recorder(settings, sinks=[ListSink()])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, Sequence, runtime_checkable
+
+DEFAULT_TIMEOUT_S = 3.0
+
+
+@runtime_checkable
+class Sink(Protocol):
+    """Where the recorder's records go. Any method may raise: the recorder counts it."""
+
+    #: True: ``write`` gets record objects and :class:`Step` batches; False: JSON lines.
+    needs_objects: bool
+
+    def write(self, records: Sequence[Any]) -> None:
+        """Export ``records`` (in order; the first ever is the header). Must not block long."""
+        ...
+
+    def flush(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
+        """Push out everything written so far, in at most ``timeout_s``; True when done."""
+        ...
+
+    def shutdown(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
+        """Flush and release, in at most ``timeout_s``; called once. True when done."""
+        ...
+
+
+@dataclass(frozen=True)
+class Step:
+    """One traced step's call records, as an object sink receives them (one step span)."""
+
+    type: ClassVar[str] = "step"
+    step: int
+    calls: Sequence[Any]
+    start_ns: int
+    end_ns: int
+
+
+def sink_name(sink: Any) -> str:
+    """How warnings name a sink: its ``name`` attribute, else its class."""
+    return str(getattr(sink, "name", None) or type(sink).__name__)
