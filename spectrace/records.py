@@ -80,6 +80,13 @@ class Call(_Record):
     outputs: list[TensorMeta] = []
     t_unix: float = 0.0
     graph_capture: bool = Field(False, description="recorded while a CUDA graph was being captured")
+    role: str | None = Field(
+        None,
+        description="what the module is in the EAGLE-3 data path, decided from the module tree when it was hooked: "
+        "target.embed, target.layer[k], target.norm, target.lm_head, target.aux_concat, draft.embed, draft.fc, "
+        "draft.layer, draft.hidden_norm, draft.norm, draft.lm_head; None for any other module (and in traces "
+        "written before roles existed)",
+    )
 
 
 class Finding(_Record):

@@ -14,6 +14,10 @@ from ..findings import finding
 from ..hooks.selection import glob_match
 from ..records import Acceptance, Call, Finding, Fingerprint, TensorStats
 
+# Roles (``Call.role``) of the draft's fc and of its decoder layer. Traces written before
+# roles existed fall back to the name rules below.
+FC_ROLE = "draft.fc"
+DRAFT_LAYER_ROLE = "draft.layer"
 DRAFT_LAYER_GLOBS = ("**.midlayer", "**.fc_draft_layer")
 FC_GLOB = "**.fc"
 COLLAPSE_WINDOW = 8
@@ -49,18 +53,25 @@ def check_nonfinite(calls: Iterable[Call]) -> list[Finding]:
 
 
 def _is_draft_layer(module: str) -> bool:
-    # The decoder layer itself, not its submodules (hidden_norm, self_attn, ...).
+    # Names only (a trace without roles): the decoder layer itself, not its submodules
+    # (hidden_norm, self_attn, ...).
     return any(glob_match(module, g) for g in DRAFT_LAYER_GLOBS) or (module.endswith(".layers.0") and "draft" in module.lower())
 
 
 def check_fc_called(calls: Iterable[Call]) -> list[Finding]:
-    """fc never ran in a step where the draft's decoder layer did: fc was bypassed."""
+    """fc never ran in a step where the draft's decoder layer did: fc was bypassed.
+
+    The draft's fc and layer are known by their roles (``Call.role``); when no call
+    carries one (a trace written before roles existed) they are told by their names.
+    """
+    calls = list(calls)
+    roled = any(call.role for call in calls)
     layer_steps: dict[int, Call] = {}
     fc_steps: set[int] = set()
     for call in calls:
-        if glob_match(call.module, FC_GLOB):
+        if (call.role == FC_ROLE) if roled else glob_match(call.module, FC_GLOB):
             fc_steps.add(call.step)
-        elif _is_draft_layer(call.module):
+        elif (call.role == DRAFT_LAYER_ROLE) if roled else _is_draft_layer(call.module):
             layer_steps.setdefault(call.step, call)
     bypassed = sorted(set(layer_steps) - fc_steps)
     if not bypassed:

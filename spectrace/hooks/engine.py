@@ -32,6 +32,7 @@ import torch.nn as nn
 from ..recorder import Recorder
 from ..records import Call
 from . import hookdicts, stepwrap
+from .roles import role_of
 from .selection import ModuleFilter, select
 from .stats import _INDEX_DTYPES, Readback, StepStats, stats_for, stats_supported
 from .tensors import collect
@@ -40,8 +41,9 @@ from .worker import RecordWorker
 # One tensor as a hook notes it: (arg, shape, dtype, device, statistics generation,
 # statistics index or -1, numel).
 RawTensor = tuple[str, tuple[int, ...], str, str, int, int, int]
-# One call: (step, seq, module, module_type, root, inputs, outputs, t_unix, graph_capture).
-RawCall = tuple[int, int, str, str, str, list[RawTensor], list[RawTensor], float, bool]
+# One call: (step, seq, module, module_type, root, inputs, outputs, t_unix, graph_capture,
+# role).
+RawCall = tuple[int, int, str, str, str, list[RawTensor], list[RawTensor], float, bool, str | None]
 
 _DTYPE_NAMES: dict[Any, str] = {}
 _DEVICE_NAMES: dict[Any, str] = {}
@@ -119,6 +121,7 @@ class Tracer:
         self._seq = 0
         self._counter_lock = threading.Lock()
         self._hooked: dict[int, str] = {}
+        self.roles: dict[str, str] = {}  # hooked name -> its role, for those that have one (kept after detach)
         self._adopted: dict[int, tuple[Any, ...]] = {}
         # Where records are built: "auto" = on the worker thread when a step touched an
         # accelerator (the host then waits on the device, and the worker uses that time),
@@ -140,7 +143,12 @@ class Tracer:
         profile: str | None = None,
         prefix: str = "",
     ) -> list[str]:
-        """Hook the selected modules under ``root`` and wrap its forward; returns their names."""
+        """Hook the selected modules under ``root`` and wrap its forward; returns their names.
+
+        Each module's role (:func:`.roles.role_of`: ``draft.fc``, ``target.layer[3]``, ...)
+        is decided here, once, from the module tree; a ``prefix`` of ``draft`` or
+        ``target`` (the key of a ``{"target": ..., "draft": ...}`` mapping) decides the side.
+        """
         chosen = select(root, modules, types=types, profile=profile)
         names: list[str] = []
         root_name = prefix or type(root).__name__
@@ -152,13 +160,23 @@ class Tracer:
             # Copy-safe hook dicts; where that cannot be (the module held other hooks), a
             # deep copy carries our hooks, so they answer only to their own module.
             owner = None if hookdicts.prepare(module) else weakref.ref(module)
+            role = self._role(root, name, module, prefix)
+            if role is not None:
+                self.roles[full] = role
             pre = hookdicts.mark(self._make_pre_hook(full, owner))
-            post = hookdicts.mark(self._make_post_hook(full, type(module).__name__, root_name, owner))
+            post = hookdicts.mark(self._make_post_hook(full, type(module).__name__, root_name, owner, role))
             self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
             self._handles.append(module.register_forward_hook(post, with_kwargs=True))
             names.append(full)
         self.wrap_forward(root)
         return names
+
+    def _role(self, root: nn.Module, name: str, module: nn.Module, prefix: str) -> str | None:
+        try:
+            return role_of(root, name, module, hint=prefix or None)
+        except Exception as exc:  # a role is a label: never a reason not to trace
+            self.recorder.internal_error(f"role of {name}: {type(exc).__name__}: {exc}")
+            return None
 
     def adopt(self, root: nn.Module, prefix: str, modules: ModuleFilter = None, profile: str | None = None) -> None:
         """Wrap ``root``'s forward now and hook its modules on its first outermost call.
@@ -318,9 +336,9 @@ class Tracer:
                 while len(self._values) > 64:
                     self._values.popitem(last=False)
         # JSON straight from the notes: the schema's field names, checked against the
-        # pydantic models in tests/test_core.py. Call objects are built only for the
-        # OpenTelemetry sink, which needs them.
-        objects = self.recorder.otel is not None
+        # pydantic model in tests/test_roles.py. Call objects are built only when a sink
+        # needs them (the OpenTelemetry sink).
+        objects = self.recorder.needs_call_objects
         calls: list[Call] = []
         texts: list[str] = []
         try:
@@ -332,13 +350,13 @@ class Tracer:
                 if on_worker and n % 4 == 0:
                     self._worker.pause_point()  # the host is awake again: step aside
         except Exception as exc:
-            self.recorder.counters.records_dropped += len(item.calls)
+            self.recorder.count_dropped(len(item.calls), "record build")
             self.recorder.internal_error(f"record build: {type(exc).__name__}: {exc}")
             return
         self._emit_step(item.step, calls, item.start_ns, item.end_ns, texts)
 
     def _drop_step(self, item: _FinishedStep) -> None:
-        self.recorder.counters.records_dropped += len(item.calls)
+        self.recorder.count_dropped(len(item.calls), "record worker stuck")
         self.recorder.coverage("dropped", "call records dropped: the record worker was stuck for seconds (counted in records_dropped)")
 
     def _emit_step(self, step: int, calls: list[Call], start: int, end: int, texts: list[str] | None = None) -> None:
@@ -348,7 +366,7 @@ class Tracer:
         try:
             self.recorder.emit_step(step, calls, start, end, texts)
         except Exception as exc:  # never raise, wherever it runs
-            self.recorder.counters.records_dropped += count
+            self.recorder.count_dropped(count, "step hand-off")
             self.recorder.internal_error(f"step hand-off: {type(exc).__name__}: {exc}")
 
     # ----------------------------------------------------------------- hooks
@@ -374,20 +392,20 @@ class Tracer:
 
         return pre_hook
 
-    def _make_post_hook(self, name: str, module_type: str, root: str, owner: Any = None) -> Callable[..., None]:
+    def _make_post_hook(
+        self, name: str, module_type: str, root: str, owner: Any = None, role: str | None = None
+    ) -> Callable[..., None]:
         def post_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
             if owner is not None and owner() is not module or torch.compiler.is_compiling():
                 return None
             try:
                 state = self._thread()
-                sampled = self._sampled(state)
-                with self._counter_lock:
-                    self.recorder.counters.bump("calls_seen")
-                    if sampled:
-                        self._seq += 1
-                    seq = self._seq
-                if not sampled:
+                self.recorder.count("calls_seen")
+                if not self._sampled(state):
                     return
+                with self._counter_lock:
+                    self._seq += 1
+                    seq = self._seq
                 local = self._local.__dict__
                 stack = local.get("inputs")
                 inputs = stack.pop() if stack else []
@@ -395,7 +413,7 @@ class Tracer:
                 if outside:
                     state.capturing = _capturing()
                 outputs = self._note(collect((), None, output, side="output"), state)
-                state.calls.append((state.step, seq, name, module_type, root, inputs, outputs, time.time(), state.capturing))
+                state.calls.append((state.step, seq, name, module_type, root, inputs, outputs, time.time(), state.capturing, role))
                 if state.capturing:
                     self.recorder.coverage(
                         "graph_replay",
@@ -466,7 +484,7 @@ except Exception:  # an older pydantic-core without inf_nan_mode
 
 def _call_fields(raw: RawCall, values: dict[int, list[list[float] | None]]) -> dict[str, Any]:
     """The fields of one :class:`Call` record from a hook's note (on the worker thread)."""
-    step, seq, module, module_type, root, inputs, outputs, t_unix, capture = raw
+    step, seq, module, module_type, root, inputs, outputs, t_unix, capture, role = raw
     return {
         "type": "call",
         "step": step,
@@ -478,6 +496,7 @@ def _call_fields(raw: RawCall, values: dict[int, list[list[float] | None]]) -> d
         "outputs": [_meta_fields(t, values) for t in outputs],
         "t_unix": t_unix,
         "graph_capture": capture,
+        "role": role,
     }
 
 

@@ -182,6 +182,7 @@ class AcceptanceView(BaseModel):
 class ModuleRow(BaseModel):
     module: str
     module_type: str = ""
+    role: str | None = None  # Call.role: draft.fc, target.layer[3], ... (None before roles)
     calls: int = 0
     out_shapes: list[list[int]] = []
     dtypes: list[str] = []
@@ -404,7 +405,17 @@ def _findings(files: list[TraceFile], flt: ViewFilter) -> list[FindingGroup]:
 
 
 # ------------------------------------------------------------------------------ data path
-# Suffix globs per stage; roots differ (``draft.model.fc``, ``model.fc``, ``fc``).
+# The roles (``Call.role``, decided from the module tree when the hook was attached) that
+# make each stage. Traces written before roles existed carry none: for them the stages
+# fall back to suffix globs over names (``ROLE_PATTERNS``; roots differ: ``draft.model.fc``,
+# ``model.fc``, ``fc``) and the draft is guessed from its names (``_draft_calls``).
+STAGE_ROLES: dict[str, tuple[str, ...]] = {
+    "aux": ("target.aux_concat",),
+    "fc": ("draft.fc",),
+    "layer": ("draft.layer",),
+    "norm": ("draft.norm",),
+    "lm_head": ("draft.lm_head",),
+}
 ROLE_PATTERNS: dict[str, tuple[str, ...]] = {
     "aux": ("*aux_concat*", "*aux_hidden*"),
     "fc": ("fc",),
@@ -413,6 +424,13 @@ ROLE_PATTERNS: dict[str, tuple[str, ...]] = {
     "lm_head": ("lm_head",),
 }
 _DRAFT_WORDS = ("draft", "eagle")
+_DRAFT_RAN = ("draft.layer", "draft.norm", "draft.lm_head")  # the draft ran past where fc sits
+
+
+def roled_calls(files: list[TraceFile]) -> set[int]:
+    """Ids of the calls whose file carries roles: for those, ``Call.role`` is the truth and
+    a call without one is no stage at all. The others come from a writer before roles."""
+    return {id(c) for f in files if any(c.role for c in f.calls) for c in f.calls}
 
 
 def _is_draftish(c: Call) -> bool:
@@ -421,7 +439,7 @@ def _is_draftish(c: Call) -> bool:
 
 
 def _draft_calls(calls: list[Call]) -> list[Call]:
-    """Calls that belong to the draft model.
+    """Calls that belong to the draft model, guessed from names (traces without roles).
 
     The target also has ``model.norm``, ``lm_head`` and ``model.layers.0``, so names alone
     cannot tell: a call is the draft's if its root/name/type says draft/eagle, or it shares
@@ -444,9 +462,24 @@ def _draft_calls(calls: list[Call]) -> list[Call]:
     return calls
 
 
-def _stage(role: str, calls: list[Call]) -> StageView:
-    pats = ROLE_PATTERNS[role]
-    mine = [c for c in calls if any(name_matches(c.module, p) for p in pats)]
+def draft_calls(calls: list[Call], roled: set[int]) -> list[Call]:
+    """The draft's calls, in trace order: by role where the trace has roles, else guessed."""
+    legacy = [c for c in calls if id(c) not in roled]
+    mine = {id(c) for c in calls if id(c) in roled and c.role and c.role.startswith("draft.")}
+    mine |= {id(c) for c in _draft_calls(legacy)} if legacy else set()
+    return [c for c in calls if id(c) in mine]
+
+
+def in_stage(stage: str, c: Call, roled: set[int]) -> bool:
+    """Whether call ``c`` is part of data-path ``stage`` (its role, or its name when the
+    trace has no roles)."""
+    if id(c) in roled:
+        return c.role in STAGE_ROLES[stage]
+    return any(name_matches(c.module, p) for p in ROLE_PATTERNS[stage])
+
+
+def _stage(role: str, calls: list[Call], roled: set[int] | None = None) -> StageView:
+    mine = [c for c in calls if in_stage(role, c, roled or set())]
     view = StageView(role=role)
     if not mine:
         return view
@@ -463,20 +496,32 @@ def _stage(role: str, calls: list[Call]) -> StageView:
     return view
 
 
+def _draft_ran(c: Call, roled: set[int]) -> bool:
+    if id(c) in roled:
+        return c.role in _DRAFT_RAN
+    return any(name_matches(c.module, p) for p in ("layers.0", "midlayer", "norm", "lm_head"))
+
+
+def _final_norm_candidate(c: Call, roled: set[int]) -> bool:
+    # Names only: a norm inside the decoder layer is not the final norm (a role says so itself).
+    return id(c) in roled or (not name_matches(c.module, "*layers.*") and "midlayer" not in c.module)
+
+
 def _datapath(files: list[TraceFile], calls: list[Call]) -> DataPath:
-    draft = _draft_calls(calls)
+    roled = roled_calls(files)
+    draft = draft_calls(calls, roled)
     findings = [fd for f in files for fd in f.findings]
     captures = [CaptureView(**c.model_dump(include=set(CaptureView.model_fields))) for f in files for c in f.captures]
     captures = _unique_models(captures)
-    fc = _stage("fc", draft)
+    fc = _stage("fc", draft, roled)
     bypass = [fd for fd in findings if fd.code == "fc_bypass"]
     if bypass:
         fc.status = "bypassed"
         fc.note = bypass[0].message
-    elif fc.calls == 0 and draft and any(name_matches(c.module, p) for c in draft for p in ("layers.0", "midlayer", "norm", "lm_head")):
+    elif fc.calls == 0 and draft and any(_draft_ran(c, roled) for c in draft):
         fc.status = "bypassed"
         fc.note = "draft layers ran but fc was never called"
-    aux = _stage("aux", calls)
+    aux = _stage("aux", calls, roled)
     if aux.calls == 0 and any(not c.enabled for c in captures):
         aux.status = "disabled"
     elif aux.calls == 0 and any(fd.code in ("aux_capture_disabled", "logits_fallback") for fd in findings):
@@ -486,9 +531,9 @@ def _datapath(files: list[TraceFile], calls: list[Call]) -> DataPath:
         aux=aux,
         fingerprints=_fingerprints(files),
         fc=fc,
-        layer=_stage("layer", draft),
-        norm=_stage("norm", [c for c in draft if not name_matches(c.module, "*layers.*") and "midlayer" not in c.module]),
-        lm_head=_stage("lm_head", draft),
+        layer=_stage("layer", draft, roled),
+        norm=_stage("norm", [c for c in draft if _final_norm_candidate(c, roled)], roled),
+        lm_head=_stage("lm_head", draft, roled),
         d2t=_d2t(files, findings),
     )
 
@@ -603,6 +648,7 @@ def module_table(calls: list[Call]) -> list[ModuleRow]:
             ModuleRow(
                 module=name,
                 module_type=cs[0].module_type,
+                role=next((c.role for c in cs if c.role), None),
                 calls=len(cs),
                 out_shapes=_unique_shapes(m for c in cs for m in c.outputs[:1]),
                 dtypes=_unique(m.dtype for c in cs for m in c.outputs[:1]),
