@@ -3,7 +3,7 @@
 # no package registry. Run on the CPU machine; unpacks them into .carry/site (git-ignored),
 # which the device run names in its carry list and puts on PYTHONPATH:
 #   PYTHONPATH=.:.carry/site python bench/overhead.py --device cuda
-# The H200 image runs Python 3.12 (see shared/gpu/README.md); PYVER overrides it.
+# The H200 image runs Python 3.12; PYVER overrides it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYVER=${PYVER:-3.12}

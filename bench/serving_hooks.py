@@ -8,7 +8,7 @@ runners and on ``on_verify_complete_cpu``. This wraps stand-in functions with th
 wrappers (``patching._wrap`` over the real ``POINTS``), calls them in the order one
 EAGLE-3 decode step does, and compares with the same functions unwrapped, in one
 process, interleaved. The recorder writes JSONL as on a server. Prints us per step; a
-live server's step time (docs/live-sglang.md) turns that into a fraction.
+live server's step time (docs/sglang.md, "Overhead") turns that into a fraction.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ Usage from a test::
     out.hidden_states                         # the aux concat the draft reads
 
 Importing this module does not import sglang; `setup()` (called by every builder) does.
-Facts it relies on (measured, see shared/RECIPES.md):
+Facts it relies on (measured on SGLang 0.5.23, CPU only):
 
 - torchvision's compiled ops do not load beside a CPU torch: a stub module for
   `torchvision._meta_registrations` lets SGLang's import chain through.

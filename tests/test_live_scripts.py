@@ -62,14 +62,6 @@ def test_python_helpers_compile():
             compile(fh.read(), name, "exec")
 
 
-def test_make_tiny_models_is_the_shared_copy():
-    shared = "/work/shared/gpu/make_tiny_models.py"
-    if not os.path.exists(shared):
-        pytest.skip("no shared copy on this machine")
-    with open(shared, encoding="utf-8") as a, open(os.path.join(LIVE, "make_tiny_models.py"), encoding="utf-8") as b:
-        assert a.read() == b.read()
-
-
 # ------------------------------------------------------------------------- pure parts
 
 

@@ -1,6 +1,6 @@
 """The real SGLang 0.5.23 target and EAGLE-3 draft, run on CPU by tests/sglang_harness.py.
 
-These pin the engine behaviour spectrace is built on (BRIEF §1-2): SGLang's Llama
+These pin the engine behaviour spectrace is built on (the fc condition, the capture rule, the weight loader): SGLang's Llama
 target matches transformers; an id past the last layer silently shrinks the aux
 concat and the real draft then skips `fc` without a word (bug 1, end to end); the
 DeepSeek capture rule of 0.5.23 (+1 only when the first id is 1); speculators-format

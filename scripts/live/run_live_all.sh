@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The live proof: SPECTRACE=1 on real SGLang 0.5.17 EAGLE-3 servers on the H200.
-# Run it ON the GPU machine, from the repository root (docs/live-sglang.md has the device call).
+# Run it ON the GPU machine, from the repository root (docs/sglang.md, "The live kit").
 # Usage: bash scripts/live/run_live_all.sh [all|variants|overhead|trained]
 #   variants  four servers at once (healthy, --speculative-algorithm EAGLE, no lm_head, layers.0 keys),
 #             each with SPECTRACE=1 and its own SPECTRACE_DIR; requests; SIGTERM; spectrace view
@@ -62,12 +62,12 @@ fi
 say "mode $mode; repo $repo; python $(python3 -c 'import sys; print(sys.version.split()[0])'); server CPUs ${SERVER_CPUS:-any}; client CPUs ${CLIENT_CPUS:-any}"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader 2>/dev/null || true
 if [ ! -f "$site/.ok" ]; then
-  [ -f "$carry" ] || { say "no SGLang tarball at $carry (build it with /work/shared/gpu/build_sglang_carry.sh)"; exit 1; }
+  [ -f "$carry" ] || { say "no SGLang tarball at $carry (build it with bash scripts/live/build_sglang_carry.sh .carry/sgl)"; exit 1; }
   rm -rf "$site"; mkdir -p "$site"
   python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$carry" "$site" && touch "$site/.ok"
   say "extracted $(basename "$carry")"
 fi
-# An unused attention backend imports deep_gemm at module level (see /work/shared/gpu/run_live.sh).
+# An unused attention backend imports deep_gemm at module level: an empty stub package satisfies it.
 mkdir -p "$stubs/deep_gemm" && : > "$stubs/deep_gemm/__init__.py"
 rm -rf "$W/logs" "$W/traces" "$W/views"
 mkdir -p "$W/logs" "$W/traces" "$W/views" "$W/models"

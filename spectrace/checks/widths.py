@@ -2,7 +2,7 @@
 
 The draft applies ``fc`` only when its input is wider than the embedding (SGLang:
 ``if hidden_states.shape[-1] != embeds.shape[-1]``): an input exactly ``hidden`` wide
-is the silent fc bypass (BRIEF bug 1); any other width that is not ``fc.in_features``
+is the silent fc bypass; any other width that is not ``fc.in_features``
 is a plain shape mismatch. A target that captured no aux states and stored its final
 hidden state instead is the start of the same bug.
 

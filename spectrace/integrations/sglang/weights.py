@@ -1,7 +1,7 @@
 """AROUND the EAGLE-3 draft's ``load_weights``: every name offered, every parameter written.
 
 SGLang drops names it cannot map without a word and never checks for parameters left
-at init (BRIEF §1 bug 2). The load runs unchanged through ``observe_load``, which
+at init (the dropped-weights bug). The load runs unchanged through ``observe_load``, which
 wraps each ``param.weight_loader`` (SGLang looks it up with ``getattr`` at call time).
 Normal absences are exempt: ``embed_tokens`` (SGLang gives the draft the target's
 embedding, ``set_embed``) and ``lm_head`` when the config has no ``draft_vocab_size``
