@@ -443,7 +443,7 @@ def detect(trace: Trace, checks: Sequence[str] = ("nonfinite", "fc_bypass")) -> 
     that numbers steps with ``trace.set_step``), and wrong when a chain of draft calls with
     1x-wide inputs runs as separate steps (SGLang's draft decode skips fc by design).
     """
-    from .checks.runtime import check_fc_called, check_nonfinite
+    from .checks.calls import check_fc_called, check_nonfinite
 
     runners = {"nonfinite": check_nonfinite, "fc_bypass": check_fc_called}
     unknown = [c for c in checks if c not in runners]

@@ -17,7 +17,7 @@ import torch
 
 import spectrace
 from spectrace import api
-from spectrace.findings import finding
+from spectrace.rules.catalogue import finding
 from spectrace.recorder import Recorder
 from spectrace.records import Acceptance, Call, Capture, Counters, Coverage, Finding, Header
 from spectrace.settings import Settings

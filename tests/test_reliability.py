@@ -829,7 +829,7 @@ def test_per_step_records_kept_in_memory_add_no_garbage_collector_work() -> None
     in emission order among the other records."""
     import gc
 
-    from spectrace.findings import finding
+    from spectrace.rules.catalogue import finding
     from spectrace.recorder import Recorder
     from spectrace.records import Acceptance, Finding
     from spectrace.settings import Settings

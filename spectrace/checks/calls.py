@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Iterable
+from typing import Iterable, Sequence
 
-from ..findings import finding
-from ..hooks.selection import glob_match
+from ..rules.catalogue import finding
+from ..rules.globs import glob_match
 from ..records import Acceptance, Call, Finding, Fingerprint, TensorStats
 
 # Roles (``Call.role``) of the draft's fc and of its decoder layer. Traces written before
@@ -26,6 +26,10 @@ COLLAPSE_MEAN = 1.2
 # many reference stds) no longer look like the layer the draft was trained on.
 SKEW_STD_FACTOR = 2.0
 SKEW_MEAN_STDS = 1.0
+# Within ONE fused input (no training reference), chunks come from different layers and
+# their scales differ anyway; an embedding-output chunk differs from a deep residual
+# stream by 10-100x. So a chunk is flagged only this far from the others' median.
+CHUNK_SCALE_OUTLIER = 8.0
 
 
 def check_nonfinite(calls: Iterable[Call]) -> list[Finding]:
@@ -46,7 +50,7 @@ def check_nonfinite(calls: Iterable[Call]) -> list[Finding]:
                 module=module,
                 evidence={"arg": arg, "nan": s.nan, "inf": s.inf, "numel": s.numel, "calls_affected": counts[module]},
                 step=call.step,
-                source="checks.runtime",
+                source="checks.calls",
             )
         )
     return findings
@@ -88,7 +92,7 @@ def check_fc_called(calls: Iterable[Call]) -> list[Finding]:
             module=layer.module,
             evidence={"steps_bypassed": len(bypassed), "first_step": bypassed[0], "decoder_input_width": width},
             step=bypassed[0],
-            source="checks.runtime",
+            source="checks.calls",
         )
     ]
 
@@ -110,7 +114,7 @@ def check_acceptance(records: Iterable[Acceptance], window: int = COLLAPSE_WINDO
                     f"({overall:.2f} over the run, k={steps[0].draft_tokens}): the target rejects almost every draft token",
                     evidence={"window_mean": round(mean, 3), "run_mean": round(overall, 3), "window": window, "draft_tokens": steps[0].draft_tokens},
                     step=steps[start].step,
-                    source="checks.runtime",
+                    source="checks.calls",
                 )
             ]
     return []
@@ -137,7 +141,7 @@ def check_feature_skew(seen: Fingerprint, reference: Fingerprint) -> list[Findin
                 f"training had {len(reference.chunks)} of {reference.chunk_width}",
                 module=seen.module,
                 evidence={"seen_chunks": len(seen.chunks), "reference_chunks": len(reference.chunks)},
-                source="checks.runtime",
+                source="checks.calls",
             )
         ]
     skewed = {}
@@ -159,6 +163,22 @@ def check_feature_skew(seen: Fingerprint, reference: Fingerprint) -> list[Findin
                 "seen_boundaries": seen.boundaries,
                 "reference_boundaries": reference.boundaries,
             },
-            source="checks.runtime",
+            source="checks.calls",
         )
     ]
+
+
+def chunk_scale_outliers(stds: Sequence[float | None]) -> dict[int, str]:
+    """Chunks of one fused draft input whose std is far from the other chunks' median
+    (same width, another kind of layer: the layer-capture bug without a reference)."""
+    flags: dict[int, str] = {}
+    for i, std in enumerate(stds):
+        others = sorted(s for j, s in enumerate(stds) if j != i and s)
+        if not std or not others:
+            continue
+        ratio = std / others[len(others) // 2]
+        if ratio > CHUNK_SCALE_OUTLIER:
+            flags[i] = f"std {ratio:.3g}x above the other chunks"
+        elif ratio < 1 / CHUNK_SCALE_OUTLIER:
+            flags[i] = f"std {1 / ratio:.3g}x below the other chunks"
+    return flags

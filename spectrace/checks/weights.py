@@ -82,3 +82,19 @@ def check_weights(weights: Weights) -> list[Finding]:
             )
         )
     return findings
+
+
+def check_hot_token_map(draft_vocab: int | None, target_vocab: int | None, loaded: bool, *, module: str, source: str = "") -> list[Finding]:
+    """A reduced draft vocabulary needs its d2t map (the engine's hot_token_id)."""
+    if not (draft_vocab and target_vocab and draft_vocab < target_vocab) or loaded:
+        return []
+    return [
+        finding(
+            "weights_missing",
+            f"draft_vocab_size {draft_vocab} < target vocab {target_vocab} but no d2t was loaded: draft ids are read as target ids",
+            module=module,
+            evidence={"draft_vocab_size": draft_vocab, "vocab_size": target_vocab, "missing": ["d2t"]},
+            fix="save d2t (draft id -> target id offsets) with the draft checkpoint",
+            source=source,
+        )
+    ]

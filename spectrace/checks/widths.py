@@ -71,3 +71,41 @@ def check_stored_hidden(width: int, capture_mode: str, *, source: str = "") -> l
             source=source,
         )
     ]
+
+
+def check_target_handoff_width(
+    width: int, fc_in: int, embed_width: int, num_aux: int, *, aux_enabled: bool, module: str, step: int | None, source: str = ""
+) -> list[Finding]:
+    """The hidden states a target hands its draft are not ``fc.in_features`` wide (the
+    reference pipeline sees them at the hand-off, before the draft runs)."""
+    if width == fc_in:
+        return []
+    code = "fc_bypass" if width == embed_width else "shape_mismatch"
+    what = "fc was skipped: the draft runs on inputs it was never trained on" if code == "fc_bypass" else "fc cannot take them"
+    return [
+        finding(
+            code,
+            f"the target handed the draft {width}-wide hidden states, fc expects {fc_in} ({num_aux} x {fc_in // num_aux}); {what}",
+            module=module,
+            evidence={"seen_width": width, "fc_in_features": fc_in, "embed_width": embed_width, "aux_enabled": aux_enabled},
+            step=step,
+            source=source,
+        )
+    ]
+
+
+def check_graph_buffer_width(seen: int, expected: int, runner: str, *, source: str = "") -> list[Finding]:
+    """A CUDA-graph runner got hidden states of another width than its captured buffer: the
+    engine skips the copy and replays the graph on stale states."""
+    if seen == expected:
+        return []
+    return [
+        finding(
+            "fc_bypass",
+            f"the draft-extend CUDA graph got {seen}-wide hidden states but its buffer is {expected} wide "
+            "(target hidden x num aux): SGLang skips the copy and replays the graph on stale hidden states",
+            module="draft.cuda_graph_runner_for_draft_extend",
+            evidence={"seen_width": seen, "fc_in_features": expected, "runner": runner},
+            source=source,
+        )
+    ]

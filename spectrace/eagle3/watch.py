@@ -21,9 +21,9 @@ import torch
 
 from ..api import Trace
 from ..checks.capture import check_algorithm, check_capture, check_config_flags
-from ..checks.runtime import check_acceptance, check_feature_skew, check_nonfinite
-from ..checks.weights import check_weights
-from ..rules.catalogue import finding
+from ..checks.calls import check_acceptance, check_feature_skew, check_nonfinite
+from ..checks.weights import check_hot_token_map, check_weights
+from ..checks.widths import check_target_handoff_width
 from ..hooks.weights import observe_load
 from ..records import Acceptance, Capture, Call, Fingerprint
 from .fingerprint import FingerprintCollector
@@ -100,20 +100,14 @@ class PipelineWatch:
         self.trace.emit(weights)
         for found in check_weights(weights):
             self.trace.emit(found)
-        vocab_draft = self.config.get("draft_vocab_size")
-        vocab_target = self.config.get("vocab_size")
-        if vocab_draft and vocab_target and vocab_draft < vocab_target and self.draft.get_hot_token_id() is None:
-            self.trace.emit(
-                finding(
-                    "weights_missing",
-                    f"draft_vocab_size {vocab_draft} < target vocab {vocab_target} but no d2t was loaded: "
-                    "draft ids are read as target ids",
-                    module=f"{self.draft_name}.hot_token_id",
-                    evidence={"draft_vocab_size": vocab_draft, "vocab_size": vocab_target, "missing": ["d2t"]},
-                    fix="save d2t (draft id -> target id offsets) with the draft checkpoint",
-                    source="eagle3.watch",
-                )
-            )
+        for found in check_hot_token_map(
+            self.config.get("draft_vocab_size"),
+            self.config.get("vocab_size"),
+            self.draft.get_hot_token_id() is not None,
+            module=f"{self.draft_name}.hot_token_id",
+            source="eagle3.watch",
+        ):
+            self.trace.emit(found)
 
     # ------------------------------------------------------------ live checks
     def _on_target_output(self, module: Any, args: Any, output: Any) -> None:
@@ -128,19 +122,11 @@ class PipelineWatch:
                 return
             self._width_reported = True
             embed_width = int(self.draft.model.embed_tokens.embedding_dim)
-            code = "fc_bypass" if width == embed_width else "shape_mismatch"
-            what = "fc was skipped: the draft runs on inputs it was never trained on" if code == "fc_bypass" else "fc cannot take them"
-            self.trace.emit(
-                finding(
-                    code,
-                    f"the target handed the draft {width}-wide hidden states, fc expects {fc_in} "
-                    f"({NUM_AUX} x {fc_in // NUM_AUX}); {what}",
-                    module=f"{self.draft_name}.model.fc",
-                    evidence={"seen_width": width, "fc_in_features": fc_in, "embed_width": embed_width, "aux_enabled": self.target.aux_enabled},
-                    step=self._step,
-                    source="eagle3.watch",
-                )
-            )
+            for found in check_target_handoff_width(
+                width, fc_in, embed_width, NUM_AUX, aux_enabled=self.target.aux_enabled,
+                module=f"{self.draft_name}.model.fc", step=self._step, source="eagle3.watch",
+            ):
+                self.trace.emit(found)
         except Exception as exc:  # never into the pipeline
             self.trace.recorder.internal_error(f"eagle3 watch: {type(exc).__name__}: {exc}")
 

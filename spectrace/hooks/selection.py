@@ -1,8 +1,7 @@
 """Which modules to hook: name globs, module types, or a named profile.
 
-Globs match dotted module names: ``*`` stays within one name part, ``**`` crosses dots
-(and ``**.`` may match nothing), so ``model.layers.*`` is each decoder layer and not
-every linear inside it. A profile is a named list of globs.
+Globs match dotted module names in the one dialect of :mod:`spectrace.rules.globs`
+(``*`` within one name part, ``**`` across dots). A profile is a named list of globs.
 
     >>> select(model, patterns=["model.layers.*", "lm_head"])
     [('model.layers.0', ...), ..., ('lm_head', ...)]
@@ -10,11 +9,11 @@ every linear inside it. A profile is a named list of globs.
 
 from __future__ import annotations
 
-import functools
-import re
 from typing import Callable, Iterable, Sequence, Union
 
 import torch.nn as nn
+
+from ..rules.globs import glob_match
 
 # A Hugging Face causal LM: embeddings, every decoder layer, the final norm, the head.
 HF_CAUSAL_LM = ("**.embed_tokens", "**.layers.*", "**.norm", "**.lm_head")
@@ -31,34 +30,6 @@ PROFILES: dict[str, tuple[str, ...]] = {
 }
 
 ModuleFilter = Union[str, Sequence[str], Callable[[str, nn.Module], bool], None]
-
-
-@functools.lru_cache(maxsize=256)
-def _compile(pattern: str) -> re.Pattern[str]:
-    out = []
-    i = 0
-    while i < len(pattern):
-        if pattern.startswith("**.", i):
-            out.append(r"(?:.*\.)?")
-            i += 3
-        elif pattern.startswith("**", i):
-            out.append(r".*")
-            i += 2
-        elif pattern[i] == "*":
-            out.append(r"[^.]*")
-            i += 1
-        elif pattern[i] == "?":
-            out.append(r"[^.]")
-            i += 1
-        else:
-            out.append(re.escape(pattern[i]))
-            i += 1
-    return re.compile("".join(out) + r"\Z")
-
-
-def glob_match(name: str, pattern: str) -> bool:
-    """Whether a dotted module name matches one glob."""
-    return _compile(pattern).match(name) is not None
 
 
 def patterns_for(modules: ModuleFilter = None, profile: str | None = None) -> list[str] | None:

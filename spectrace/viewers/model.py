@@ -15,12 +15,13 @@ import os
 import socket
 from collections import defaultdict
 from datetime import datetime, timezone
-from fnmatch import fnmatchcase
 from typing import Any, Iterable
 
 from pydantic import BaseModel
 
-from spectrace.findings import CATALOGUE
+from spectrace.checks.calls import check_fc_called, chunk_scale_outliers
+from spectrace.rules.catalogue import CATALOGUE
+from spectrace.rules.globs import suffix_match
 from spectrace.records import SEVERITY_RANK, Call, TensorMeta, TensorStats
 
 from .loader import TraceFile, TraceSet
@@ -49,15 +50,13 @@ class ViewFilter(BaseModel):
 
 
 def name_matches(name: str, pattern: str) -> bool:
-    """Glob match on the full dotted name or on any dotted suffix (roots differ between engines).
+    """``--module`` and the name rules: the one glob dialect, on the full dotted name or any
+    dotted suffix (roots differ between engines).
 
         >>> name_matches("draft.model.fc", "model.fc"), name_matches("model.fc", "*fc")
         (True, True)
     """
-    if fnmatchcase(name, pattern):
-        return True
-    parts = name.split(".")
-    return any(fnmatchcase(".".join(parts[i:]), pattern) for i in range(1, len(parts)))
+    return suffix_match(name, pattern)
 
 
 # ----------------------------------------------------------------------------------- parts
@@ -424,7 +423,6 @@ ROLE_PATTERNS: dict[str, tuple[str, ...]] = {
     "lm_head": ("lm_head",),
 }
 _DRAFT_WORDS = ("draft", "eagle")
-_DRAFT_RAN = ("draft.layer", "draft.norm", "draft.lm_head")  # the draft ran past where fc sits
 
 
 def roled_calls(files: list[TraceFile]) -> set[int]:
@@ -496,15 +494,9 @@ def _stage(role: str, calls: list[Call], roled: set[int] | None = None) -> Stage
     return view
 
 
-def _draft_ran(c: Call, roled: set[int]) -> bool:
-    if id(c) in roled:
-        return c.role in _DRAFT_RAN
-    return any(name_matches(c.module, p) for p in ("layers.0", "midlayer", "norm", "lm_head"))
-
-
 def _final_norm_candidate(c: Call, roled: set[int]) -> bool:
     # Names only: a norm inside the decoder layer is not the final norm (a role says so itself).
-    return id(c) in roled or (not name_matches(c.module, "*layers.*") and "midlayer" not in c.module)
+    return id(c) in roled or (not name_matches(c.module, "layers.**") and "midlayer" not in c.module)
 
 
 def _datapath(files: list[TraceFile], calls: list[Call]) -> DataPath:
@@ -518,9 +510,10 @@ def _datapath(files: list[TraceFile], calls: list[Call]) -> DataPath:
     if bypass:
         fc.status = "bypassed"
         fc.note = bypass[0].message
-    elif fc.calls == 0 and draft and any(_draft_ran(c, roled) for c in draft):
-        fc.status = "bypassed"
-        fc.note = "draft layers ran but fc was never called"
+    elif fc.calls == 0 and draft:
+        # The check decides (the decoder layer ran in steps where fc never did); shown here.
+        for found in check_fc_called(draft):
+            fc.status, fc.note = "bypassed", found.message
     aux = _stage("aux", calls, roled)
     if aux.calls == 0 and any(not c.enabled for c in captures):
         aux.status = "disabled"
@@ -565,22 +558,10 @@ def _fingerprints(files: list[TraceFile]) -> list[FingerprintView]:
     return out
 
 
-SCALE_OUTLIER = 8.0  # embedding output vs a deep residual stream differ by 10-100x in std
-
-
 def _flag_scale_outliers(chunks: list[ChunkView]) -> None:
-    """Flag a chunk whose std is far from the other chunks' (same width, other layer: bug 3)."""
-    stds = [c.stats.std for c in chunks]
-    for i, c in enumerate(chunks):
-        others = sorted(s for j, s in enumerate(stds) if j != i and s)
-        if not c.stats.std or not others:
-            continue
-        ref = others[len(others) // 2]
-        ratio = c.stats.std / ref
-        if ratio > SCALE_OUTLIER:
-            c.flags.append(f"std {ratio:.3g}x above the other chunks")
-        elif ratio < 1 / SCALE_OUTLIER:
-            c.flags.append(f"std {1 / ratio:.3g}x below the other chunks")
+    """Mark the chunks the check flags (checks/calls.py decides; the viewer only shows)."""
+    for i, why in chunk_scale_outliers([c.stats.std for c in chunks]).items():
+        chunks[i].flags.append(why)
 
 
 def _d2t(files: list[TraceFile], findings: list[Any]) -> StageView:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ...checks.runtime import COLLAPSE_WINDOW, check_acceptance
+from ...checks.calls import COLLAPSE_WINDOW, check_acceptance
 from ...records import Acceptance
 from . import state
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...findings import finding
+from ...checks.widths import check_graph_buffer_width
 from . import state
 
 
@@ -73,17 +73,8 @@ def before_draft_extend_execute(*args: Any, **kwargs: Any) -> None:
             return None
         seen, expected = int(incoming.shape[-1]), int(buffer.shape[-1])
         if seen != expected:
-            state.emit_once(
-                "graph_stale_hidden",
-                lambda: finding(
-                    "fc_bypass",
-                    f"the draft-extend CUDA graph got {seen}-wide hidden states but its buffer is {expected} wide "
-                    "(target hidden x num aux): SGLang skips the copy and replays the graph on stale hidden states",
-                    module="draft.cuda_graph_runner_for_draft_extend",
-                    evidence={"seen_width": seen, "fc_in_features": expected, "runner": type(runner).__name__},
-                    source="sglang.graphs",
-                ),
-            )
+            name = type(runner).__name__
+            state.emit_once("graph_stale_hidden", lambda: check_graph_buffer_width(seen, expected, name, source="sglang.graphs")[0])
     except Exception as exc:
         state.internal_error("draft-extend execute", exc)
     return None
