@@ -19,8 +19,9 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
-import spectrace  # noqa: E402
 from conftest import tiny_llama  # noqa: E402
+
+import spectrace  # noqa: E402
 
 
 def one(iters: int = 50) -> tuple[float, float, int]:
@@ -52,8 +53,10 @@ def main() -> None:
     for _ in range(args.repeats):
         bare, traced, hooked = one()
         per_call.append((traced - bare) / hooked * 1e6)
-    print(f"hooked modules {hooked}; bare {bare * 1e3:.2f} ms; host time per hooked call: median {statistics.median(per_call):.0f} us "
-          f"(repeats: {', '.join(f'{v:.0f}' for v in per_call)})")
+    print(
+        f"hooked modules {hooked}; bare {bare * 1e3:.2f} ms; host time per hooked call: median {statistics.median(per_call):.0f} us "
+        f"(repeats: {', '.join(f'{v:.0f}' for v in per_call)})"
+    )
 
 
 if __name__ == "__main__":

@@ -22,20 +22,18 @@ Writes ``overhead.md`` and ``overhead.json`` to ``--out`` (default ``$OUT`` or `
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
-import math
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -82,8 +80,15 @@ def build(size: str, device: str) -> tuple[nn.Module, nn.Module, torch.Tensor, l
 
     layers, hidden, inter, heads, kv, vocab, dvocab, batch, seq, dtype = SIZES[size]
     torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads,
-                      num_key_value_heads=kv, vocab_size=vocab, max_position_embeddings=max(4096, seq))
+    cfg = LlamaConfig(
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        vocab_size=vocab,
+        max_position_embeddings=max(4096, seq),
+    )
     dt = getattr(torch, dtype)
     with torch.device(device):
         target = LlamaForCausalLM(cfg).to(dt).eval()
@@ -92,9 +97,19 @@ def build(size: str, device: str) -> tuple[nn.Module, nn.Module, torch.Tensor, l
     aux = sorted({min(1, layers - 1), layers // 2 - 1 if layers > 2 else 0, layers - 3 if layers > 3 else layers - 1})
     while len(aux) < 3:
         aux.append(aux[-1])
-    info = {"size": size, "layers": layers, "hidden": hidden, "intermediate": inter, "vocab": vocab,
-            "draft_vocab": dvocab, "batch": batch, "seq": seq, "dtype": dtype, "aux_layers": aux,
-            "draft": f"fc {3 * hidden}->{hidden}, 1 decoder layer, lm_head {hidden}->{dvocab}"}
+    info = {
+        "size": size,
+        "layers": layers,
+        "hidden": hidden,
+        "intermediate": inter,
+        "vocab": vocab,
+        "draft_vocab": dvocab,
+        "batch": batch,
+        "seq": seq,
+        "dtype": dtype,
+        "aux_layers": aux,
+        "draft": f"fc {3 * hidden}->{hidden}, 1 decoder layer, lm_head {hidden}->{dvocab}",
+    }
     return target, draft, ids, aux, info
 
 
@@ -201,7 +216,7 @@ def eager_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
                 t.tracer.finish_step()
                 if name == "stats":
                     calls = t.calls()
-                    out["stats_filled"] = sum(m.stats is not None for c in calls[-len(hooked):] for m in c.outputs)
+                    out["stats_filled"] = sum(m.stats is not None for c in calls[-len(hooked) :] for m in c.outputs)
         elif name == "anchor_item_hooks":
             remove = item_stats_hooks(anchor_modules)
             try:
@@ -247,11 +262,14 @@ def eager_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
         meds = [statistics.median(r) for r in samples[name]]
         ratios = sorted(m / b for m, b in zip(meds, bare_rounds))
         q = len(ratios) // 4
-        table[name] = {"ms": round(statistics.median([t for r in samples[name] for t in r]), 3),
-                       "ratio": round(statistics.median(ratios), 4),
-                       "ratio_q1": round(ratios[q], 4), "ratio_q3": round(ratios[-1 - q], 4),
-                       "ratio_of_mins": round(min(t for r in samples[name] for t in r) / bare_min, 4),
-                       "samples": sum(len(r) for r in samples[name])}
+        table[name] = {
+            "ms": round(statistics.median([t for r in samples[name] for t in r]), 3),
+            "ratio": round(statistics.median(ratios), 4),
+            "ratio_q1": round(ratios[q], 4),
+            "ratio_q3": round(ratios[-1 - q], 4),
+            "ratio_of_mins": round(min(t for r in samples[name] for t in r) / bare_min, 4),
+            "samples": sum(len(r) for r in samples[name]),
+        }
     out["eager"] = table
     out["rounds"], out["reps"] = args.rounds, args.reps
 
@@ -266,7 +284,9 @@ def eager_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
         torch.cuda.empty_cache()
 
 
-def hook_time(spectrace: Any, models: dict[str, nn.Module], settings: Any, step: Callable[[], None], dev: str, steps: int) -> dict[str, Any]:
+def hook_time(
+    spectrace: Any, models: dict[str, nn.Module], settings: Any, step: Callable[[], None], dev: str, steps: int
+) -> dict[str, Any]:
     """Host time spent inside spectrace per step, by accounting, on each thread.
 
     On the host's thread: every spectrace hook and the tracer's finish_step, wrapped in a
@@ -280,13 +300,16 @@ def hook_time(spectrace: Any, models: dict[str, nn.Module], settings: Any, step:
             spent = [0.0]
             worker_cpu = [0.0]
 
-            def timed(fn: Callable[..., Any], total: list[float] = spent, clock: Callable[[], float] = time.perf_counter) -> Callable[..., Any]:
+            def timed(
+                fn: Callable[..., Any], total: list[float] = spent, clock: Callable[[], float] = time.perf_counter
+            ) -> Callable[..., Any]:
                 def wrapper(*a: Any, **k: Any) -> Any:
                     t0 = clock()
                     try:
                         return fn(*a, **k)
                     finally:
                         total[0] += clock() - t0
+
                 return wrapper
 
             for root in models.values():
@@ -328,7 +351,12 @@ def sync_check(spectrace: Any, models: dict[str, nn.Module], settings: Any, step
             finally:
                 torch.cuda.set_sync_debug_mode(0)
         hits = [w for w in caught if "synchroniz" in str(w.message)]
-        return len(hits), sorted({f"{os.path.relpath(w.filename, ROOT) if w.filename.startswith(ROOT) else os.path.basename(w.filename)}:{w.lineno}" for w in hits})
+        return len(hits), sorted(
+            {
+                f"{os.path.relpath(w.filename, ROOT) if w.filename.startswith(ROOT) else os.path.basename(w.filename)}:{w.lineno}"
+                for w in hits
+            }
+        )
 
     result: dict[str, Any] = {}
     torch.cuda.synchronize()
@@ -362,8 +390,15 @@ def graph_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
     L, H, I = (4, 256, 512) if args.quick else (32, 4096, 14336)
     torch.manual_seed(0)
     # Scaled by 1/sqrt(fan-in) so 32 residual layers stay finite in bf16 (0.02 overflowed).
-    W = [(torch.randn(H, 3 * H // 2, device=dev, dtype=dt) * (0.5 / H**0.5), torch.randn(H, H, device=dev, dtype=dt) * (0.5 / H**0.5),
-          torch.randn(H, 2 * I, device=dev, dtype=dt) * (0.5 / H**0.5), torch.randn(I, H, device=dev, dtype=dt) * (0.5 / I**0.5)) for _ in range(L)]
+    W = [
+        (
+            torch.randn(H, 3 * H // 2, device=dev, dtype=dt) * (0.5 / H**0.5),
+            torch.randn(H, H, device=dev, dtype=dt) * (0.5 / H**0.5),
+            torch.randn(H, 2 * I, device=dev, dtype=dt) * (0.5 / H**0.5),
+            torch.randn(I, H, device=dev, dtype=dt) * (0.5 / I**0.5),
+        )
+        for _ in range(L)
+    ]
 
     def layer(x: torch.Tensor, w: tuple[torch.Tensor, ...]) -> torch.Tensor:
         a = (x @ w[0])[:, :H]
@@ -401,8 +436,11 @@ def graph_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
             kept[name] = keep
             return g
 
-        graphs = {"bare": capture(None, "bare"), "stats_fused": capture(stores["fused"], "stats_fused"),
-                  "stats_torch": capture(stores["torch"], "stats_torch")}
+        graphs = {
+            "bare": capture(None, "bare"),
+            "stats_fused": capture(stores["fused"], "stats_fused"),
+            "stats_torch": capture(stores["torch"], "stats_torch"),
+        }
 
         def time_graph(g: torch.cuda.CUDAGraph, n: int) -> float:
             for _ in range(5):
@@ -421,9 +459,10 @@ def graph_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
         for _ in range(args.graph_rounds):
             for k, g in graphs.items():
                 rows[k].append(time_graph(g, n))
-        bare = statistics.median(rows["bare"])
-        entry: dict[str, Any] = {"replay_ms": {k: round(statistics.median(v), 4) for k, v in rows.items()},
-                                 "ratio": {k: round(statistics.median([a / b for a, b in zip(v, rows["bare"])]), 4) for k, v in rows.items()}}
+        entry: dict[str, Any] = {
+            "replay_ms": {k: round(statistics.median(v), 4) for k, v in rows.items()},
+            "ratio": {k: round(statistics.median([a / b for a, b in zip(v, rows["bare"])]), 4) for k, v in rows.items()},
+        }
         # Refresh and validation, per store: replay, read, compare with float64 of the graph's own tensors.
         for key, gname in (("fused", "stats_fused"), ("torch", "stats_torch")):
             gs, g = stores[key], graphs[gname]
@@ -455,7 +494,9 @@ def validate(got: dict[str, Any], tensors: list[torch.Tensor]) -> dict[str, floa
         if None in (s.mean, s.std, s.absmax):
             worst["counts_wrong"] += int(bool(torch.isfinite(r).all()))  # None is right only for non-finite data
             continue
-        worst["mean_err_over_std"] = max(worst["mean_err_over_std"], abs(s.mean - r.mean().item()) / max(r.std(unbiased=False).item(), 1e-30))
+        worst["mean_err_over_std"] = max(
+            worst["mean_err_over_std"], abs(s.mean - r.mean().item()) / max(r.std(unbiased=False).item(), 1e-30)
+        )
         worst["std_rel"] = max(worst["std_rel"], abs(s.std - r.std(unbiased=False).item()) / max(r.std().item(), 1e-30))
         worst["absmax_rel"] = max(worst["absmax_rel"], abs(s.absmax - r.abs().max().item()) / max(r.abs().max().item(), 1e-30))
         worst["counts_wrong"] += int(s.nan != int(torch.isnan(r).sum()) or s.inf != int(torch.isinf(r).sum()))
@@ -470,15 +511,18 @@ def bootstrap_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
     runs = 5 if args.quick else 30
     pth = os.path.join(ROOT, "bootstrap", "spectrace-bootstrap.pth")
     # Time the .pth line itself, as site.py runs it (exec of one line) at every start.
-    probe = ("import sys,time;line=open(sys.argv[1]).read();"
-             "t=time.perf_counter_ns();exec(line);d=time.perf_counter_ns()-t;"
-             "print(int('spectrace' in sys.modules),d)")
+    probe = (
+        "import sys,time;line=open(sys.argv[1]).read();"
+        "t=time.perf_counter_ns();exec(line);d=time.perf_counter_ns()-t;"
+        "print(int('spectrace' in sys.modules),d)"
+    )
     ns, imported = [], False
     for _ in range(runs):
         line = subprocess.run([sys.executable, "-c", probe, pth], env=env, capture_output=True, text=True, check=True).stdout.split()
         imported = imported or line[0] == "1"
         ns.append(int(line[1]))
-    installed, where, it = imported, pth, []
+    installed, where = imported, pth
+
     # whole interpreter start, with and without the .pth being processed
     def start_ms(extra: list[str]) -> float:
         ts = []
@@ -502,8 +546,9 @@ def bootstrap_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
 def soak_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
     """Run the soak in a fresh interpreter, so peak RSS is its own."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECTRACE")}
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--soak-child", str(args.soak_calls)],
-                          env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--soak-child", str(args.soak_calls)], env=env, capture_output=True, text=True
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"soak child failed: {proc.stderr[-2000:]}")
     out["soak"] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -575,9 +620,15 @@ def soak_child(calls: int) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------- output
 def machine() -> dict[str, Any]:
-    info = {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform(),
-            "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "threads": torch.get_num_threads(),
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    }
     try:
         with open("/proc/cpuinfo") as fh:
             for line in fh:
@@ -606,42 +657,65 @@ def machine() -> dict[str, Any]:
 
 def markdown(res: dict[str, Any]) -> str:
     m = res["machine"]
-    lines = [f"# spectrace overhead ({res['device']})", "",
-             f"- date: {m['date']}; command: `{res['command']}`",
-             f"- machine: {m.get('gpu') or m['cpu']}, {m['cores']} cores, torch {m['torch']}, transformers {m.get('transformers')}, triton {m.get('triton')}, python {m['python']}"]
+    lines = [
+        f"# spectrace overhead ({res['device']})",
+        "",
+        f"- date: {m['date']}; command: `{res['command']}`",
+        f"- machine: {m.get('gpu') or m['cpu']}, {m['cores']} cores, torch {m['torch']}, transformers {m.get('transformers')}, triton {m.get('triton')}, python {m['python']}",
+    ]
     if "eager" in res:
         mo = res["model"]
-        lines += [f"- model: Llama target {mo['layers']} layers, hidden {mo['hidden']}, vocab {mo['vocab']}, {mo['dtype']}, "
-                  f"input {mo['batch']}x{mo['seq']}; EAGLE-3 draft {mo['draft']}; aux layers {mo['aux_layers']}; "
-                  f"{res.get('hooked_modules')} modules hooked",
-                  f"- engine: {res.get('engine')}",
-                  f"- {res['rounds']} rounds x {res['reps']} forwards per variant, interleaved (order rotates, then reverses: each variant in each position); torch threads {m['threads']}",
-                  "- ratio = median over rounds of (variant median / bare median of the same round); IQR over rounds; ratio of mins = fastest variant sample / fastest bare sample (robust to load from other processes)", "",
-                  "| variant | ms (median) | ratio vs bare | IQR | ratio of mins | samples |", "|---|---|---|---|---|---|"]
+        lines += [
+            f"- model: Llama target {mo['layers']} layers, hidden {mo['hidden']}, vocab {mo['vocab']}, {mo['dtype']}, "
+            f"input {mo['batch']}x{mo['seq']}; EAGLE-3 draft {mo['draft']}; aux layers {mo['aux_layers']}; "
+            f"{res.get('hooked_modules')} modules hooked",
+            f"- engine: {res.get('engine')}",
+            f"- {res['rounds']} rounds x {res['reps']} forwards per variant, interleaved (order rotates, then reverses: each variant in each position); torch threads {m['threads']}",
+            "- ratio = median over rounds of (variant median / bare median of the same round); IQR over rounds; ratio of mins = fastest variant sample / fastest bare sample (robust to load from other processes)",
+            "",
+            "| variant | ms (median) | ratio vs bare | IQR | ratio of mins | samples |",
+            "|---|---|---|---|---|---|",
+        ]
         for k, v in res["eager"].items():
-            lines.append(f"| {k} | {v['ms']} | {v['ratio']:.3f}x | [{v['ratio_q1']:.3f}, {v['ratio_q3']:.3f}] | {v['ratio_of_mins']:.3f}x | {v['samples']} |")
+            lines.append(
+                f"| {k} | {v['ms']} | {v['ratio']:.3f}x | [{v['ratio_q1']:.3f}, {v['ratio_q3']:.3f}] | {v['ratio_of_mins']:.3f}x | {v['samples']} |"
+            )
         lines.append(f"\nhooks while off: {res.get('off_hooks')}; stats filled in the last traced step: {res.get('stats_filled')}")
         if "hook_time" in res:
-            lines += ["", "Host time inside spectrace per step (accounting, median of steps; ratio = 1 + that / bare median;"
-                      " `*_worker_thread` is CPU time on the record worker, off the host's thread):", "",
-                      "| mode | ms per step | ratio |", "|---|---|---|"]
+            lines += [
+                "",
+                "Host time inside spectrace per step (accounting, median of steps; ratio = 1 + that / bare median;"
+                " `*_worker_thread` is CPU time on the record worker, off the host's thread):",
+                "",
+                "| mode | ms per step | ratio |",
+                "|---|---|---|",
+            ]
             for k, v in res["hook_time"].items():
                 lines.append(f"| {k} | {v['ms_per_step']} | {v['x_of_bare_median']:.4f}x |")
     if "sync_check" in res:
         lines += ["", "## Host syncs in a traced forward (CUDA)", "", "```", json.dumps(res["sync_check"], indent=1), "```"]
     if "graph" in res:
         g = res["graph"]
-        lines += ["", f"## CUDA graph replay, {g['layers']} layers hidden {g['hidden']} (fused kernel: {g['fused_kernel']})", "",
-                  "| batch | bare ms | stats fused ms | ratio | stats torch ms | ratio |", "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"## CUDA graph replay, {g['layers']} layers hidden {g['hidden']} (fused kernel: {g['fused_kernel']})",
+            "",
+            "| batch | bare ms | stats fused ms | ratio | stats torch ms | ratio |",
+            "|---|---|---|---|---|---|",
+        ]
         for b in (1, 64):
             e = g.get(f"batch_{b}")
             if e:
                 r, ms = e["ratio"], e["replay_ms"]
-                lines.append(f"| {b} | {ms['bare']} | {ms['stats_fused']} | {r['stats_fused']:.3f}x | {ms['stats_torch']} | {r['stats_torch']:.3f}x |")
+                lines.append(
+                    f"| {b} | {ms['bare']} | {ms['stats_fused']} | {r['stats_fused']:.3f}x | {ms['stats_torch']} | {r['stats_torch']:.3f}x |"
+                )
         for b in (1, 64):
             e = g.get(f"batch_{b}")
             if e:
-                lines.append(f"\nbatch {b}: fused {e['fused_refresh']}, worst vs float64 {e['fused_vs_float64']}; torch {e['torch_refresh']}, worst vs float64 {e['torch_vs_float64']}")
+                lines.append(
+                    f"\nbatch {b}: fused {e['fused_refresh']}, worst vs float64 {e['fused_vs_float64']}; torch {e['torch_refresh']}, worst vs float64 {e['torch_vs_float64']}"
+                )
     if "bootstrap" in res:
         lines += ["", "## .pth bootstrap, SPECTRACE unset", "", "```", json.dumps(res["bootstrap"], indent=1), "```"]
     if "soak" in res:
@@ -680,8 +754,12 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads or 1)
     args.soak_calls = args.soak_calls or (5_000 if args.quick else 1_000_000)
     sections = set(args.sections.split(","))
-    res: dict[str, Any] = {"device": args.device, "command": "python " + " ".join([os.path.relpath(__file__, ROOT), *(argv if argv is not None else sys.argv[1:])]),
-                           "machine": machine(), "errors": []}
+    res: dict[str, Any] = {
+        "device": args.device,
+        "command": "python " + " ".join([os.path.relpath(__file__, ROOT), *(argv if argv is not None else sys.argv[1:])]),
+        "machine": machine(),
+        "errors": [],
+    }
     for name, fn in (("eager", eager_section), ("graph", graph_section), ("bootstrap", bootstrap_section), ("soak", soak_section)):
         if name not in sections or (name == "graph" and args.device != "cuda"):
             continue

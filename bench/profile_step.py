@@ -25,7 +25,6 @@ sys.path.insert(0, HERE)
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
 import torch  # noqa: E402
-
 from overhead import build, make_step  # noqa: E402
 
 
@@ -74,10 +73,23 @@ def micro(dev: str) -> dict[str, float]:
         res["triton_launch_us"] = per_us(lambda: S.launch_partials(x, out, 1))
     res["tensor_meta_us"] = per_us(lambda: TensorMeta(arg="input[0]", shape=[4, 512, 4096], dtype="bfloat16", device="cuda:0"))
     meta = TensorMeta(arg="input[0]", shape=[4, 512, 4096], dtype="bfloat16", device="cuda:0")
-    res["call_us"] = per_us(lambda: Call(step=1, seq=1, module="target.model.layers.0", module_type="LlamaDecoderLayer", root="target",
-                                         inputs=[meta], outputs=[meta], t_unix=0.0, graph_capture=False))
+    res["call_us"] = per_us(
+        lambda: Call(
+            step=1,
+            seq=1,
+            module="target.model.layers.0",
+            module_type="LlamaDecoderLayer",
+            root="target",
+            inputs=[meta],
+            outputs=[meta],
+            t_unix=0.0,
+            graph_capture=False,
+        )
+    )
     res["shape_list_us"] = per_us(lambda: [int(s) for s in x.shape])
-    res["is_capturing_us"] = per_us(lambda: torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()) if dev == "cuda" else 0.0
+    res["is_capturing_us"] = (
+        per_us(lambda: torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()) if dev == "cuda" else 0.0
+    )
     return res
 
 
@@ -86,10 +98,12 @@ def sweep(dev: str) -> list[str]:
     each shape's result checked against float64 (a fast wrong shape is no candidate)."""
     from spectrace.hooks import stats as S
 
-    tensors = {"hidden 4x512x4096": torch.randn(4 * 512, 4096, device=dev, dtype=torch.bfloat16),
-               "logits 4x512x128256": torch.randn(4 * 512, 128256, device=dev, dtype=torch.bfloat16),
-               "draft logits 4x512x32000": torch.randn(4 * 512, 32000, device=dev, dtype=torch.bfloat16),
-               "decode 64x4096": torch.randn(64, 4096, device=dev, dtype=torch.bfloat16)}
+    tensors = {
+        "hidden 4x512x4096": torch.randn(4 * 512, 4096, device=dev, dtype=torch.bfloat16),
+        "logits 4x512x128256": torch.randn(4 * 512, 128256, device=dev, dtype=torch.bfloat16),
+        "draft logits 4x512x32000": torch.randn(4 * 512, 32000, device=dev, dtype=torch.bfloat16),
+        "decode 64x4096": torch.randn(64, 4096, device=dev, dtype=torch.bfloat16),
+    }
     refs = {name: (x.double().sum().item(), x.double().square().sum().item(), x.double().abs().max().item()) for name, x in tensors.items()}
     saved = (S.BLOCK, S.WARPS, S.PROGRAMS_PER_SM, S.TILE)
 
@@ -98,8 +112,18 @@ def sweep(dev: str) -> list[str]:
             del S._triton_state[key]
 
     lines = ["fused kernel sweep (us per launch; programs/SM, BLOCK, warps, TILE; 'BAD' = disagrees with float64):"]
-    shapes = [(8, 1024, 4, 4), (8, 2048, 8, 1), (8, 2048, 8, 4), (16, 1024, 4, 4), (4, 2048, 8, 4), (8, 1024, 4, 2),
-              (8, 1024, 4, 8), (16, 1024, 4, 8), (8, 512, 4, 8), (8, 512, 2, 8)]
+    shapes = [
+        (8, 1024, 4, 4),
+        (8, 2048, 8, 1),
+        (8, 2048, 8, 4),
+        (16, 1024, 4, 4),
+        (4, 2048, 8, 4),
+        (8, 1024, 4, 2),
+        (8, 1024, 4, 8),
+        (16, 1024, 4, 8),
+        (8, 512, 4, 8),
+        (8, 512, 2, 8),
+    ]
     a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
     for _ in range(60):  # bring the clocks up first: the first shape timed would pay for it
         a @ a
@@ -195,7 +219,9 @@ def main() -> None:
         total_us = sum(getattr(e, "device_time_total", getattr(e, "cuda_time_total", 0.0)) for e in kprof.key_averages())
         for e in ours:
             us = getattr(e, "device_time_total", getattr(e, "cuda_time_total", 0.0))
-            lines.append(f"statistics kernel: {e.count} launches, {us:.1f} us device time in total, {100 * us / total_us:.2f} % of the step")
+            lines.append(
+                f"statistics kernel: {e.count} launches, {us:.1f} us device time in total, {100 * us / total_us:.2f} % of the step"
+            )
     buf = io.StringIO()
     st = pstats.Stats(prof, stream=buf)
     st.sort_stats("tottime").print_stats(35)

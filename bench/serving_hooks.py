@@ -59,8 +59,12 @@ class EAGLEWorkerV2:
 
 def build(wrapped: bool) -> list:
     """The per-step calls as bound callables, wrapped by the real patch points or not."""
-    objects = {"EAGLEDraftCudaGraphRunner": EAGLEDraftCudaGraphRunner(), "DecodeCudaGraphRunner": DecodeCudaGraphRunner(),
-               "EAGLEDraftExtendCudaGraphRunner": EAGLEDraftExtendCudaGraphRunner(), "EAGLEWorkerV2": EAGLEWorkerV2()}
+    objects = {
+        "EAGLEDraftCudaGraphRunner": EAGLEDraftCudaGraphRunner(),
+        "DecodeCudaGraphRunner": DecodeCudaGraphRunner(),
+        "EAGLEDraftExtendCudaGraphRunner": EAGLEDraftExtendCudaGraphRunner(),
+        "EAGLEWorkerV2": EAGLEWorkerV2(),
+    }
     calls = []
     for qualname, feature, kind in PER_STEP:
         cls_name, method = qualname.split(".")
@@ -97,15 +101,19 @@ def main() -> None:
 
         per: dict[str, list[float]] = {k: [] for k in variants}
         for r in range(args.rounds):
-            for name in (variants if r % 2 == 0 else list(variants)[::-1]):
+            for name in variants if r % 2 == 0 else list(variants)[::-1]:
                 per[name].append(run(variants[name]))
         rec.close()
         counters = rec.counters
     bare, traced = statistics.median(per["bare"]), statistics.median(per["spectrace"])
-    print(f"per verify step (median of {args.rounds} rounds x {args.steps} steps, batch {args.batch}): "
-          f"bare {bare:.2f} us, with spectrace's wrappers {traced:.2f} us: spectrace adds {traced - bare:.2f} us")
-    print(f"accounting (hook_seconds / hook_calls): {counters.hook_seconds / max(counters.hook_calls, 1) * 1e6:.2f} us per hook call, "
-          f"{counters.hook_calls} calls; records dropped {counters.records_dropped}")
+    print(
+        f"per verify step (median of {args.rounds} rounds x {args.steps} steps, batch {args.batch}): "
+        f"bare {bare:.2f} us, with spectrace's wrappers {traced:.2f} us: spectrace adds {traced - bare:.2f} us"
+    )
+    print(
+        f"accounting (hook_seconds / hook_calls): {counters.hook_seconds / max(counters.hook_calls, 1) * 1e6:.2f} us per hook call, "
+        f"{counters.hook_calls} calls; records dropped {counters.records_dropped}"
+    )
     steps = args.rounds * args.steps
     split = {k: round(v / steps * 1e6, 2) for k, v in sorted(counters.hook_seconds_by_feature.items(), key=lambda kv: -kv[1])}
     print(f"by hook, us per verify step: {split}")

@@ -48,9 +48,7 @@ from spectrace.eagle3.pair import (  # noqa: E402
 )
 
 
-def train_target(
-    lang: Language, steps: int = 450, batch: int = 24, seq_len: int = SEQ_LEN, seed: int = 0, log: bool = True
-) -> nn.Module:
+def train_target(lang: Language, steps: int = 450, batch: int = 24, seq_len: int = SEQ_LEN, seed: int = 0, log: bool = True) -> nn.Module:
     """Next-token training on the synthetic language, then rounded to float16 (what ships)."""
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed + 1)
@@ -253,21 +251,22 @@ def train_all(out_dir: Path = DATA_DIR, seed: int = 0, plan: TrainPlan | None = 
     lang = make_language(seed=seed)
     target_model = train_target(lang, plan.target_steps, plan.target_batch, plan.seq_len, seed=seed, log=log)
     target_seconds = time.perf_counter() - started
-    draft_ckpt = train_draft(
-        target_model, lang, steps=plan.draft_steps, batch=plan.draft_batch, seq_len=plan.seq_len, seed=seed, log=log
-    )
+    draft_ckpt = train_draft(target_model, lang, steps=plan.draft_steps, batch=plan.draft_batch, seq_len=plan.seq_len, seed=seed, log=log)
     nbr_ckpt = train_draft(
-        target_model, lang, norm_before_residual=True, steps=plan.nbr_steps, batch=plan.draft_batch,
-        seq_len=plan.seq_len, seed=seed + 1, init_from=draft_ckpt, log=log,
+        target_model,
+        lang,
+        norm_before_residual=True,
+        steps=plan.nbr_steps,
+        batch=plan.draft_batch,
+        seq_len=plan.seq_len,
+        seed=seed + 1,
+        init_from=draft_ckpt,
+        log=log,
     )
     elapsed = time.perf_counter() - started
 
     # The state dict without lm_head, which is tied to embed_tokens.
-    target_tensors = {
-        name: t.detach().half().contiguous()
-        for name, t in target_model.state_dict().items()
-        if name != "lm_head.weight"
-    }
+    target_tensors = {name: t.detach().half().contiguous() for name, t in target_model.state_dict().items() if name != "lm_head.weight"}
     save_file(target_tensors, str(out_dir / "target.safetensors"))
     (out_dir / "target_config.json").write_text(json.dumps(target_config_dict(), indent=2) + "\n")
     save_file(draft_ckpt, str(out_dir / "draft.safetensors"))
@@ -310,7 +309,6 @@ def main(argv: list[str] | None = None) -> int:
 
         print(json.dumps(measure_all(data_dir=args.out), indent=1))
     return 0
-
 
 
 if __name__ == "__main__":

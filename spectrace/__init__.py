@@ -1,9 +1,9 @@
 """spectrace: debug instrumentation and tracing for EAGLE-3 speculative decoding.
 
-    >>> import spectrace
-    >>> with spectrace.trace(model) as t:
-    ...     model(ids)
-    >>> [c.module for c in t.calls()]
+>>> import spectrace
+>>> with spectrace.trace(model) as t:
+...     model(ids)
+>>> [c.module for c in t.calls()]
 """
 
 from __future__ import annotations

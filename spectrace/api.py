@@ -13,7 +13,8 @@ an OTLP collector when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set.
 from __future__ import annotations
 
 import atexit
-from typing import Any, Iterator, Mapping, Sequence, Union
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Union
 
 import torch.nn as nn
 
@@ -59,7 +60,7 @@ class Trace:
         self.hooked: list[str] = []
 
     # Context protocol -------------------------------------------------------
-    def __enter__(self) -> "Trace":
+    def __enter__(self) -> Trace:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -104,9 +105,7 @@ class Trace:
         found = self.recorder.call_records()
         if module is None:
             return sorted(found, key=lambda c: c.seq)
-        return sorted(
-            (c for c in found if c.module == module or glob_match(c.module, module)), key=lambda c: c.seq
-        )
+        return sorted((c for c in found if c.module == module or glob_match(c.module, module)), key=lambda c: c.seq)
 
     def modules(self) -> list[str]:
         """Names of the modules that were called, in first-call order."""

@@ -16,7 +16,8 @@ the ``spectrace`` fixture, command-line options and teardown checks.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from .api import Models, Trace
 from .api import trace as _api_trace
@@ -62,8 +63,8 @@ class FindingError(SpectraceAssertionError):
 def shape_matches(observed: Sequence[int], pattern: ShapePattern) -> bool:
     """Whether ``observed`` fits ``pattern``; ``...`` stands for any dims, ``None`` for one.
 
-        >>> shape_matches([1, 8, 192], (..., 3 * 64))
-        True
+    >>> shape_matches([1, 8, 192], (..., 3 * 64))
+    True
     """
     pattern = list(pattern)
     observed = list(observed)
@@ -418,7 +419,11 @@ def assert_no_findings(trace: Trace, severity: str = "error") -> None:
     if found:
         codes = ", ".join(sorted({f.code for f in found}))
         raise FindingError(
-            explain(trace, f"{len(found)} unexpected finding{'s' if len(found) > 1 else ''} of severity {severity} or worse: {codes}", [f.module or "" for f in found])
+            explain(
+                trace,
+                f"{len(found)} unexpected finding{'s' if len(found) > 1 else ''} of severity {severity} or worse: {codes}",
+                [f.module or "" for f in found],
+            )
         )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("spectrace.demo:main", "run the EAGLE-3 reference pipeline healthy and under every bug switch"),

@@ -82,16 +82,16 @@ def run_scenario(name: str, out_dir: str, reference: Fingerprint | None, k: int 
     _clear_old_traces(trace_dir)
     settings = Settings(quiet=True)
     accept: list[int] = []
-    with api.trace(
-        {"target": scenario.target, "draft": scenario.draft}, profile="eagle3", directory=trace_dir, settings=settings
-    ) as t:
+    with api.trace({"target": scenario.target, "draft": scenario.draft}, profile="eagle3", directory=trace_dir, settings=settings) as t:
         watch = PipelineWatch(t, scenario.target, scenario.draft, scenario.draft_config, algorithm=scenario.algorithm, reference=reference)
         watch.load(scenario.checkpoint)
         scenario.draft.set_embed(scenario.target.get_embed())
         try:
             with torch.no_grad():
                 for prompt in demo_prompts():
-                    result = speculate(scenario.target, scenario.draft, prompt, k=k, max_new_tokens=demo_max_new_tokens(), on_step=watch.on_step)
+                    result = speculate(
+                        scenario.target, scenario.draft, prompt, k=k, max_new_tokens=demo_max_new_tokens(), on_step=watch.on_step
+                    )
                     accept += result.accept_lengths
         except RuntimeError as exc:  # an engine that fails loudly (DeepSeek count check) is a result too
             accept = []

@@ -24,8 +24,9 @@ import json
 import sys
 import types
 import typing
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable, Literal, Union, get_args, get_origin
+from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
@@ -121,7 +122,7 @@ EVIDENCE_KEYS: dict[str, str] = {
 EXTRA_EVIDENCE: dict[str, dict[str, str]] = {
     "capture_unsupported": {"target_class_assumed": EVIDENCE_KEYS["target_class_assumed"]},
     "unsupported_config_flag": {
-        "<flag name>": "`spectrace audit`: the flag, as `{\"norm_before_residual\": true}`",
+        "<flag name>": '`spectrace audit`: the flag, as `{"norm_before_residual": true}`',
     },
 }
 
@@ -129,10 +130,8 @@ EXTRA_EVIDENCE: dict[str, dict[str, str]] = {
 SEVERITY_WHEN: dict[tuple[str, str], str] = {
     ("aux_layers_mismatch", "warning"): "when the likeliest reading of the config agrees with the capture but another "
     "trainer's convention (SpecForge or speculators) would not: confirm which trainer wrote the draft",
-    ("capture_unsupported", "warning"): "for a release spectrace has not read, where whether it can capture the "
-    "embedding is not known",
-    ("unsupported_config_flag", "warning"): "for flags whose effect is milder (under SGLang: `norm_output`, "
-    "`embed_requires_grad`)",
+    ("capture_unsupported", "warning"): "for a release spectrace has not read, where whether it can capture the embedding is not known",
+    ("unsupported_config_flag", "warning"): "for flags whose effect is milder (under SGLang: `norm_output`, `embed_requires_grad`)",
     ("unsupported_config_flag", "info"): "for flags spectrace has not verified in vLLM (`fc_norm`, `norm_output`)",
 }
 # Severities chosen at run time from a table rather than written at the call.
@@ -183,15 +182,15 @@ def _loop_bindings(name: str, scope: ast.AST) -> list[dict[str, str]]:
                 continue
             for element in node.iter.elts:
                 if isinstance(element, ast.Tuple) and len(element.elts) == len(names):
-                    env = {n: v.value for n, v in zip(names, element.elts) if n and isinstance(v, ast.Constant) and isinstance(v.value, str)}
+                    env = {
+                        n: v.value for n, v in zip(names, element.elts) if n and isinstance(v, ast.Constant) and isinstance(v.value, str)
+                    }
                     if name in env:
                         out.append(env)
     return out
 
 
-def _dict_keys(
-    expr: ast.AST | None, scope: ast.AST, seen: frozenset[str] = frozenset(), env: dict[str, str] | None = None
-) -> set[str]:
+def _dict_keys(expr: ast.AST | None, scope: ast.AST, seen: frozenset[str] = frozenset(), env: dict[str, str] | None = None) -> set[str]:
     """Keys of the evidence dict ``expr``: a literal, or a local name built from literals."""
     keys: set[str] = set()
     if isinstance(expr, ast.Dict):
@@ -418,7 +417,7 @@ def _type(tp: Any) -> str:
     origin, args = get_origin(tp), get_args(tp)
     if origin is Literal:
         return " or ".join(f'`"{a}"`' for a in args)
-    if origin is Union or (hasattr(types, "UnionType") and origin is getattr(types, "UnionType")):
+    if origin is Union or (hasattr(types, "UnionType") and origin is types.UnionType):
         return " or ".join(_type(a) for a in args)
     if origin is list:
         return f"list of {_type(args[0])}" if args else "list"
@@ -453,15 +452,14 @@ def _model_section(model: type[BaseModel]) -> list[str]:
     fields = model.model_fields
     kind = fields.get("type")
     title = f"`{kind.default}` ({model.__name__})" if kind is not None else model.__name__
-    lines = ["", f"<a id=\"{_anchor(model)}\"></a>", f"## {title}", ""]
+    lines = ["", f'<a id="{_anchor(model)}"></a>', f"## {title}", ""]
     doc = _doc(model)
     if doc:
         lines += [doc, ""]
     lines += ["| field | type | default | description |", "|---|---|---|---|"]
     for name, field in fields.items():
         lines.append(
-            f"| `{name}` | {_cell(_type(field.annotation))} | {_cell(_default(field))} | "
-            f"{_cell(field_description(model, name) or '')} |"
+            f"| `{name}` | {_cell(_type(field.annotation))} | {_cell(_default(field))} | {_cell(field_description(model, name) or '')} |"
         )
     return lines
 

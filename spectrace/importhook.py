@@ -13,14 +13,14 @@ import importlib.abc
 import importlib.machinery
 import sys
 import threading
+from collections.abc import Callable
 from types import ModuleType
-from typing import Callable
 
 Callback = Callable[[ModuleType], None]
 
 _callbacks: dict[str, list[Callback]] = {}
 _lock = threading.RLock()
-_finder: "_PostImportFinder | None" = None
+_finder: _PostImportFinder | None = None
 _on_error: Callable[[str], None] = lambda message: sys.stderr.write(f"spectrace: warning: {message}\n")
 
 

@@ -39,7 +39,8 @@ import hashlib
 import os
 import re
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Generator
+from collections.abc import Callable, Generator
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -109,8 +110,8 @@ def opted_in(item: pytest.Item) -> bool:
 def node_dirname(nodeid: str) -> str:
     """A file-system-safe folder name for a test id; lossy names get a short hash.
 
-        >>> node_dirname("tests/test_a.py::test_b")
-        'tests_test_a.py__test_b'
+    >>> node_dirname("tests/test_a.py::test_b")
+    'tests_test_a.py__test_b'
     """
     name = re.sub(r"[^A-Za-z0-9._-]", "_", nodeid.replace("::", "__").replace("/", "_")).strip("._") or "test"
     lossy = re.search(r"[^A-Za-z0-9._/:-]", nodeid) is not None
@@ -138,8 +139,8 @@ class SpectraceSession:
     def trace(self, models: Any, modules: Any = None, **kwargs: Any) -> Trace:
         """:func:`spectrace.trace`, kept by this session (closed at teardown).
 
-            >>> with spectrace.trace(draft, modules=["model.fc", "model.layers.*"]) as t:
-            ...     draft(ids, hidden)
+        >>> with spectrace.trace(draft, modules=["model.fc", "model.layers.*"]) as t:
+        ...     draft(ids, hidden)
         """
         from .api import trace
 

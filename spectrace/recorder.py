@@ -24,7 +24,8 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from . import __version__
 from .records import RECORD_ADAPTER, Acceptance, Call, Counters, Coverage, Finding, Header
@@ -215,8 +216,11 @@ class Recorder:
         try:
             per_step = isinstance(record, Acceptance)
             out = record
-            if not per_step and "t_unix" in type(record).model_fields and record.t_unix is None and (
-                self._object_sinks or self._writes_lines()
+            if (
+                not per_step
+                and "t_unix" in type(record).model_fields
+                and record.t_unix is None
+                and (self._object_sinks or self._writes_lines())
             ):
                 # What the sinks get says when (a trace cut by a crash shows its last
                 # record's time); the caller's object stays as it was given.
@@ -482,7 +486,7 @@ class Recorder:
             repeated = {key: entry[1] for key, entry in self._once.items() if entry[1] > 1}
         if repeated:
             self.counters.once_counts = repeated  # type: ignore[attr-defined]
-            coverage = {k[len("coverage:"):]: n for k, n in repeated.items() if k.startswith("coverage:")}
+            coverage = {k[len("coverage:") :]: n for k, n in repeated.items() if k.startswith("coverage:")}
             if coverage:
                 self.counters.coverage_counts = coverage  # type: ignore[attr-defined]
         with self._count_lock:

@@ -111,9 +111,7 @@ class Acceptance(_Record):
     step: int
     accept_lengths: list[int]
     draft_tokens: int = Field(description="tokens proposed per request (k)")
-    accepted_per_position: list[int] = Field(
-        default=[], description="how many requests accepted the draft token at position i"
-    )
+    accepted_per_position: list[int] = Field(default=[], description="how many requests accepted the draft token at position i")
 
 
 class Coverage(_Record):

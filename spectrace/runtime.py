@@ -16,8 +16,9 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 from .importhook import set_error_handler, when_imported
 from .settings import Settings, warn

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 StatsMode = Literal["off", "basic", "full"]
 STATS_MODES = ("off", "basic", "full")
@@ -108,7 +109,7 @@ class Settings:
     sglang_skip: tuple[str, ...] = ()  # SGLang patch-point features left unpatched (reported once)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
         stats = _choice(env, "SPECTRACE_STATS", STATS_MODES, "basic")
         capture_values = _flag(env, "SPECTRACE_CAPTURE_VALUES", False)
@@ -129,8 +130,7 @@ class Settings:
             # Only "is an endpoint set" (spans on) and what to show: the OTLP exporter reads
             # the URL and the rest from the environment itself (sinks/otel.py). The signal
             # variable wins, as in the spec.
-            otlp_endpoint=env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
-            or env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip(),
+            otlp_endpoint=env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip() or env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip(),
         )
 
     def dir_from_env(self, env: Mapping[str, str] | None = None) -> str | None:

@@ -55,7 +55,7 @@ class OtlpReceiver:
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
-    def __enter__(self) -> "OtlpReceiver":
+    def __enter__(self) -> OtlpReceiver:
         self.thread.start()
         return self
 

@@ -36,8 +36,9 @@ import os
 import socket
 import sys
 import types
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Optional
 
 import torch
 
@@ -187,9 +188,7 @@ class TorchSDPABackend:
             k = k.reshape(-1, nkv, qk_dim)
             v = v.reshape(-1, layer.tp_v_head_num, v_dim)
             if save_kv_cache:
-                self.token_to_kv_pool.set_kv_buffer(
-                    layer, forward_batch.out_cache_loc, k, v
-                )
+                self.token_to_kv_pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)
         kbuf = self.token_to_kv_pool.k.get(layer.layer_id)
         vbuf = self.token_to_kv_pool.v.get(layer.layer_id)
         mode = forward_batch.forward_mode
@@ -319,11 +318,7 @@ def make_extend_batch(
         extend_prefix_lens_cpu=prefix,
         extend_start_loc=torch.tensor(start, dtype=torch.int32),
         extend_num_tokens=int(flat_ids.numel()),
-        capture_hidden_mode=(
-            capture_hidden_mode
-            if capture_hidden_mode is not None
-            else CaptureHiddenMode.FULL
-        ),
+        capture_hidden_mode=(capture_hidden_mode if capture_hidden_mode is not None else CaptureHiddenMode.FULL),
         spec_info=SpecInfo(hidden_states=hidden_states),
     )
     return fb, backend
@@ -333,9 +328,7 @@ def forward(model, forward_batch, backend: TorchSDPABackend):
     """`model.forward(input_ids, positions, forward_batch)` inside the forward context
     (SGLang's model runner calls the root model's `.forward()` the same way)."""
     with torch.no_grad(), forward_context(backend):
-        return model.forward(
-            forward_batch.input_ids, forward_batch.positions, forward_batch
-        )
+        return model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
 
 
 # --------------------------------------------------------------------------------------
@@ -394,9 +387,7 @@ def build_sglang_llama_target(
             hf_state_dict_or_model = HFLlama(copy.deepcopy(hf_config)).state_dict()
     model.load_weights(_state_items(hf_state_dict_or_model))
     if layer_ids != NO_CAPTURE:
-        model.set_eagle3_layers_to_capture(
-            None if layer_ids is None else list(layer_ids)
-        )
+        model.set_eagle3_layers_to_capture(None if layer_ids is None else list(layer_ids))
     return model
 
 
@@ -595,7 +586,5 @@ def build_sglang_deepseek_target(
     # (SGLang's load_weights ends with post_load_weights: MLA w_kc / w_vc split)
     model.load_weights(hf_deepseek_to_sglang_weights(hf_state_dict_or_model))
     if layer_ids != NO_CAPTURE:
-        model.set_eagle3_layers_to_capture(
-            None if layer_ids is None else list(layer_ids)
-        )
+        model.set_eagle3_layers_to_capture(None if layer_ids is None else list(layer_ids))
     return model

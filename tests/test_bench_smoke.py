@@ -17,9 +17,22 @@ pytestmark = pytest.mark.usefixtures("no_spectrace_env")
 def test_overhead_bench_quick_runs_every_section(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECTRACE")}
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "bench", "overhead.py"), "--device", "cpu", "--quick",
-         "--soak-calls", "1000", "--out", str(tmp_path)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            os.path.join(ROOT, "bench", "overhead.py"),
+            "--device",
+            "cpu",
+            "--quick",
+            "--soak-calls",
+            "1000",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     res = json.loads((tmp_path / "overhead-cpu.json").read_text())
@@ -35,7 +48,11 @@ def test_serving_hooks_bench_wraps_every_per_step_point_and_accounts_each_call()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECTRACE")}
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "bench", "serving_hooks.py"), "--steps", "200", "--rounds", "2"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     # 5 wrapped calls per step, 200 steps, once per round in the traced variant: 2000 hook calls.

@@ -103,7 +103,9 @@ def test_trace_files_hold_the_whole_story(results):
 def test_demo_command_one_scenario(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "spectrace", "demo", "--bug", "fc_bypass", "--out", str(tmp_path), "--json"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)

@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 
 from spectrace import docs_gen
-from spectrace.rules.catalogue import CATALOGUE
 from spectrace.records import RECORD_TYPES
+from spectrace.rules.catalogue import CATALOGUE
 
 ROOT = Path(__file__).resolve().parent.parent
 

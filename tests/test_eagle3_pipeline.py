@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from spectrace.eagle3 import bugs, pair
-from spectrace.rules.conventions import engine_boundaries
 from spectrace.eagle3.draft import DraftConfig, Eagle3Draft
 from spectrace.eagle3.loop import speculate
 from spectrace.eagle3.target import Eagle3Target, tiny_deepseek_v3, tiny_llama
+from spectrace.rules.conventions import engine_boundaries
 
 K = 4
 

@@ -12,12 +12,10 @@ import os
 
 import pytest
 import torch
+from conftest import tiny_llama
 
 from spectrace.hooks import stats as S
 from spectrace.hooks.graphsafe import GraphStats
-from spectrace.records import TensorMeta
-
-from conftest import tiny_llama
 
 pytestmark = pytest.mark.usefixtures("no_spectrace_env")
 
@@ -94,7 +92,9 @@ def test_graph_stats_capacity_is_enforced():
 def test_graph_stats_for_modules_refreshes_per_call_and_removes_hooks():
     model = tiny_llama()
     seen = {}
-    h = model.model.layers[1].register_forward_hook(lambda m, a, o: seen.__setitem__("x", (o[0] if isinstance(o, tuple) else o).detach().clone()))
+    h = model.model.layers[1].register_forward_hook(
+        lambda m, a, o: seen.__setitem__("x", (o[0] if isinstance(o, tuple) else o).detach().clone())
+    )
     gs = GraphStats.for_modules(model, ["model.layers.*", "lm_head"])
     assert list(gs.slots) == [f"model.layers.{i}" for i in range(4)] + ["lm_head"]
     with torch.no_grad():

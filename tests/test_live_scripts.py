@@ -108,8 +108,13 @@ def test_sitecustomize_chains_to_the_next_one(tmp_path):
     (sc / "sitecustomize.py").write_text(lk.sitecustomize_source([str(tmp_path / "missing")]))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     env["PYTHONPATH"] = os.pathsep.join([str(sc), str(other)])
-    proc = subprocess.run([sys.executable, "-c", "import builtins; print(getattr(builtins, 'OTHER_SITECUSTOMIZE', False))"],
-                          env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import builtins; print(getattr(builtins, 'OTHER_SITECUSTOMIZE', False))"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.stdout.strip() == "True", proc.stderr
 
 
@@ -137,8 +142,7 @@ def test_parse_server_log():
     got = lk.parse_server_log(SERVER_LOG)
     assert got["accept_len_lines"] == [1.5, 1.0, 1.0, 1.0, 1.0, 1.0] and got["accept_len_last"] == 1.0
     # The scheduler's own rate at the full batch (32 here); the tail batch of 7 is left out.
-    assert got["gen_throughput_at_full_batch"] == {"running_req": 32, "intervals": 3, "median": 10000.0,
-                                                   "share_below_80pct_of_p90": 0.333}
+    assert got["gen_throughput_at_full_batch"] == {"running_req": 32, "intervals": 3, "median": 10000.0, "share_below_80pct_of_p90": 0.333}
     assert got["findings_printed"] == [{"severity": "error", "code": "fc_bypass", "where": "draft.model.fc"}]
     assert any("not covered" in ln for ln in got["spectrace_lines"])
     assert got["graph_lines"] and all("graph" in ln.lower() for ln in got["graph_lines"])
@@ -147,15 +151,20 @@ def test_parse_server_log():
 
 
 def test_mean_accept_weights_by_verify_steps():
-    reqs = [{"spec_accept_length": 2.0, "spec_verify_ct": 10}, {"spec_accept_length": 1.0, "spec_verify_ct": 30},
-            {"spec_accept_length": None}]
+    reqs = [
+        {"spec_accept_length": 2.0, "spec_verify_ct": 10},
+        {"spec_accept_length": 1.0, "spec_verify_ct": 30},
+        {"spec_accept_length": None},
+    ]
     assert lk.mean_accept(reqs) == 1.25
     assert lk.mean_accept([]) is None
 
 
 def test_bench_stats_ratio_and_rounds():
-    runs = {"off": [{"round": r, "tok_s": v} for r, v in enumerate([100.0, 110.0, 90.0])],
-            "on": [{"round": r, "tok_s": v} for r, v in enumerate([99.0, 107.8, 90.0])]}
+    runs = {
+        "off": [{"round": r, "tok_s": v} for r, v in enumerate([100.0, 110.0, 90.0])],
+        "on": [{"round": r, "tok_s": v} for r, v in enumerate([99.0, 107.8, 90.0])],
+    }
     got = lk.bench_stats(runs)
     assert got["median_tok_s"] == {"off": 100.0, "on": 99.0}
     assert got["ratio_of_medians"] == 0.99
@@ -166,16 +175,29 @@ def test_bench_merge_pools_abba_servers_and_reports_the_aa_spread():
     def one(label: str, rates: list[float]) -> dict:
         return {"batch": 32, "max_new_tokens": 256, "runs": {label: [{"round": r, "tok_s": v} for r, v in enumerate(rates)]}}
 
-    got = lk.bench_merge({"overhead-off-1": one("off", [100.0, 102.0, 98.0]), "overhead-on-1": one("on", [97.0, 99.0, 98.0]),
-                          "overhead-on-2": one("on", [95.0, 96.0, 94.0]), "overhead-off-2": one("off", [96.0, 97.0, 95.0])})
+    got = lk.bench_merge(
+        {
+            "overhead-off-1": one("off", [100.0, 102.0, 98.0]),
+            "overhead-on-1": one("on", [97.0, 99.0, 98.0]),
+            "overhead-on-2": one("on", [95.0, 96.0, 94.0]),
+            "overhead-off-2": one("off", [96.0, 97.0, 95.0]),
+        }
+    )
     assert got["median_tok_s"] == {"off": 97.5, "on": 96.5} and got["ratio_of_medians"] == round(96.5 / 97.5, 4)
     assert got["pair_ratios"] == {"on-1/off-1": 0.98, "on-2/off-2": round(95 / 96, 4)}
     assert got["aa_off"] == 0.96 and got["aa_on"] == round(95 / 98, 4) and got["rounds"] == 12
     assert got["design"].endswith("overhead-off-1, overhead-on-1, overhead-on-2, overhead-off-2")
     assert got["ratio_of_server_means"] == round((98 + 95) / (100 + 96), 4)  # each server weighs once
-    third = lk.bench_merge({"overhead-on-1": one("on", [90.0]), "overhead-off-1": one("off", [100.0]),
-                            "overhead-on-2": one("on", [99.0]), "overhead-off-2": one("off", [100.0]),
-                            "overhead-on-3": one("on", [93.0]), "overhead-off-3": one("off", [93.0])})
+    third = lk.bench_merge(
+        {
+            "overhead-on-1": one("on", [90.0]),
+            "overhead-off-1": one("off", [100.0]),
+            "overhead-on-2": one("on", [99.0]),
+            "overhead-off-2": one("off", [100.0]),
+            "overhead-on-3": one("on", [93.0]),
+            "overhead-off-3": one("off", [93.0]),
+        }
+    )
     assert third["pair_ratios"] == {"on-1/off-1": 0.9, "on-2/off-2": 0.99, "on-3/off-3": 1.0}
     md = lk.render_markdown({"variants": {}, "overhead": got})
     assert "on/off: **0.99**" in md and "| overhead-on-2 | 3 | 95.00 |" in md
@@ -291,8 +313,17 @@ if __name__ == "__main__":
 
 # What the fake site needs from the venv: spectrace's own imports (the GPU image has rich,
 # the SGLang tarball brings pydantic).
-_DEPS = ("pydantic", "pydantic_core", "annotated_types", "typing_inspection", "typing_extensions",
-         "rich", "pygments", "markdown_it", "mdurl")
+_DEPS = (
+    "pydantic",
+    "pydantic_core",
+    "annotated_types",
+    "typing_inspection",
+    "typing_extensions",
+    "rich",
+    "pygments",
+    "markdown_it",
+    "mdurl",
+)
 
 
 def _fake_site_tarball(tmp_path) -> str:
@@ -328,9 +359,13 @@ def _free_port_base() -> int:
 
 def _bare_python() -> str:
     base = getattr(sys, "_base_executable", sys.executable)
-    probe = subprocess.run([base, "-c", "import importlib.util as u; print(u.find_spec('spectrace') is None)"],
-                           capture_output=True, text=True, cwd=os.sep,
-                           env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    probe = subprocess.run(
+        [base, "-c", "import importlib.util as u; print(u.find_spec('spectrace') is None)"],
+        capture_output=True,
+        text=True,
+        cwd=os.sep,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
     if probe.stdout.strip() != "True":
         pytest.skip("no interpreter without spectrace installed (the venv's base has it)")
     return base
@@ -350,9 +385,18 @@ def test_dry_run_all_phases(tmp_path):
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECTRACE", "PYTHON"))}
     env.update(
-        PATH=f"{bindir}{os.pathsep}{env.get('PATH', '')}", TMPDIR=str(tmp_path), OUT=str(out),
-        CARRY_TAR=_fake_site_tarball(tmp_path), MODELS_PYTHON=sys.executable, STAGGER_S="0",
-        STOP_NUDGE_S="3", PORT_BASE=str(_free_port_base()), BENCH_ROUNDS="4", BENCH_BATCH="4", BENCH_MAX_NEW="8", FAKE_REFUSE_EXTRA="1",
+        PATH=f"{bindir}{os.pathsep}{env.get('PATH', '')}",
+        TMPDIR=str(tmp_path),
+        OUT=str(out),
+        CARRY_TAR=_fake_site_tarball(tmp_path),
+        MODELS_PYTHON=sys.executable,
+        STAGGER_S="0",
+        STOP_NUDGE_S="3",
+        PORT_BASE=str(_free_port_base()),
+        BENCH_ROUNDS="4",
+        BENCH_BATCH="4",
+        BENCH_MAX_NEW="8",
+        FAKE_REFUSE_EXTRA="1",
     )
     proc = subprocess.run(["bash", SCRIPT, "all"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     log = proc.stdout + proc.stderr
@@ -365,8 +409,10 @@ def test_dry_run_all_phases(tmp_path):
     for name, v in summary["variants"].items():
         assert "up after" in v["server"], (name, v["server"])
         # The generated dist-info is visible to the spawned child, and the .pth activated it.
-        assert any("fake scheduler: plugins ['spectrace.integrations.sglang.plugin:register'] spectrace active True" in ln
-                   for ln in _log_lines(tmp_path, name)), name
+        assert any(
+            "fake scheduler: plugins ['spectrace.integrations.sglang.plugin:register'] spectrace active True" in ln
+            for ln in _log_lines(tmp_path, name)
+        ), name
         files = v["trace_files"]
         assert len(files) == 1 and files[0]["closed"], (name, files)
         assert files[0]["types"]["acceptance"] == 12

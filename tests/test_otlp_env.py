@@ -15,14 +15,13 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import tiny_llama
+from otlp_receiver import OtlpReceiver, attributes
 
 import spectrace
 from spectrace.settings import Settings
 from spectrace.sinks import otel as otel_mod
 from spectrace.sinks.otel import resource_from_env, sink_from_env
-
-from conftest import tiny_llama
-from otlp_receiver import OtlpReceiver, attributes
 
 pytestmark = pytest.mark.usefixtures("no_spectrace_env")
 

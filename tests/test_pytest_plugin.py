@@ -23,7 +23,7 @@ pytest_plugins = ["pytester"]
 
 PLUGIN = ("-p", "spectrace.pytest_plugin")
 
-CONFTEST = '''
+CONFTEST = """
 import pytest
 import torch
 from torch import nn
@@ -48,7 +48,7 @@ def llama():
 def error_finding():
     from spectrace.rules.catalogue import finding
     return finding("fc_bypass", "draft got 32-wide states, fc expects 96", module="draft.model.fc")
-'''
+"""
 
 
 @pytest.fixture

@@ -9,25 +9,25 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import pytest
 import torch
+from conftest import tiny_llama
 
 import spectrace
 from spectrace import api
-from spectrace.rules.catalogue import finding
 from spectrace.recorder import Recorder
-from spectrace.records import Acceptance, Call, Capture, Counters, Coverage, Finding, Header
+from spectrace.records import Acceptance, Call, Capture, Counters, Finding, Header
+from spectrace.rules.catalogue import finding
 from spectrace.settings import Settings
 from spectrace.sinks.base import Sink, Step
 from spectrace.sinks.jsonl import JsonlSink
 from spectrace.sinks.otel import OtelSink
 from spectrace.viewers.commands import view_main
 from spectrace.viewers.loader import load_traces
-
-from conftest import tiny_llama
 
 pytestmark = pytest.mark.usefixtures("no_spectrace_env")
 

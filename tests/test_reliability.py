@@ -25,8 +25,9 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -50,16 +51,15 @@ def _spectrace_lines(err: str, what: str) -> list[str]:
 
 if __name__ != "__main__":
     import torch
+    from conftest import tiny_llama
 
     import spectrace
     from spectrace import api
     from spectrace.recorder import Recorder, safe_argv
-    from spectrace.records import RECORD_ADAPTER, Call, Counters, Header, TensorMeta
+    from spectrace.records import RECORD_ADAPTER, Call, Header, TensorMeta
     from spectrace.settings import Settings
     from spectrace.sinks import otel as otel_mod
     from spectrace.sinks.otel import OtelSink
-
-    from conftest import tiny_llama
 
     pytestmark = pytest.mark.usefixtures("no_spectrace_env")
 
@@ -498,8 +498,7 @@ def kill_writers(folder: Path, writers: int = 4, rounds: int = 2, seed: int = 0)
     figures = {"killed": 0, "files": 0, "lines": 0, "torn_tails": 0, "shared_file_glued_lines": 0}
     for r in range(rounds):
         procs = [
-            subprocess.Popen([PY, str(script), f"{r}.{i}", str(folder)], stdout=subprocess.PIPE, env=_quiet_env())
-            for i in range(writers)
+            subprocess.Popen([PY, str(script), f"{r}.{i}", str(folder)], stdout=subprocess.PIPE, env=_quiet_env()) for i in range(writers)
         ]
         for p in procs:
             assert p.stdout.readline().strip() == b"ready"
@@ -717,7 +716,10 @@ if __name__ != "__main__":
         ("argv", "kept"),
         [
             (["a.py"], ["a.py"]),
-            (["a.py", "-v", "-x5", "--flag", "--k=v", "-", "--", "-3"], ["a.py", "-v", "<redacted>", "--flag", "--k=<redacted>", "<redacted>", "--", "<redacted>"]),
+            (
+                ["a.py", "-v", "-x5", "--flag", "--k=v", "-", "--", "-3"],
+                ["a.py", "-v", "<redacted>", "--flag", "--k=<redacted>", "<redacted>", "--", "<redacted>"],
+            ),
         ],
     )
     def test_argv_redaction_rules(argv: list[str], kept: list[str]) -> None:
@@ -829,9 +831,9 @@ def test_per_step_records_kept_in_memory_add_no_garbage_collector_work() -> None
     in emission order among the other records."""
     import gc
 
-    from spectrace.rules.catalogue import finding
     from spectrace.recorder import Recorder
     from spectrace.records import Acceptance, Finding
+    from spectrace.rules.catalogue import finding
     from spectrace.settings import Settings
 
     rec = Recorder(Settings(quiet=True))

@@ -24,6 +24,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_viewer_fixtures import fc_bypass_records, header
 
 from spectrace.audit import command
 from spectrace.audit.checkpoint import (
@@ -35,7 +36,6 @@ from spectrace.audit.checkpoint import (
 )
 from spectrace.viewers.commands import view_main
 from spectrace.viewers.loader import load_traces
-from test_viewer_fixtures import fc_bypass_records, header
 
 FIX = Path(__file__).resolve().parent / "fixtures"
 SPECFORGE = FIX / "specforge_tiny"
@@ -126,12 +126,22 @@ CONFIG_KEYS = [
     "norm_before_residual", "norm_before_fc",
 ]  # fmt: skip
 _json_scalar = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.sampled_from([0, 1, -1, 3, 64, 10**12, 2**63]),
-    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=12),
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.sampled_from([0, 1, -1, 3, 64, 10**12, 2**63]),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=12),
 )
-_json = st.recursive(_json_scalar, lambda inner: st.one_of(st.lists(inner, max_size=5), st.dictionaries(st.text(max_size=8), inner, max_size=5)), max_leaves=12)
+_json = st.recursive(
+    _json_scalar,
+    lambda inner: st.one_of(st.lists(inner, max_size=5), st.dictionaries(st.text(max_size=8), inner, max_size=5)),
+    max_leaves=12,
+)
 _ids = st.lists(st.integers(-(2**40), 2**40), max_size=6)
-_value = st.one_of(_json, _ids, st.fixed_dictionaries({"eagle_aux_hidden_state_layer_ids": st.one_of(_ids, _json), "use_aux_hidden_state": _json}))
+_value = st.one_of(
+    _json, _ids, st.fixed_dictionaries({"eagle_aux_hidden_state_layer_ids": st.one_of(_ids, _json), "use_aux_hidden_state": _json})
+)
 
 
 def _draft(tmp: Path, config: dict[str, Any] | bytes) -> Path:
@@ -154,7 +164,10 @@ def _assert_audit_contract(code: int, out: str, err: str) -> None:
 
 
 @FUZZ
-@given(changes=st.dictionaries(st.sampled_from(CONFIG_KEYS), _value, min_size=1, max_size=4), drop=st.sets(st.sampled_from(CONFIG_KEYS), max_size=2))
+@given(
+    changes=st.dictionaries(st.sampled_from(CONFIG_KEYS), _value, min_size=1, max_size=4),
+    drop=st.sets(st.sampled_from(CONFIG_KEYS), max_size=2),
+)
 def test_audit_any_config_gives_a_result_or_one_line(tmp_path_factory, changes: dict[str, Any], drop: set[str]) -> None:
     config = {k: v for k, v in {**BASE_CONFIG, **changes}.items() if k not in drop}
     draft = _draft(tmp_path_factory.mktemp("cfg"), config)
@@ -165,7 +178,14 @@ TARGET_CONFIG = json.loads(TARGET.read_text())
 
 
 @FUZZ
-@given(changes=st.dictionaries(st.sampled_from(["num_hidden_layers", "hidden_size", "vocab_size", "model_type", "architectures", "text_config"]), _value, min_size=1, max_size=3))
+@given(
+    changes=st.dictionaries(
+        st.sampled_from(["num_hidden_layers", "hidden_size", "vocab_size", "model_type", "architectures", "text_config"]),
+        _value,
+        min_size=1,
+        max_size=3,
+    )
+)
 def test_audit_any_target_config_gives_a_result_or_one_line(tmp_path_factory, changes: dict[str, Any]) -> None:
     tmp = tmp_path_factory.mktemp("tgt")
     target = tmp / "target.json"
@@ -183,7 +203,9 @@ def test_audit_config_bytes_not_json(tmp_path_factory, blob: bytes) -> None:
 
 _dtype = st.one_of(st.sampled_from(sorted(DTYPE_BYTES)), st.text(max_size=6), st.integers(), st.none())
 _shape = st.one_of(st.lists(st.integers(-3, 2**40), max_size=5), st.lists(st.sampled_from([0, 1, 2, 4, 8, 16]), max_size=4), _json)
-_offsets = st.one_of(st.lists(st.integers(-10, 2**64), min_size=2, max_size=2), st.tuples(st.just(0), st.integers(0, 4096)).map(list), _json)
+_offsets = st.one_of(
+    st.lists(st.integers(-10, 2**64), min_size=2, max_size=2), st.tuples(st.just(0), st.integers(0, 4096)).map(list), _json
+)
 _entry = st.one_of(st.fixed_dictionaries({"dtype": _dtype, "shape": _shape, "data_offsets": _offsets}), _json)
 
 
@@ -194,7 +216,9 @@ _entry = st.one_of(st.fixed_dictionaries({"dtype": _dtype, "shape": _shape, "dat
     data=st.integers(0, 4096),
     claimed_delta=st.sampled_from([0, 0, 0, -1, 1, 2**40]),
 )
-def test_any_safetensors_header_gives_tensors_or_one_line(tmp_path_factory, entries: dict[str, Any], metadata: Any, data: int, claimed_delta: int) -> None:
+def test_any_safetensors_header_gives_tensors_or_one_line(
+    tmp_path_factory, entries: dict[str, Any], metadata: Any, data: int, claimed_delta: int
+) -> None:
     head = dict(entries)
     if metadata is not None:
         head["__metadata__"] = metadata

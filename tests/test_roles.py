@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_viewer_fixtures import header, write_trace
 from torch import nn
 
 import spectrace
@@ -21,7 +22,6 @@ from spectrace.hooks.roles import role_of
 from spectrace.records import Call, TensorMeta, TensorStats
 from spectrace.viewers.loader import load_traces
 from spectrace.viewers.model import build_view
-from test_viewer_fixtures import header, write_trace
 
 TARGET_ROLES = {
     "model.model.embed_tokens": "target.embed",
@@ -197,9 +197,16 @@ def test_sglang_eagle3_draft_roles():
 
     hidden, vocab = 64, 128
     config = {
-        "architectures": ["LlamaForCausalLMEagle3"], "vocab_size": vocab, "hidden_size": hidden,
-        "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "max_position_embeddings": 128, "tie_word_embeddings": False, "draft_vocab_size": 32,
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": 128,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 128,
+        "tie_word_embeddings": False,
+        "draft_vocab_size": 32,
         "target_hidden_size": hidden,
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2], "use_aux_hidden_state": True},
     }
@@ -219,8 +226,13 @@ def test_sglang_eagle3_draft_roles():
 
 # ------------------------------------------------------------- readers use the role, not names
 def _meta(width: int, std: float = 1.0) -> TensorMeta:
-    return TensorMeta(arg="output", shape=[4, width], dtype="bfloat16", device="cuda:0",
-                      stats=TensorStats(mean=0.0, std=std, absmax=4 * std, nan=0, inf=0, numel=4 * width))
+    return TensorMeta(
+        arg="output",
+        shape=[4, width],
+        dtype="bfloat16",
+        device="cuda:0",
+        stats=TensorStats(mean=0.0, std=std, absmax=4 * std, nan=0, inf=0, numel=4 * width),
+    )
 
 
 def _calls(*, fc: bool, roles: bool) -> list[Call]:
@@ -241,9 +253,18 @@ def _calls(*, fc: bool, roles: bool) -> list[Call]:
             ("spec.lm_head", "Linear", "spec", "draft.lm_head", 32),
         ]
         for seq, (module, mtype, root, role, width) in enumerate(rows):
-            out.append(Call(step=step, seq=step * 10 + seq, module=module, module_type=mtype, root=root,
-                            inputs=[_meta(3 * 64 if role == "draft.fc" else 64)], outputs=[_meta(width, 1 + rng.random() / 10)],
-                            role=role if roles else None))
+            out.append(
+                Call(
+                    step=step,
+                    seq=step * 10 + seq,
+                    module=module,
+                    module_type=mtype,
+                    root=root,
+                    inputs=[_meta(3 * 64 if role == "draft.fc" else 64)],
+                    outputs=[_meta(width, 1 + rng.random() / 10)],
+                    role=role if roles else None,
+                )
+            )
     return out
 
 

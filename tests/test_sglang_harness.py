@@ -84,9 +84,7 @@ def test_llama_target_matches_hf_and_captures_k_plus_1(hf_llama, input_ids):
 
     out = sh.run_target(target, input_ids)
     ref = _hf_forward(hf, input_ids)
-    torch.testing.assert_close(
-        out.next_token_logits[0], ref.logits[0, -1], atol=1e-5, rtol=0
-    )
+    torch.testing.assert_close(out.next_token_logits[0], ref.logits[0, -1], atol=1e-5, rtol=0)
     # id k -> HF hidden_states[k + 1]; every token (capture mode FULL)
     hs = ref.hidden_states
     expected = torch.cat([hs[1][0], hs[2][0], hs[3][0]], dim=-1)
@@ -115,7 +113,6 @@ def test_no_capture_stores_final_hidden_state(hf_llama, input_ids):
     cfg, hf = hf_llama
     target = sh.build_sglang_llama_target(cfg, hf)  # set_eagle3_layers_to_capture not called
     out = sh.run_target(target, input_ids)
-    ref = _hf_forward(hf, input_ids)
     # logits_processor falls back to the final *normed* hidden state, 1x hidden wide
     with torch.no_grad():
         final_normed = hf.model(input_ids[None]).last_hidden_state[0]
@@ -130,18 +127,14 @@ def test_default_ids_collide_on_tiny_target(hf_llama):
     assert target.model.layers_to_capture == [2, N_LAYERS // 2, N_LAYERS - 3]
 
 
-def test_id_past_last_layer_gives_1x_concat_and_draft_skips_fc(
-    hf_llama, input_ids, caplog
-):
+def test_id_past_last_layer_gives_1x_concat_and_draft_skips_fc(hf_llama, input_ids, caplog):
     cfg, hf = hf_llama
     draft = sh.build_sglang_eagle3_draft(_draft_config())
     assert type(draft).__name__ == "LlamaForCausalLMEagle3"
     assert draft.model.fc.in_features == 3 * HIDDEN
 
     fc_calls: list[tuple] = []
-    handle = draft.model.fc.register_forward_hook(
-        lambda mod, inp, out: fc_calls.append(tuple(inp[0].shape))
-    )
+    handle = draft.model.fc.register_forward_hook(lambda mod, inp, out: fc_calls.append(tuple(inp[0].shape)))
     try:
         # healthy: 3 chunks, fc runs on the 3x concat
         healthy = sh.build_sglang_llama_target(cfg, hf, layer_ids=[0, 1, 2])
@@ -164,9 +157,7 @@ def test_id_past_last_layer_gives_1x_concat_and_draft_skips_fc(
     ref = _hf_forward(hf, input_ids)
     # a "concat" of one chunk: only layer 3's input (HF hidden_states[3])
     assert t_out.hidden_states.shape == (input_ids.numel(), HIDDEN)
-    torch.testing.assert_close(
-        t_out.hidden_states, ref.hidden_states[3][0], atol=1e-5, rtol=0
-    )
+    torch.testing.assert_close(t_out.hidden_states, ref.hidden_states[3][0], atol=1e-5, rtol=0)
     # the real draft takes 64 == 64 as "already projected": fc never runs
     assert fc_calls == []
     assert torch.isfinite(d_out.next_token_logits).all()
@@ -200,17 +191,11 @@ def test_draft_load_weights_speculators_names_and_silent_drop(sglang_ready):
     after = dict(draft.named_parameters())
 
     assert q_rows == 8 * head_dim
-    torch.testing.assert_close(
-        after["model.layers.0.self_attn.qkv_proj.weight"], torch.cat([q, k, v])
-    )
+    torch.testing.assert_close(after["model.layers.0.self_attn.qkv_proj.weight"], torch.cat([q, k, v]))
     torch.testing.assert_close(after["model.fc.weight"], fc)
     torch.testing.assert_close(draft.hot_token_id, d2t + torch.arange(DRAFT_VOCAB))
     # everything not in the checkpoint keeps its init (no missing-key check)
-    untouched = {
-        n
-        for n in after
-        if torch.equal(after[n], before[n])
-    }
+    untouched = {n for n in after if torch.equal(after[n], before[n])}
     assert "lm_head.weight" in untouched
     assert "model.layers.0.mlp.gate_up_proj.weight" in untouched
 
@@ -227,15 +212,11 @@ def test_deepseek_capture_rule_plus_one_only_when_first_id_is_1(sglang_ready, in
     }
     for ids, expected in cases.items():
         # a fresh config per model: SGLang rewrites rope_scaling in place
-        target = sh.build_sglang_deepseek_target(
-            sh.tiny_deepseek_v3_config(), hf, layer_ids=list(ids)
-        )
+        target = sh.build_sglang_deepseek_target(sh.tiny_deepseek_v3_config(), hf, layer_ids=list(ids))
         assert type(target).__module__ == "sglang.srt.models.deepseek_v2"
         assert target.model.layers_to_capture == expected, ids
         out = sh.run_target(target, input_ids)
-        torch.testing.assert_close(
-            out.next_token_logits[0], ref.logits[0, -1], atol=1e-5, rtol=0
-        )
+        torch.testing.assert_close(out.next_token_logits[0], ref.logits[0, -1], atol=1e-5, rtol=0)
         # chunk for id k is the residual stream entering layer k = HF hidden_states[k]
         chunks = out.hidden_states.split(hf.config.hidden_size, dim=-1)
         assert len(chunks) == 3

@@ -272,9 +272,7 @@ def test_eagle_algorithm_from_server_args_reports_at_draft_load(rec, tmp_path, m
     from spectrace.integrations.sglang import server as st_server
 
     (tmp_path / "config.json").write_text(json.dumps(_draft_config()))
-    monkeypatch.setattr(
-        st_server, "spec_args", lambda: {"speculative_algorithm": "EAGLE", "speculative_draft_model_path": str(tmp_path)}
-    )
+    monkeypatch.setattr(st_server, "spec_args", lambda: {"speculative_algorithm": "EAGLE", "speculative_draft_model_path": str(tmp_path)})
     draft = sh.build_sglang_eagle3_draft(_draft_config())
     draft.load_weights(list(_full_draft_weights(draft).items()))
     codes = _codes(rec, "error")
@@ -458,6 +456,7 @@ def test_no_double_patch(installed):
     before = LlamaForCausalLMEagle3.load_weights
     assert st_sglang.install() == []  # everything imported is already patched
     import sglang.srt.models.llama_eagle3 as mod
+
     from spectrace.integrations.sglang.patching import patch_module
 
     patch_module(mod)  # the import-hook route's callback, run again
@@ -579,7 +578,9 @@ def _plugin_probe(extra_path: str | None, queue) -> None:
         queue.put(
             {
                 "load_weights": st_sglang.hooked(LlamaForCausalLMEagle3.load_weights, _point("LlamaForCausalLMEagle3.load_weights")),
-                "capture": st_sglang.hooked(LlamaForCausalLM.set_eagle3_layers_to_capture, _point("LlamaForCausalLM.set_eagle3_layers_to_capture")),
+                "capture": st_sglang.hooked(
+                    LlamaForCausalLM.set_eagle3_layers_to_capture, _point("LlamaForCausalLM.set_eagle3_layers_to_capture")
+                ),
                 "routes": sorted(set(st_install.applied().values())),
                 "load_weights_wrappers": depth,
                 "imported_by_plugins": imported_by_plugins,

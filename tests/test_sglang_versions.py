@@ -36,13 +36,13 @@ except ImportError:  # pragma: no cover
     from tests.test_sglang_integration import _codes, _draft_config, _of, _speculators_weights, installed, rec  # noqa: F401
 
 from spectrace.audit.checkpoint import read_checkpoint, read_target_config
-from spectrace.checks.checkpoint import audit
 from spectrace.audit.engines import get_engine
 from spectrace.checks.capture import check_engine_support
-from spectrace.rules.conventions import engine_boundaries, engine_rule
+from spectrace.checks.checkpoint import audit
 from spectrace.integrations.sglang import correlate, server
 from spectrace.integrations.sglang import state as st_state
 from spectrace.records import Capture
+from spectrace.rules.conventions import engine_boundaries, engine_rule
 
 pytestmark = pytest.mark.sglang
 
@@ -90,7 +90,11 @@ def test_b1_no_server_args_target_then_draft_finds_the_ignored_top_level_ids(rec
     (mismatch,) = [f for f in rec.findings() if f.code == "aux_layers_mismatch"]
     assert mismatch.severity == "error"
     assert mismatch.evidence["captured_boundaries"] == [2, 4, 5]
-    assert mismatch.evidence["readings"]["speculators"] == {"ids": [1, 3, 6], "boundaries": [1, 3, 6], "source": "top-level eagle_aux_hidden_state_layer_ids"}
+    assert mismatch.evidence["readings"]["speculators"] == {
+        "ids": [1, 3, 6],
+        "boundaries": [1, 3, 6],
+        "source": "top-level eagle_aux_hidden_state_layer_ids",
+    }
     assert "unsupported_config_flag" in _codes(rec, "error")  # norm_before_residual: SGLang ignores it
 
 
@@ -105,9 +109,7 @@ def test_b1_findings_equal_those_with_server_args(rec, tmp_path, monkeypatch):
     st_state.reset(rec)
     rec.important.clear()
     (tmp_path / "config.json").write_text(json.dumps(_speculators_converted()))
-    monkeypatch.setattr(
-        server, "spec_args", lambda: {"speculative_algorithm": "EAGLE3", "speculative_draft_model_path": str(tmp_path)}
-    )
+    monkeypatch.setattr(server, "spec_args", lambda: {"speculative_algorithm": "EAGLE3", "speculative_draft_model_path": str(tmp_path)})
     _speculators_target()
     sh.build_sglang_eagle3_draft(_speculators_converted())
     assert st_state.STATE.draft_config_source == f"{tmp_path}/config.json"  # the raw file still wins

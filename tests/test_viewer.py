@@ -16,13 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-
-from spectrace.viewers import loader as loader_mod
-from spectrace.viewers.commands import diff_main, view_main
-from spectrace.viewers.diff import diff_traces
-from spectrace.viewers.loader import TraceFollower, load_traces
-from spectrace.viewers.model import ViewFilter, build_view, name_matches
-from spectrace.viewers.render import make_console, render_view, sparkline
 from test_viewer_fixtures import (
     fc_bypass_records,
     header,
@@ -30,6 +23,13 @@ from test_viewer_fixtures import (
     layer_mismatch_records,
     write_trace,
 )
+
+from spectrace.viewers import loader as loader_mod
+from spectrace.viewers.commands import diff_main, view_main
+from spectrace.viewers.diff import diff_traces
+from spectrace.viewers.loader import TraceFollower, load_traces
+from spectrace.viewers.model import ViewFilter, build_view, name_matches
+from spectrace.viewers.render import make_console, render_view, sparkline
 
 REPO = Path(__file__).resolve().parents[1]
 TRACE = "trace-node1-4242-rank0.jsonl"
@@ -115,8 +115,11 @@ def test_embedding_chunk_is_flagged(bug3: Path) -> None:
 def test_module_table_and_anomalies(tmp_path: Path) -> None:
     from test_viewer_fixtures import call, meta
 
-    recs = [header(), call(0, 0, "draft.model.norm", "RMSNorm", "draft", [], [meta("output", [2, 64], 0.0, absmax=0.0)]),
-            call(0, 1, "draft.lm_head", "Linear", "draft", [], [meta("output", [2, 100], 1.0, absmax=3e5, nan=3)])]
+    recs = [
+        header(),
+        call(0, 0, "draft.model.norm", "RMSNorm", "draft", [], [meta("output", [2, 64], 0.0, absmax=0.0)]),
+        call(0, 1, "draft.lm_head", "Linear", "draft", [], [meta("output", [2, 100], 1.0, absmax=3e5, nan=3)]),
+    ]
     write_trace(tmp_path / TRACE, recs)
     rows = {r.module: r for r in build_view(load_traces(tmp_path)).modules}
     assert rows["draft.model.norm"].anomalies == ["constant"]
@@ -138,8 +141,18 @@ def test_plain_render_of_bug_trace(bug1: Path) -> None:
     text = plain(render_view(build_view(load_traces(bug1)), modules=True))
     assert "\x1b[" not in text
     assert all(len(line) <= 80 for line in text.splitlines())
-    for needle in ("ERROR", "fc_bypass", "x3  steps 0..8", "fix", "EAGLE-3 data path", "fc  BYPASSED",
-                   "40 steps ran under CUDA-graph replay", "records dropped 17", "Modules", "pos 1"):
+    for needle in (
+        "ERROR",
+        "fc_bypass",
+        "x3  steps 0..8",
+        "fix",
+        "EAGLE-3 data path",
+        "fc  BYPASSED",
+        "40 steps ran under CUDA-graph replay",
+        "records dropped 17",
+        "Modules",
+        "pos 1",
+    ):
         assert needle in text, needle
     # errors come first and in the catalogue's words
     assert text.index("fc_bypass") < text.index("weights_missing")
@@ -348,9 +361,12 @@ class Tmux:
         self.name = name
         self.sock = ["tmux", "-L", f"spectrace-{os.getpid()}-{name}"]
 
-    def __enter__(self) -> "Tmux":
-        subprocess.run(self.sock + ["new-session", "-d", "-s", self.name, "-x", "80", "-y", "50"], check=True,
-                       env=dict(os.environ, TERM="xterm-256color"))
+    def __enter__(self) -> Tmux:
+        subprocess.run(
+            self.sock + ["new-session", "-d", "-s", self.name, "-x", "80", "-y", "50"],
+            check=True,
+            env=dict(os.environ, TERM="xterm-256color"),
+        )
         return self
 
     def send(self, *keys: str) -> None:
@@ -358,7 +374,9 @@ class Tmux:
 
     def screen(self, history: bool = False) -> str:
         extra = ["-S", "-"] if history else []  # "-S -": include what scrolled off the top
-        return subprocess.run(self.sock + ["capture-pane", "-p", *extra, "-t", self.name], capture_output=True, text=True, check=True).stdout
+        return subprocess.run(
+            self.sock + ["capture-pane", "-p", *extra, "-t", self.name], capture_output=True, text=True, check=True
+        ).stdout
 
     def wait_for(self, needle: str, timeout: float = 15.0) -> str:
         """Wait until ``needle`` (a regular expression) is on screen."""
@@ -377,8 +395,9 @@ class Tmux:
 def _shell_cmd(*args: str) -> str:
     import shlex
 
-    return f"cd {shlex.quote(str(REPO))} && PYTHONPATH={shlex.quote(str(REPO))} {shlex.quote(sys.executable)} -c {shlex.quote(VIEW_CMD)} " + " ".join(
-        shlex.quote(a) for a in args
+    return (
+        f"cd {shlex.quote(str(REPO))} && PYTHONPATH={shlex.quote(str(REPO))} {shlex.quote(sys.executable)} -c {shlex.quote(VIEW_CMD)} "
+        + " ".join(shlex.quote(a) for a in args)
     )
 
 
@@ -433,8 +452,13 @@ def test_follow_into_a_pipe_prints_updates_and_quits_on_ctrl_c(tmp_path: Path) -
     recs = healthy_records(steps=2)
     write_trace(path, recs)
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, "-c", VIEW_CMD, str(tmp_path), "--follow", "--json", "--interval", "0.05"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", VIEW_CMD, str(tmp_path), "--follow", "--json", "--interval", "0.05"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         first = json.loads(proc.stdout.readline())  # type: ignore[union-attr]
         assert first["header"]["steps_traced"] == 2

@@ -7,10 +7,9 @@ and a 100-token draft vocabulary. Values are deterministic so golden files stay 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
-from spectrace.rules.catalogue import finding
 from spectrace.records import (
     Acceptance,
     Call,
@@ -23,6 +22,7 @@ from spectrace.records import (
     TensorStats,
     Weights,
 )
+from spectrace.rules.catalogue import finding
 
 HIDDEN = 64
 T0 = 1_764_500_000.0
@@ -39,8 +39,13 @@ def write_trace(path: Path, records: Iterable[object]) -> Path:
 
 def header(pid: int = 4242, rank: int | None = 0, version: int = 1) -> Header:
     return Header(
-        schema_version=version, spectrace_version="0.1.0", pid=pid, host="node1", rank=rank,
-        argv=["python", "-m", "sglang.launch_server"], started_unix=T0,
+        schema_version=version,
+        spectrace_version="0.1.0",
+        pid=pid,
+        host="node1",
+        rank=rank,
+        argv=["python", "-m", "sglang.launch_server"],
+        started_unix=T0,
     )
 
 
@@ -58,8 +63,13 @@ def call(step: int, seq: int, module: str, mtype: str, root: str, ins: list[Tens
 
 def capture(boundaries: list[int], ids: list[int] | None = None, enabled: bool = True) -> Capture:
     return Capture(
-        module="target", requested_ids=ids, boundaries=boundaries, num_layers=4, hidden_size=HIDDEN,
-        rule="sglang llama: id k captures boundary k+1", enabled=enabled,
+        module="target",
+        requested_ids=ids,
+        boundaries=boundaries,
+        num_layers=4,
+        hidden_size=HIDDEN,
+        rule="sglang llama: id k captures boundary k+1",
+        enabled=enabled,
     )
 
 
@@ -69,16 +79,61 @@ def step_calls(step: int, rng: random.Random, *, fc: bool = True, chunk_std: tup
     seq = step * 10
     width = 3 * HIDDEN if fc else HIDDEN
     if fc:
-        out.append(call(step, seq, "target.model.aux_concat", "AuxConcat", "target", [], [meta("output", [4, width], sum(chunk_std) / 3 * j())]))
-        out.append(call(step, seq + 1, "draft.model.fc", "Linear", "draft", [meta("input[0]", [4, width], 1.2 * j())], [meta("output", [4, HIDDEN], 0.8 * j())]))
-    out.append(call(step, seq + 2, "draft.model.layers.0", "LlamaDecoderLayer", "draft", [meta("input[0]", [4, 2 * HIDDEN], 0.9 * j())], [meta("output", [4, HIDDEN], 1.1 * j())]))
-    out.append(call(step, seq + 3, "draft.model.norm", "RMSNorm", "draft", [meta("input[0]", [4, HIDDEN], 1.1 * j())], [meta("output", [4, HIDDEN], 1.0 * j())]))
-    out.append(call(step, seq + 4, "draft.lm_head", "Linear", "draft", [meta("input[0]", [4, HIDDEN], 1.0 * j())], [meta("output", [4, 100], 2.5 * j(), mean=-0.1)]))
+        out.append(
+            call(step, seq, "target.model.aux_concat", "AuxConcat", "target", [], [meta("output", [4, width], sum(chunk_std) / 3 * j())])
+        )
+        out.append(
+            call(
+                step,
+                seq + 1,
+                "draft.model.fc",
+                "Linear",
+                "draft",
+                [meta("input[0]", [4, width], 1.2 * j())],
+                [meta("output", [4, HIDDEN], 0.8 * j())],
+            )
+        )
+    out.append(
+        call(
+            step,
+            seq + 2,
+            "draft.model.layers.0",
+            "LlamaDecoderLayer",
+            "draft",
+            [meta("input[0]", [4, 2 * HIDDEN], 0.9 * j())],
+            [meta("output", [4, HIDDEN], 1.1 * j())],
+        )
+    )
+    out.append(
+        call(
+            step,
+            seq + 3,
+            "draft.model.norm",
+            "RMSNorm",
+            "draft",
+            [meta("input[0]", [4, HIDDEN], 1.1 * j())],
+            [meta("output", [4, HIDDEN], 1.0 * j())],
+        )
+    )
+    out.append(
+        call(
+            step,
+            seq + 4,
+            "draft.lm_head",
+            "Linear",
+            "draft",
+            [meta("input[0]", [4, HIDDEN], 1.0 * j())],
+            [meta("output", [4, 100], 2.5 * j(), mean=-0.1)],
+        )
+    )
     return out
 
 
 def fingerprint(step: int, rng: random.Random, chunk_std: tuple[float, float, float], boundaries: list[int]) -> Fingerprint:
-    chunks = [TensorStats(mean=0.01 * (i + 1), std=s * (1 + rng.uniform(-0.01, 0.01)), absmax=6 * s, nan=0, inf=0, numel=4 * HIDDEN) for i, s in enumerate(chunk_std)]
+    chunks = [
+        TensorStats(mean=0.01 * (i + 1), std=s * (1 + rng.uniform(-0.01, 0.01)), absmax=6 * s, nan=0, inf=0, numel=4 * HIDDEN)
+        for i, s in enumerate(chunk_std)
+    ]
     return Fingerprint(module="target.model.aux_concat", chunk_width=HIDDEN, chunks=chunks, boundaries=boundaries)
 
 
@@ -91,10 +146,19 @@ def acceptance(step: int, mean_len: float, rng: random.Random, k: int = 4) -> Ac
 def weights(missing: list[str] | None = None, ignored: list[str] | None = None) -> Weights:
     written = ["model.fc.weight", "model.layers.0.self_attn.qkv_proj.weight", "model.norm.weight", "lm_head.weight", "hot_token_id"]
     written = [w for w in written if w not in (missing or [])]
-    return Weights(module="draft", offered=written + (ignored or []), written=written, ignored=ignored or [], missing=missing or [], source="draft/model.safetensors")
+    return Weights(
+        module="draft",
+        offered=written + (ignored or []),
+        written=written,
+        ignored=ignored or [],
+        missing=missing or [],
+        source="draft/model.safetensors",
+    )
 
 
-def healthy_records(steps: int = STEPS, boundaries: list[int] | None = None, chunk_std: tuple[float, float, float] = (1.0, 1.2, 1.5)) -> list[object]:
+def healthy_records(
+    steps: int = STEPS, boundaries: list[int] | None = None, chunk_std: tuple[float, float, float] = (1.0, 1.2, 1.5)
+) -> list[object]:
     rng = random.Random(1)
     bounds = boundaries or [1, 2, 3]
     recs: list[object] = [header(), capture(bounds, ids=[b - 1 for b in bounds]), weights()]
@@ -110,11 +174,27 @@ def fc_bypass_records(steps: int = STEPS) -> list[object]:
     """Bug 1 on top of bug 2's cousin: no aux capture, fc skipped, lm_head never loaded."""
     rng = random.Random(2)
     recs: list[object] = [header(pid=777), capture([], ids=[0, 1, 2], enabled=False), weights(missing=["lm_head.weight"])]
-    recs.append(finding("weights_missing", "1 draft parameter not written by the checkpoint: lm_head.weight", module="draft.lm_head", evidence={"missing": ["lm_head.weight"]}, source="weights"))
+    recs.append(
+        finding(
+            "weights_missing",
+            "1 draft parameter not written by the checkpoint: lm_head.weight",
+            module="draft.lm_head",
+            evidence={"missing": ["lm_head.weight"]},
+            source="weights",
+        )
+    )
     for s in range(steps):
         recs += step_calls(s, rng, fc=False)
         if s % 4 == 0:
-            recs.append(finding("fc_bypass", "draft got 64-wide hidden states, fc expects 192; fc skipped", module="draft.model.fc", evidence={"seen_width": 64, "fc_in_features": 192}, step=s))
+            recs.append(
+                finding(
+                    "fc_bypass",
+                    "draft got 64-wide hidden states, fc expects 192; fc skipped",
+                    module="draft.model.fc",
+                    evidence={"seen_width": 64, "fc_in_features": 192},
+                    step=s,
+                )
+            )
         recs.append(acceptance(s, 1.1 if s > 2 else 2.0, rng))
     recs.append(finding("acceptance_collapse", "accept length 1.05 over steps 3..11", evidence={"window": 9, "mean": 1.05}, step=11))
     recs.append(Coverage(kind="graph_replay", detail="draft decode ran as a CUDA graph", count=40))
@@ -127,5 +207,13 @@ def layer_mismatch_records(steps: int = STEPS) -> list[object]:
     """Bug 3: same 192 width, but chunk 0 is the embedding output (tiny scale)."""
     chunk_std = (0.02, 1.2, 1.5)
     recs = healthy_records(steps, boundaries=[0, 2, 3], chunk_std=chunk_std)
-    recs.insert(3, finding("aux_layers_mismatch", "target captures boundaries [0, 2, 3], draft trained on [1, 2, 3]", module="target", evidence={"captured": [0, 2, 3], "trained": [1, 2, 3]}))
+    recs.insert(
+        3,
+        finding(
+            "aux_layers_mismatch",
+            "target captures boundaries [0, 2, 3], draft trained on [1, 2, 3]",
+            module="target",
+            evidence={"captured": [0, 2, 3], "trained": [1, 2, 3]},
+        ),
+    )
     return recs

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
+from test_viewer_fixtures import fc_bypass_records, healthy_records, layer_mismatch_records, write_trace
 
 from spectrace.viewers.diff import diff_traces, render_diff
 from spectrace.viewers.loader import load_traces
 from spectrace.viewers.model import ViewFilter, build_view
 from spectrace.viewers.render import make_console, render_view
-from test_viewer_fixtures import fc_bypass_records, healthy_records, layer_mismatch_records, write_trace
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("SPECTRACE_UPDATE_GOLDEN") == "1"

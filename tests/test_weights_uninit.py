@@ -158,7 +158,7 @@ def test_meta_parameters_rely_on_loader_calls_only():
         params = dict(model.named_parameters())
         for name, tensor in items:
             if name == "a.weight":
-                getattr(params[name], "weight_loader")(params[name], tensor)
+                params[name].weight_loader(params[name], tensor)
         model.b.weight.data = torch.empty(4, 4, device="meta")  # no bits to compare: not a write
 
     _, record = observe_load(model, load, [("a.weight", torch.empty(4, 4, device="meta"))], module="tiny")
@@ -181,7 +181,6 @@ def _sglang():
 
 try:  # the fixtures and checkpoint helpers of the SGLang integration tests
     import sglang  # noqa: F401
-
     from test_sglang_integration import installed, rec  # noqa: F401  (pytest fixtures)
 except ImportError:  # pragma: no cover - skipped below
     pass
@@ -267,9 +266,7 @@ def _reference_load(scenario_name: str, how: str):
 
     scenario = build_scenario(scenario_name, load=False)
     fill_(scenario.draft, how)
-    with api.trace(
-        {"target": scenario.target, "draft": scenario.draft}, profile="eagle3", settings=Settings(quiet=True)
-    ) as t:
+    with api.trace({"target": scenario.target, "draft": scenario.draft}, profile="eagle3", settings=Settings(quiet=True)) as t:
         watch = PipelineWatch(t, scenario.target, scenario.draft, scenario.draft_config, algorithm=scenario.algorithm)
         watch.load(scenario.checkpoint)
         records = t.recorder.records()

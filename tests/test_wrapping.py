@@ -4,7 +4,6 @@ process, deep copies, pickles, ``torch.save`` and ``torch.compile`` of traced mo
 from __future__ import annotations
 
 import copy
-import io
 import json
 import os
 import pickle
@@ -20,8 +19,6 @@ import torch
 import spectrace
 from spectrace.records import RECORD_ADAPTER, Call
 from spectrace.settings import Settings
-
-from conftest import tiny_llama
 
 TESTS = os.path.dirname(__file__)
 LLAMA_MODULES = 2 + 4 + 1  # embed_tokens, 4 layers, norm, lm_head (tiny_llama's default)
@@ -171,10 +168,10 @@ def test_pickle_and_torch_save_of_a_traced_model(llama, tmp_path):
     assert torch.equal(pickle.loads(blob)(ids).logits, ref)
     # Loaded where spectrace is off and not imported: nothing of it is needed.
     code = (
-        "import sys, torch; sys.path.insert(0, %r); "
-        "m = torch.load(%r, weights_only=False); "
-        "print('spectrace' in sys.modules, m(torch.tensor(%r)).logits.sum().item())"
-    ) % (TESTS, str(path), ids.tolist())
+        f"import sys, torch; sys.path.insert(0, {TESTS!r}); "
+        f"m = torch.load({str(path)!r}, weights_only=False); "
+        f"print('spectrace' in sys.modules, m(torch.tensor({ids.tolist()!r})).logits.sum().item())"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECTRACE")}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

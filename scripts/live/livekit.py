@@ -26,7 +26,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 # Variant name -> what it is; the order is the order of the report.
 VARIANTS: dict[str, str] = {
@@ -133,9 +134,7 @@ _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def _post(port: int, body: dict[str, Any], timeout: float) -> Any:
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/generate", json.dumps(body).encode(), {"Content-Type": "application/json"}
-    )
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/generate", json.dumps(body).encode(), {"Content-Type": "application/json"})
     with _OPENER.open(req, timeout=timeout) as resp:
         return json.loads(resp.read())
 
@@ -189,8 +188,7 @@ def load_prompts(path: str) -> tuple[list[list[int]], int | None]:
     return [list(map(int, p)) for p in data], None
 
 
-def probe(port: int, n_single: int = 4, batch: int = 8, max_new: int = 48,
-          given: list[list[int]] | None = None) -> dict[str, Any]:
+def probe(port: int, n_single: int = 4, batch: int = 8, max_new: int = 48, given: list[list[int]] | None = None) -> dict[str, Any]:
     """Single requests, then one batch; the accept length SGLang reports for each.
 
     ``given``: prompts to use (the trained pair's own language) instead of synthetic ones."""
@@ -200,25 +198,25 @@ def probe(port: int, n_single: int = 4, batch: int = 8, max_new: int = 48,
     def take(out: Any, kind: str) -> None:
         for o in out if isinstance(out, list) else [out]:
             m = o.get("meta_info", {})
-            results.append({
-                "kind": kind,
-                "output_tokens": len(o.get("output_ids") or []),
-                "spec_accept_length": m.get("spec_accept_length"),
-                "spec_verify_ct": m.get("spec_verify_ct"),
-                "spec_accept_rate": m.get("spec_accept_rate"),
-            })
+            results.append(
+                {
+                    "kind": kind,
+                    "output_tokens": len(o.get("output_ids") or []),
+                    "spec_accept_length": m.get("spec_accept_length"),
+                    "spec_verify_ct": m.get("spec_verify_ct"),
+                    "spec_accept_rate": m.get("spec_accept_rate"),
+                }
+            )
 
     singles = given[:n_single] if given else prompts(n_single, 30, offset=5)
     batched = [given[i % len(given)] for i in range(batch)] if given else prompts(batch, 30, offset=101)
     for i, ids in enumerate(singles):
         try:
-            take(_post(port, {"input_ids": ids, "sampling_params": {"max_new_tokens": max_new, "temperature": 0}}, 120),
-                 "single")
+            take(_post(port, {"input_ids": ids, "sampling_params": {"max_new_tokens": max_new, "temperature": 0}}, 120), "single")
         except Exception as exc:
             errors.append(f"single {i}: {type(exc).__name__}: {exc}")
     try:
-        body = {"input_ids": batched,
-                "sampling_params": {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}}
+        body = {"input_ids": batched, "sampling_params": {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}}
         take(_post(port, body, 180), "batch")
     except Exception as exc:
         errors.append(f"batch: {type(exc).__name__}: {exc}")
@@ -239,8 +237,10 @@ def mean_accept(results: list[dict[str, Any]]) -> float | None:
 
 
 def _timed_batch(port: int, batch: int, max_new: int, offset: int) -> dict[str, Any]:
-    body = {"input_ids": prompts(batch, 32, offset=offset),
-            "sampling_params": {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}}
+    body = {
+        "input_ids": prompts(batch, 32, offset=offset),
+        "sampling_params": {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True},
+    }
     t0 = time.perf_counter()
     out = _post(port, body, 300)
     wall = time.perf_counter() - t0
@@ -269,8 +269,7 @@ def steal_share(before: list[int] | None, after: list[int] | None) -> float | No
     return round(delta[7] / total, 4) if total > 0 else None
 
 
-def bench(ports: dict[str, int], rounds: int, batch: int, max_new: int, warmup: int = 1,
-          max_s: float | None = None) -> dict[str, Any]:
+def bench(ports: dict[str, int], rounds: int, batch: int, max_new: int, warmup: int = 1, max_s: float | None = None) -> dict[str, Any]:
     """Interleaved decode throughput: each round runs every server once, the order alternating.
 
     Stops early (after at least 3 rounds) once ``max_s`` seconds have passed.
@@ -291,8 +290,15 @@ def bench(ports: dict[str, int], rounds: int, batch: int, max_new: int, warmup: 
         done += 1
         if max_s is not None and done >= 3 and time.monotonic() - start > max_s:
             break
-    return {"batch": batch, "max_new_tokens": max_new, "rounds": done, "rounds_asked": rounds,
-            "wall_s": round(time.monotonic() - start, 1), "runs": runs, **bench_stats(runs)}
+    return {
+        "batch": batch,
+        "max_new_tokens": max_new,
+        "rounds": done,
+        "rounds_asked": rounds,
+        "wall_s": round(time.monotonic() - start, 1),
+        "runs": runs,
+        **bench_stats(runs),
+    }
 
 
 def bench_merge(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -309,10 +315,18 @@ def bench_merge(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
         label = next(iter(res["runs"]))
         rates = [r["tok_s"] for r in res["runs"][label]]
         by_label.setdefault(label, []).extend(rates)
-        servers[name] = {"label": label, "rounds": len(rates), "median_tok_s": round(statistics.median(rates), 1) if rates else None,
-                         "tok_s": [round(x, 1) for x in rates], "cpu_steal_share": res.get("cpu_steal_share")}
-    out: dict[str, Any] = {"design": "one server at a time, order " + ", ".join(results), "servers": servers,
-                           "median_tok_s": {k: round(statistics.median(v), 1) for k, v in by_label.items() if v}}
+        servers[name] = {
+            "label": label,
+            "rounds": len(rates),
+            "median_tok_s": round(statistics.median(rates), 1) if rates else None,
+            "tok_s": [round(x, 1) for x in rates],
+            "cpu_steal_share": res.get("cpu_steal_share"),
+        }
+    out: dict[str, Any] = {
+        "design": "one server at a time, order " + ", ".join(results),
+        "servers": servers,
+        "median_tok_s": {k: round(statistics.median(v), 1) for k, v in by_label.items() if v},
+    }
     first = next(iter(results.values()), {})
     out["batch"], out["max_new_tokens"] = first.get("batch"), first.get("max_new_tokens")
     out["rounds"] = sum(v["rounds"] for v in servers.values())
@@ -370,30 +384,37 @@ def parse_server_log(text: str) -> dict[str, Any]:
     gen = [(int(m.group(1)), float(m.group(2))) for m in (_GEN.search(ln) for ln in lines) if m]
     full = max((n for n, _ in gen), default=0)
     at_full = [rate for n, rate in gen if n == full]
-    blocks = [{"severity": m.group(1).lower(), "code": m.group(2), "where": m.group(3)}
-              for m in (_BLOCK.match(ln.strip()) for ln in lines) if m]
+    blocks = [
+        {"severity": m.group(1).lower(), "code": m.group(2), "where": m.group(3)} for m in (_BLOCK.match(ln.strip()) for ln in lines) if m
+    ]
     spectrace_lines = [ln.strip() for ln in lines if _SPECTRACE_LINE.match(ln.strip())]
     notes = sorted(set(spectrace_lines))
-    sglang_errors = [ln.strip() for ln in lines
-                     if re.search(r"\b(Traceback|ERROR|Error:|Exception)\b", ln) and "spectrace" not in ln]
+    sglang_errors = [ln.strip() for ln in lines if re.search(r"\b(Traceback|ERROR|Error:|Exception)\b", ln) and "spectrace" not in ln]
     sglang_warnings = [ln.strip() for ln in lines if re.search(r"\bWARNING\b", ln) and "spectrace" not in ln]
     return {
         "accept_len_lines": accepts,
         "accept_len_last": accepts[-1] if accepts else None,
-        "gen_throughput_at_full_batch": {"running_req": full, "intervals": len(at_full),
-                                         "median": round(statistics.median(at_full), 1) if at_full else None,
-                                         "share_below_80pct_of_p90": round(
-                                             sum(r < 0.8 * sorted(at_full)[int(0.9 * (len(at_full) - 1))] for r in at_full) / len(at_full), 3)
-                                         if at_full else None},
+        "gen_throughput_at_full_batch": {
+            "running_req": full,
+            "intervals": len(at_full),
+            "median": round(statistics.median(at_full), 1) if at_full else None,
+            "share_below_80pct_of_p90": round(
+                sum(r < 0.8 * sorted(at_full)[int(0.9 * (len(at_full) - 1))] for r in at_full) / len(at_full), 3
+            )
+            if at_full
+            else None,
+        },
         "findings_printed": blocks,
         "spectrace_lines": notes,
         "graph_lines": [ln for ln in notes if _GRAPH.search(ln)],
         "sglang_error_lines": sglang_errors[:20],
         "sglang_warning_count": len(sglang_warnings),
         "sglang_warning_lines": sglang_warnings[:10],
-        "sglang_graph_lines": [ln.strip()[-160:] for ln in lines
-                               if re.search(r"Capture .*(cuda graph|CUDA graph).*(begin|end|failed)", ln)
-                               and "Capturing" not in ln][:12],
+        "sglang_graph_lines": [
+            ln.strip()[-160:]
+            for ln in lines
+            if re.search(r"Capture .*(cuda graph|CUDA graph).*(begin|end|failed)", ln) and "Capturing" not in ln
+        ][:12],
         "plugin_lines": sorted({ln.strip() for ln in lines if "spectrace" in ln and "plugin" in ln.lower()})[:10],
     }
 
@@ -402,8 +423,10 @@ def view_facts(view: dict[str, Any]) -> dict[str, Any]:
     """The parts of ``spectrace view --json`` the report compares across variants."""
     header = view.get("header", {})
     acc = view.get("acceptance", {})
-    findings = [{"code": f.get("code"), "severity": f.get("severity"), "count": f.get("count"),
-                 "message": (f.get("message") or "")[:300]} for f in view.get("findings", [])]
+    findings = [
+        {"code": f.get("code"), "severity": f.get("severity"), "count": f.get("count"), "message": (f.get("message") or "")[:300]}
+        for f in view.get("findings", [])
+    ]
     return {
         "processes": len(header.get("processes", [])),
         "files": [p.get("file") for p in header.get("processes", [])],
@@ -447,8 +470,14 @@ def trace_file_facts(path: str) -> dict[str, Any]:
             if kind == "stats":
                 counters = rec
             last = kind
-    facts = {"file": os.path.basename(path), "pid": header.get("pid"), "rank": header.get("rank"),
-             "types": dict(sorted(types.items())), "closed": last == "stats", "bad_lines": bad}
+    facts = {
+        "file": os.path.basename(path),
+        "pid": header.get("pid"),
+        "rank": header.get("rank"),
+        "types": dict(sorted(types.items())),
+        "closed": last == "stats",
+        "bad_lines": bad,
+    }
     steps = types.get("acceptance", 0)
     if counters.get("hook_calls"):
         # spectrace's own host time in the engine's hooks, per verify step (accounting).
@@ -456,7 +485,8 @@ def trace_file_facts(path: str) -> dict[str, Any]:
         facts["hook_us_per_step"] = round(counters["hook_seconds"] / steps * 1e6, 1) if steps else None
         if steps:
             facts["hook_us_per_step_by_feature"] = {
-                k: round(v / steps * 1e6, 1) for k, v in sorted((counters.get("hook_seconds_by_feature") or {}).items(), key=lambda kv: -kv[1])
+                k: round(v / steps * 1e6, 1)
+                for k, v in sorted((counters.get("hook_seconds_by_feature") or {}).items(), key=lambda kv: -kv[1])
             }
     return facts
 
@@ -506,11 +536,16 @@ def collect(work: str) -> dict[str, Any]:
     bench_res = _load_json(os.path.join(work, "logs", "bench.json"))
     if bench_res is not None:
         ov: dict[str, Any] = dict(bench_res)
-        ov["logs"] = {name: parse_server_log(_read(os.path.join(work, "logs", f"server-{name}.log"))) for name in OVERHEAD_SERVERS
-                      if os.path.exists(os.path.join(work, "logs", f"server-{name}.log"))}
+        ov["logs"] = {
+            name: parse_server_log(_read(os.path.join(work, "logs", f"server-{name}.log")))
+            for name in OVERHEAD_SERVERS
+            if os.path.exists(os.path.join(work, "logs", f"server-{name}.log"))
+        }
         views = [_load_json(os.path.join(work, "views", f"{name}.json")) for name in ("overhead-on-1", "overhead-on-2")]
         ov["trace_on"] = [view_facts(v) for v in views if isinstance(v, dict)]
-        ov["trace_files_on"] = [f for name in ("overhead-on-1", "overhead-on-2") for f in trace_dir_facts(os.path.join(work, "traces", name))]
+        ov["trace_files_on"] = [
+            f for name in ("overhead-on-1", "overhead-on-2") for f in trace_dir_facts(os.path.join(work, "traces", name))
+        ]
         summary["overhead"] = ov
     elif os.path.exists(os.path.join(work, "logs", "status-overhead.txt")):
         summary["overhead"] = {"status": _read(os.path.join(work, "logs", "status-overhead.txt")).strip()}
@@ -532,9 +567,11 @@ def render_markdown(summary: dict[str, Any]) -> str:
     if summary.get("phases"):
         out += ["Phases (s since start): " + ", ".join(f"{k} {v}" for k, v in summary["phases"].items()), ""]
     if summary["variants"]:
-        out += ["| variant | server | errors printed in log | errors in trace | warnings in trace "
-                "| SGLang accept len (requests / log) | spectrace accept len (steps) | trace files closed |",
-                "|---|---|---|---|---|---|---|---|"]
+        out += [
+            "| variant | server | errors printed in log | errors in trace | warnings in trace "
+            "| SGLang accept len (requests / log) | spectrace accept len (steps) | trace files closed |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for name, v in summary["variants"].items():
             log, tr, cl = v["log"], v.get("trace") or {}, v.get("client") or {}
             files = v.get("trace_files") or []
@@ -551,8 +588,10 @@ def render_markdown(summary: dict[str, Any]) -> str:
             out += [f"## {name}: {v['what']}", ""]
             out += [f"- server: {v['server'] or '?'}"] + [f"- server: {n}" for n in v.get("server_notes", [])]
             for tf in v.get("trace_files", []):
-                out.append(f"- trace file {tf['file']} (rank {tf['rank']}): "
-                           f"{'closed' if tf['closed'] else 'NOT closed (no exit flush)'}; {tf['types']}")
+                out.append(
+                    f"- trace file {tf['file']} (rank {tf['rank']}): "
+                    f"{'closed' if tf['closed'] else 'NOT closed (no exit flush)'}; {tf['types']}"
+                )
             if tr.get("not_closed"):  # drop counts reach the file in its closing record
                 out.append(f"- records dropped: unknown ({len(tr['not_closed'])} file(s) not closed)")
             else:
@@ -564,7 +603,9 @@ def render_markdown(summary: dict[str, Any]) -> str:
             for ln in v["log"]["spectrace_lines"][:12]:
                 out.append(f"- log: `{ln}`")
             if v["log"]["sglang_error_lines"]:
-                out.append(f"- SGLang error lines: {len(v['log']['sglang_error_lines'])} (first: `{v['log']['sglang_error_lines'][0][:200]}`)")
+                out.append(
+                    f"- SGLang error lines: {len(v['log']['sglang_error_lines'])} (first: `{v['log']['sglang_error_lines'][0][:200]}`)"
+                )
             if (v.get("client") or {}).get("errors"):
                 out.append(f"- client errors: {v['client']['errors']}")
             out.append("")
@@ -572,28 +613,46 @@ def render_markdown(summary: dict[str, Any]) -> str:
     if ov:
         out += ["## Overhead: healthy server, SPECTRACE off vs on (one server at a time, ABBA)", ""]
         if "median_tok_s" in ov:
-            out += [f"- {ov.get('design')}; batch {ov.get('batch')} × {ov.get('max_new_tokens')} new tokens",
-                    "| server | rounds | median tokens/s | CPU steal | per round |", "|---|---|---|---|---|"]
+            out += [
+                f"- {ov.get('design')}; batch {ov.get('batch')} × {ov.get('max_new_tokens')} new tokens",
+                "| server | rounds | median tokens/s | CPU steal | per round |",
+                "|---|---|---|---|---|",
+            ]
             for name, sv in (ov.get("servers") or {}).items():
-                out.append(f"| {name} | {sv['rounds']} | {_fmt(sv['median_tok_s'])} | {_fmt(sv.get('cpu_steal_share'))} | {_fmt(sv['tok_s'])} |")
+                out.append(
+                    f"| {name} | {sv['rounds']} | {_fmt(sv['median_tok_s'])} | {_fmt(sv.get('cpu_steal_share'))} | {_fmt(sv['tok_s'])} |"
+                )
             gens = {name: log.get("gen_throughput_at_full_batch") for name, log in (ov.get("logs") or {}).items()}
             if any(g and g.get("median") for g in gens.values()):
-                out += ["", "Scheduler's own decode rate at full batch (log intervals): median tokens/s, share of intervals below 80 % of its p90:"]
-                out += [f"- {name}: {_fmt(g.get('median'))} over {g.get('intervals')} intervals, slow share {_fmt(g.get('share_below_80pct_of_p90'))}"
-                        for name, g in gens.items() if g and g.get("median")]
-            out += ["", f"- pooled median tokens/s: {ov['median_tok_s']}; on/off: **{_fmt(ov.get('ratio_of_medians'))}**",
-                    f"- neighbouring pairs: {ov.get('pair_ratios')}; mean of server medians, on/off: {_fmt(ov.get('ratio_of_server_means'))}",
-                    f"- A/A (same label, two servers): off {_fmt(ov.get('aa_off'))}, on {_fmt(ov.get('aa_on'))}"]
+                out += [
+                    "",
+                    "Scheduler's own decode rate at full batch (log intervals): median tokens/s, share of intervals below 80 % of its p90:",
+                ]
+                out += [
+                    f"- {name}: {_fmt(g.get('median'))} over {g.get('intervals')} intervals, slow share {_fmt(g.get('share_below_80pct_of_p90'))}"
+                    for name, g in gens.items()
+                    if g and g.get("median")
+                ]
+            out += [
+                "",
+                f"- pooled median tokens/s: {ov['median_tok_s']}; on/off: **{_fmt(ov.get('ratio_of_medians'))}**",
+                f"- neighbouring pairs: {ov.get('pair_ratios')}; mean of server medians, on/off: {_fmt(ov.get('ratio_of_server_means'))}",
+                f"- A/A (same label, two servers): off {_fmt(ov.get('aa_off'))}, on {_fmt(ov.get('aa_on'))}",
+            ]
             for tr in ov.get("trace_on") or []:
-                out.append(f"- SPECTRACE=1 server's trace: errors {_fmt(tr.get('error_codes'))}, "
-                           f"acceptance mean {_fmt(tr.get('acceptance_mean'))} over {_fmt(tr.get('acceptance_steps'))} steps")
+                out.append(
+                    f"- SPECTRACE=1 server's trace: errors {_fmt(tr.get('error_codes'))}, "
+                    f"acceptance mean {_fmt(tr.get('acceptance_mean'))} over {_fmt(tr.get('acceptance_steps'))} steps"
+                )
             on_rate = (ov.get("median_tok_s") or {}).get("on")
             for tf in ov.get("trace_files_on") or []:
                 if tf.get("hook_us_per_step") is not None and on_rate and ov.get("batch"):
                     accept = next((t.get("acceptance_mean") for t in ov.get("trace_on") or [] if t.get("acceptance_mean")), 1.0)
                     step_us = ov["batch"] * accept / on_rate * 1e6  # each verify step yields `accept` tokens per request
-                    out.append(f"- {tf['file']}: {tf['hook_us_per_step']} us of spectrace hooks per verify step "
-                               f"({tf['hook_calls']} hook calls) = {tf['hook_us_per_step'] / step_us:.2%} of a {step_us:.0f} us step")
+                    out.append(
+                        f"- {tf['file']}: {tf['hook_us_per_step']} us of spectrace hooks per verify step "
+                        f"({tf['hook_calls']} hook calls) = {tf['hook_us_per_step'] / step_us:.2%} of a {step_us:.0f} us step"
+                    )
                     if tf.get("hook_us_per_step_by_feature"):
                         out.append(f"  - by hook (us per verify step): {tf['hook_us_per_step_by_feature']}")
         else:
@@ -652,8 +711,11 @@ def main(argv: list[str] | None = None) -> int:
             res = probe(a.port)
         with open(a.out, "w", encoding="utf-8") as fh:
             json.dump(res, fh, indent=1)
-        print(f"port {a.port}: {len(res['requests'])} answers, SGLang accept length "
-              f"{res['mean_spec_accept_length']}, errors {len(res['errors'])}", flush=True)
+        print(
+            f"port {a.port}: {len(res['requests'])} answers, SGLang accept length "
+            f"{res['mean_spec_accept_length']}, errors {len(res['errors'])}",
+            flush=True,
+        )
         return 0 if res["requests"] else 1
     if a.cmd == "bench-one":
         before = cpu_times()
@@ -664,12 +726,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench {a.label} port {a.port}: median tok/s {res['median_tok_s']} over {res['rounds']} rounds", flush=True)
         return 0
     if a.cmd == "bench-merge":
-        results = {os.path.basename(f)[len("bench-"):-len(".json")]: _load_json(f) for f in a.files}
+        results = {os.path.basename(f)[len("bench-") : -len(".json")]: _load_json(f) for f in a.files}
         merged = bench_merge({k: v for k, v in results.items() if isinstance(v, dict)})
         with open(a.out, "w", encoding="utf-8") as fh:
             json.dump(merged, fh, indent=1)
-        print(f"overhead: pooled median tok/s {merged['median_tok_s']}, on/off {merged.get('ratio_of_medians')}, "
-              f"pairs {merged['pair_ratios']}, A/A off {merged['aa_off']} on {merged['aa_on']}", flush=True)
+        print(
+            f"overhead: pooled median tok/s {merged['median_tok_s']}, on/off {merged.get('ratio_of_medians')}, "
+            f"pairs {merged['pair_ratios']}, A/A off {merged['aa_off']} on {merged['aa_on']}",
+            flush=True,
+        )
         return 0
     if a.cmd == "summarize":
         summary = collect(a.work)

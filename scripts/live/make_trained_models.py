@@ -5,6 +5,7 @@ The draft was trained on boundaries [0, 2, 4] (embedding, block 1, block 3 outpu
 [-1, 1, 3]; --ids overrides what its config asks the target to capture. No tokenizer: serve with
 --skip-tokenizer-init and send input_ids (demo.json's prompts, vocabulary 128).
 Needs torch and safetensors only (the GPU image has both); reads the data by path, imports no spectrace."""
+
 import argparse
 import json
 import os
@@ -41,5 +42,4 @@ if a.ids:
     draft["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [int(x) for x in a.ids.split(",")]
 draft.update(torch_dtype="float16", bos_token_id=1, eos_token_id=2)
 json.dump(draft, open(os.path.join(draft_dir, "config.json"), "w"), indent=1)
-print("wrote", target_dir, draft_dir, "ids", draft["eagle_config"]["eagle_aux_hidden_state_layer_ids"],
-      "tensors", sorted(tensors))
+print("wrote", target_dir, draft_dir, "ids", draft["eagle_config"]["eagle_aux_hidden_state_layer_ids"], "tensors", sorted(tensors))

@@ -192,8 +192,7 @@ def parse_draft_config(raw: dict[str, Any]) -> DraftConfig:
         num_hidden_layers=_get(layer, "num_hidden_layers", "int", where, 1),
         draft_vocab_size=_get(raw, "draft_vocab_size", "int", ""),
         target_hidden_size=_get(raw, "target_hidden_size", "int", ""),
-        tie_word_embeddings=_get(raw, "tie_word_embeddings", "bool", "", False)
-        or _get(layer, "tie_word_embeddings", "bool", where, False),
+        tie_word_embeddings=_get(raw, "tie_word_embeddings", "bool", "", False) or _get(layer, "tie_word_embeddings", "bool", where, False),
         fc_bias=_get(raw, "bias", "bool", "", False),
         top_level_ids=_get(raw, "eagle_aux_hidden_state_layer_ids", "ids", ""),
         eagle_config_ids=_get(eagle, "eagle_aux_hidden_state_layer_ids", "ids", "eagle_config."),
@@ -302,9 +301,7 @@ def read_torch_bin(path: Path) -> dict[str, TensorInfo]:
                 if "mmap" not in str(err) and "zip" not in str(err):
                     raise
                 if size > MAX_LEGACY_BIN_BYTES:
-                    raise AuditInputError(
-                        f"{path.name}: legacy (non-zip) torch file of {size} bytes; refusing to read it whole"
-                    ) from None
+                    raise AuditInputError(f"{path.name}: legacy (non-zip) torch file of {size} bytes; refusing to read it whole") from None
                 obj = torch.load(path, map_location="cpu", weights_only=True)
     except AuditInputError:
         raise

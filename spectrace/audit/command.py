@@ -16,9 +16,9 @@ from typing import Any, NoReturn
 
 from pydantic import BaseModel
 
+from ..checks.checkpoint import AuditResult, audit
 from ..records import Finding, Severity
 from .checkpoint import AuditInputError, DraftCheckpoint, TargetConfig, read_checkpoint, read_target_config
-from ..checks.checkpoint import AuditResult, audit
 from .engines import get_engine, parse_engine
 
 PROG = "spectrace audit"
@@ -46,7 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def run_audit(draft_dir: Path, engine_name: str, engine_version: str | None, target_path: str | None) -> tuple[DraftCheckpoint, TargetConfig | None, AuditResult]:
+def run_audit(
+    draft_dir: Path, engine_name: str, engine_version: str | None, target_path: str | None
+) -> tuple[DraftCheckpoint, TargetConfig | None, AuditResult]:
     try:
         name, pinned = parse_engine(engine_name)
     except ValueError as err:

@@ -1,18 +1,18 @@
 """Detectors over what ran: calls, acceptance and fingerprints.
 
-    >>> check_acceptance([Acceptance(step=i, accept_lengths=[1], draft_tokens=4) for i in range(8)])
-    [Finding(code='acceptance_collapse', ...)]
+>>> check_acceptance([Acceptance(step=i, accept_lengths=[1], draft_tokens=4) for i in range(8)])
+[Finding(code='acceptance_collapse', ...)]
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
+from ..records import Acceptance, Call, Finding, Fingerprint, TensorStats
 from ..rules.catalogue import finding
 from ..rules.globs import glob_match
-from ..records import Acceptance, Call, Finding, Fingerprint, TensorStats
 
 # Roles (``Call.role``) of the draft's fc and of its decoder layer. Traces written before
 # roles existed fall back to the name rules below.
@@ -112,7 +112,12 @@ def check_acceptance(records: Iterable[Acceptance], window: int = COLLAPSE_WINDO
                     "acceptance_collapse",
                     f"mean accept length {mean:.2f} over {window} verify steps from step {steps[start].step} "
                     f"({overall:.2f} over the run, k={steps[0].draft_tokens}): the target rejects almost every draft token",
-                    evidence={"window_mean": round(mean, 3), "run_mean": round(overall, 3), "window": window, "draft_tokens": steps[0].draft_tokens},
+                    evidence={
+                        "window_mean": round(mean, 3),
+                        "run_mean": round(overall, 3),
+                        "window": window,
+                        "draft_tokens": steps[0].draft_tokens,
+                    },
                     step=steps[start].step,
                     source="checks.calls",
                 )
@@ -155,8 +160,7 @@ def check_feature_skew(seen: Fingerprint, reference: Fingerprint) -> list[Findin
     return [
         finding(
             "feature_skew",
-            f"{len(skewed)} of {len(seen.chunks)} chunks of the fused draft input do not match the training "
-            f"fingerprint ({detail})",
+            f"{len(skewed)} of {len(seen.chunks)} chunks of the fused draft input do not match the training fingerprint ({detail})",
             module=seen.module,
             evidence={
                 "chunks": {str(i): why for i, why in skewed.items()},

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from ..rules.catalogue import finding
 from ..records import Finding, Weights
+from ..rules.catalogue import finding
 
 MAX_NAMES = 12
 

@@ -12,7 +12,8 @@ hidden state instead is the start of the same bug.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ..records import Finding
 from ..rules.catalogue import finding

@@ -15,9 +15,10 @@ the build warns: finding the cause is the tracer's job.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -217,8 +218,8 @@ def engine_uses_aux(draft_config: dict[str, Any], algorithm: str) -> bool:
 def build_scenario(name: str, data_dir: Path = DATA_DIR, load: bool = True) -> Scenario:
     """Build the engine as bug ``name`` leaves it (see ``BUGS``).
 
-        >>> build_scenario("capture_id_past_end").target.capture.boundaries
-        [2]
+    >>> build_scenario("capture_id_past_end").target.capture.boundaries
+    [2]
     """
     if name not in BUGS:
         raise KeyError(f"unknown scenario {name!r}; known: {', '.join(BUGS)}")
@@ -268,7 +269,7 @@ def build_scenario(name: str, data_dir: Path = DATA_DIR, load: bool = True) -> S
 def measure_all(k: int = 4, data_dir: Path = DATA_DIR) -> dict[str, float]:
     """Mean accept length of every scenario on the demo prompts.
 
-        >>> measure_all()["healthy"] >= 2.0
-        True
+    >>> measure_all()["healthy"] >= 2.0
+    True
     """
     return {name: round(build_scenario(name, data_dir).run(k=k), 3) for name in BUGS}

@@ -21,8 +21,9 @@ What it reproduces on purpose, because each is a silent failure seen in the fiel
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Literal, Mapping
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -49,7 +50,7 @@ class DraftConfig:
     tie_word_embeddings: bool = False
 
     @classmethod
-    def from_dict(cls, config: Mapping[str, Any]) -> "DraftConfig":
+    def from_dict(cls, config: Mapping[str, Any]) -> DraftConfig:
         """Read the module-shaping fields of a config.json dict; other keys are ignored."""
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in config.items() if k in known})
@@ -307,9 +308,7 @@ class Eagle3Draft(nn.Module):
             with torch.no_grad():
                 param.normal_(0.0, 1.0 / math.sqrt(param.shape[-1]), generator=gen)
 
-    def forward(
-        self, input_ids: torch.Tensor, hidden_states: torch.Tensor, positions: torch.Tensor | None = None
-    ) -> DraftOutput:
+    def forward(self, input_ids: torch.Tensor, hidden_states: torch.Tensor, positions: torch.Tensor | None = None) -> DraftOutput:
         """Draft logits over draft ids for (T,) ``input_ids`` and (T, width) ``hidden_states``."""
         normed, pre_norm, hidden_in = self.model(input_ids, hidden_states, positions)
         return DraftOutput(self.lm_head(normed), pre_norm, hidden_in)

@@ -55,7 +55,9 @@ class FingerprintCollector:
             if self._sums is None:
                 self._sums = row
             else:
-                self._sums = torch.stack([self._sums[:, 0] + row[:, 0], self._sums[:, 1] + row[:, 1], torch.maximum(self._sums[:, 2], row[:, 2])], dim=1)
+                self._sums = torch.stack(
+                    [self._sums[:, 0] + row[:, 0], self._sums[:, 1] + row[:, 1], torch.maximum(self._sums[:, 2], row[:, 2])], dim=1
+                )
             self._count += x.shape[0] * chunk
 
     def result(self, module: str, boundaries: list[int] | None = None) -> Fingerprint | None:

@@ -19,8 +19,8 @@ recomputed over the whole sequence, which is exact and cheap for tiny models):
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import torch
 
@@ -50,9 +50,7 @@ class SpecResult:
         return sum(self.accept_lengths) / len(self.accept_lengths) if self.accept_lengths else 0.0
 
 
-def draft_chain(
-    draft: Eagle3Draft, tokens: Sequence[int], target_states: torch.Tensor, k: int
-) -> list[int]:
+def draft_chain(draft: Eagle3Draft, tokens: Sequence[int], target_states: torch.Tensor, k: int) -> list[int]:
     """Propose ``k`` target ids greedily after ``tokens`` (target states cover all but the last token)."""
     ids = torch.tensor(list(tokens[1:]), dtype=torch.long)
     out = draft(ids, target_states)
@@ -130,9 +128,9 @@ def mean_accept_length(
 ) -> float:
     """Accept length averaged over every verify step of every prompt.
 
-        >>> s = build_scenario("fc_bypass")
-        >>> round(mean_accept_length(s.target, s.draft, demo_prompts(), k=4, max_new_tokens=40), 2)
-        1.08
+    >>> s = build_scenario("fc_bypass")
+    >>> round(mean_accept_length(s.target, s.draft, demo_prompts(), k=4, max_new_tokens=40), 2)
+    1.08
     """
     lengths: list[int] = []
     for prompt in prompts:

@@ -134,23 +134,7 @@ def build_target_model(config: dict[str, Any] | None = None) -> nn.Module:
     return LlamaForCausalLM(llama)
 
 
-
-
 # ----------------------------------------------------------------------------- draft
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def speculators_checkpoint(specforge: dict[str, torch.Tensor], embed: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
@@ -162,10 +146,6 @@ def speculators_checkpoint(specforge: dict[str, torch.Tensor], embed: torch.Tens
 
 
 # ----------------------------------------------------------------------------- shipped files
-
-
-
-
 
 
 def clear_caches() -> None:
@@ -186,8 +166,8 @@ def _target_state(data_dir: Path) -> tuple[dict[str, Any], dict[str, torch.Tenso
 def load_target_model(data_dir: Path = DATA_DIR) -> nn.Module:
     """A new ``LlamaForCausalLM`` holding the shipped trained weights (float32).
 
-        >>> load_target_model().config.num_hidden_layers
-        6
+    >>> load_target_model().config.num_hidden_layers
+    6
     """
     config, tensors = _target_state(Path(data_dir))
     model = build_target_model(config)
@@ -206,9 +186,7 @@ def _read_draft(data_dir: Path, norm_before_residual: bool) -> tuple[dict[str, t
     return tensors, (data_dir / f"{stem}_config.json").read_text()
 
 
-def load_draft_checkpoint(
-    norm_before_residual: bool = False, data_dir: Path = DATA_DIR
-) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def load_draft_checkpoint(norm_before_residual: bool = False, data_dir: Path = DATA_DIR) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The shipped SpecForge-named draft tensors (as stored: float16, d2t int64, t2d bool) and its config dict."""
     tensors, config_text = _read_draft(Path(data_dir), norm_before_residual)
     return dict(tensors), json.loads(config_text)
@@ -228,9 +206,9 @@ def load_draft(
 ) -> Eagle3Draft:
     """A draft built from the shipped config, loaded through ``load_weights``, embedding set from the target.
 
-        >>> draft = load_draft()
-        >>> draft.load_report.ignored
-        []
+    >>> draft = load_draft()
+    >>> draft.load_report.ignored
+    []
     """
     tensors, config = load_draft_checkpoint(norm_before_residual, data_dir)
     draft = Eagle3Draft(DraftConfig.from_dict(config), engine_version, honor_norm_before_residual)
@@ -261,6 +239,3 @@ def demo_prompts(data_dir: Path = DATA_DIR) -> list[list[int]]:
 def demo_max_new_tokens(data_dir: Path = DATA_DIR) -> int:
     """Tokens the demo generates per prompt."""
     return int(json.loads(_demo(Path(data_dir)))["max_new_tokens"])
-
-
-

@@ -15,8 +15,9 @@ SGLang's ``LogitsProcessor._get_hidden_states_to_store`` does.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -46,8 +47,8 @@ def tiny_llama(
 ) -> nn.Module:
     """A random-weight tiny ``LlamaForCausalLM`` (no download).
 
-        >>> tiny_llama(num_layers=4).config.num_hidden_layers
-        4
+    >>> tiny_llama(num_layers=4).config.num_hidden_layers
+    4
     """
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -70,8 +71,8 @@ def tiny_llama(
 def tiny_deepseek_v3(vocab_size: int = 128, hidden_size: int = 64, num_layers: int = 6, seed: int = 0) -> nn.Module:
     """A random-weight tiny ``DeepseekV3ForCausalLM`` (MoE, MLA; no download).
 
-        >>> tiny_deepseek_v3().config.model_type
-        'deepseek_v3'
+    >>> tiny_deepseek_v3().config.model_type
+    'deepseek_v3'
     """
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 

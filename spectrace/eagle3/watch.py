@@ -15,17 +15,18 @@ the records into findings.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
 from ..api import Trace
-from ..checks.capture import check_algorithm, check_capture, check_config_flags
 from ..checks.calls import check_acceptance, check_feature_skew, check_nonfinite
+from ..checks.capture import check_algorithm, check_capture, check_config_flags
 from ..checks.weights import check_hot_token_map, check_weights
 from ..checks.widths import check_target_handoff_width
 from ..hooks.weights import observe_load
-from ..records import Acceptance, Capture, Call, Fingerprint
+from ..records import Acceptance, Call, Capture, Fingerprint
 from .fingerprint import FingerprintCollector
 from .target import Eagle3Target
 
@@ -123,8 +124,14 @@ class PipelineWatch:
             self._width_reported = True
             embed_width = int(self.draft.model.embed_tokens.embedding_dim)
             for found in check_target_handoff_width(
-                width, fc_in, embed_width, NUM_AUX, aux_enabled=self.target.aux_enabled,
-                module=f"{self.draft_name}.model.fc", step=self._step, source="eagle3.watch",
+                width,
+                fc_in,
+                embed_width,
+                NUM_AUX,
+                aux_enabled=self.target.aux_enabled,
+                module=f"{self.draft_name}.model.fc",
+                step=self._step,
+                source="eagle3.watch",
             ):
                 self.trace.emit(found)
         except Exception as exc:  # never into the pipeline

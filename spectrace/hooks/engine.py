@@ -24,7 +24,8 @@ import json
 import threading
 import time
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -392,9 +393,7 @@ class Tracer:
 
         return pre_hook
 
-    def _make_post_hook(
-        self, name: str, module_type: str, root: str, owner: Any = None, role: str | None = None
-    ) -> Callable[..., None]:
+    def _make_post_hook(self, name: str, module_type: str, root: str, owner: Any = None, role: str | None = None) -> Callable[..., None]:
         def post_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
             if owner is not None and owner() is not module or torch.compiler.is_compiling():
                 return None
@@ -508,5 +507,4 @@ def _meta_fields(raw: RawTensor, values: dict[int, list[list[float] | None]]) ->
         dims = [int(s) for s in shape]
     except Exception:  # a symbolic (jagged) size has no single value
         dims = []
-    return {"arg": arg, "shape": dims, "dtype": dtype, "device": device,
-            "stats": stats_for(row, numel, dtype) if row is not None else None}
+    return {"arg": arg, "shape": dims, "dtype": dtype, "device": device, "stats": stats_for(row, numel, dtype) if row is not None else None}

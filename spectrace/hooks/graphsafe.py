@@ -22,14 +22,27 @@ On the CPU (no graphs) the same object works eagerly, which is how its logic is 
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.nn as nn
 
 from ..records import TensorStats
 from .selection import ModuleFilter, select
-from .stats import _INDEX_DTYPES, _TRITON_DTYPES, ROW, _cpu_stats, _torch_stats, launch_partials, prepare, programs_for, reduce_partials, stats_supported, to_stats
+from .stats import (
+    _INDEX_DTYPES,
+    _TRITON_DTYPES,
+    ROW,
+    _cpu_stats,
+    _torch_stats,
+    launch_partials,
+    prepare,
+    programs_for,
+    reduce_partials,
+    stats_supported,
+    to_stats,
+)
 
 
 def _first_tensor(value: Any) -> torch.Tensor | None:
@@ -137,7 +150,7 @@ class GraphStats:
         capacity: int | None = None,
         device: torch.device | str | None = None,
         fused: bool | None = None,
-    ) -> "GraphStats":
+    ) -> GraphStats:
         """Hook the selected modules of ``root`` (same selection rules as ``spectrace.trace``)."""
         chosen = select(root, modules, profile=profile)
         if device is None:

@@ -29,7 +29,7 @@ def _ours(hook: Any) -> bool:
 class TracedHooks(collections.OrderedDict):  # type: ignore[type-arg]
     """A hook dict that copies and pickles without spectrace's hooks."""
 
-    def plain(self) -> "collections.OrderedDict[Any, Any]":
+    def plain(self) -> collections.OrderedDict[Any, Any]:
         return collections.OrderedDict((k, v) for k, v in self.items() if not _ours(v))
 
     def __reduce__(self) -> Any:

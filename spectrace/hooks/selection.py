@@ -9,7 +9,8 @@ Globs match dotted module names in the one dialect of :mod:`spectrace.rules.glob
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Sequence, Union
+from collections.abc import Callable, Iterable, Sequence
+from typing import Union
 
 import torch.nn as nn
 

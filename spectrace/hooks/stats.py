@@ -39,11 +39,12 @@ import math
 import os
 import threading
 import weakref
-from typing import Any, Callable, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
-from ..records import TensorMeta, TensorStats
+from ..records import TensorStats
 
 # Row layout of one statistics vector.
 SUM, SUMSQ, ABSMAX, NAN, INF = range(5)
@@ -311,8 +312,6 @@ def prepare(device: torch.device | str) -> bool:
     return bool(_triton_state[key])
 
 
-
-
 # ------------------------------------------------------------- rows -> stats
 def reduce_rows(rows: Sequence[torch.Tensor]) -> torch.Tensor:
     """Combine rows (each ``(5,)`` or ``(P, 5)``, all on one device) into ``(T, 5)`` float64.
@@ -476,7 +475,7 @@ class StepStats:
         launch_partials(x, out)
         return ("row", out)
 
-    def start_readback(self) -> "Readback | None":
+    def start_readback(self) -> Readback | None:
         """End the step: enqueue the reduction and host copy of every row (no sync on CUDA).
 
         Returns None when the step computed no statistics. A device whose reduction fails
@@ -503,7 +502,7 @@ class StepStats:
         return Readback(generation, len(entries), copies, returns, error)
 
 
-def _copy_rows(device: torch.device, entries: list[tuple[Any, ...]], indices: list[int], buffer: _SlotBuffer | None) -> "_Copy":
+def _copy_rows(device: torch.device, entries: list[tuple[Any, ...]], indices: list[int], buffer: _SlotBuffer | None) -> _Copy:
     """Reduce one device's entries to ``(T, 5)`` float64 and start their host copy."""
     slots = [e for e in entries if e[0] == "slot"]
     rows = [e[1] for e in entries if e[0] == "row"]
@@ -547,7 +546,9 @@ class _Copy:
 class Readback:
     """One step's statistics on their way to the host; :meth:`values` waits for them."""
 
-    def __init__(self, generation: int, count: int, copies: list[_Copy], buffers: list[tuple[_SlotBuffer, int]], error: BaseException | None) -> None:
+    def __init__(
+        self, generation: int, count: int, copies: list[_Copy], buffers: list[tuple[_SlotBuffer, int]], error: BaseException | None
+    ) -> None:
         self.generation = generation
         self.count = count
         self.copies = copies

@@ -77,4 +77,3 @@ def stats_partials(x_ptr, out_ptr, n, per, slot, rows, BLOCK: tl.constexpr, TILE
     tl.store(base + 2, tl.max(acc_m, axis=0).to(tl.float64))
     tl.store(base + 3, tl.sum(acc_nan, axis=0).to(tl.float64))
     tl.store(base + 4, tl.sum(acc_inf, axis=0).to(tl.float64))
-

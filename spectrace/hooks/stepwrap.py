@@ -24,7 +24,8 @@ import copy
 import functools
 import threading
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -192,9 +193,9 @@ def _patch(module: Any) -> type | None:
         patch[3] += 1
         return cls
     had = "forward" in cls.__dict__
-    wrapper = _class_wrapper(cls, getattr(cls, "forward"))
+    wrapper = _class_wrapper(cls, cls.forward)
     _class_patches[cls] = [had, cls.__dict__.get("forward"), wrapper, 1]
-    setattr(cls, "forward", wrapper)
+    cls.forward = wrapper
     return cls
 
 
@@ -219,7 +220,7 @@ def _release_class(cls: type) -> None:
     if cls.__dict__.get("forward") is not wrapper:
         return  # someone patched on top of ours: ours stays as a pass-through
     if had:
-        setattr(cls, "forward", original)
+        cls.forward = original
     else:
         delattr(cls, "forward")
 

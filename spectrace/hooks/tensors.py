@@ -11,7 +11,8 @@ each tensor found is named by where it sat (``input[0]``, ``kwarg.hidden_states`
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 

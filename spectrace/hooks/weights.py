@@ -22,8 +22,9 @@ comparison would call every untouched parameter "changed" and hide a missing one
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -226,9 +227,7 @@ def observe_load(
     ignored = [n for n in offered if n not in consumed and _last_part(n) not in SKIPPED_BY_DESIGN]
     exempt_set = set(exempt)
     missing = [n for n in params if n not in written and n not in exempt_set]
-    return result, Weights(
-        module=module, offered=offered, written=sorted(written), ignored=ignored, missing=missing, source=source
-    )
+    return result, Weights(module=module, offered=offered, written=sorted(written), ignored=ignored, missing=missing, source=source)
 
 
 def _attr_value(model: nn.Module, attr: str) -> torch.Tensor | None:

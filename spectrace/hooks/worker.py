@@ -33,7 +33,8 @@ import collections
 import os
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 class RecordWorker:

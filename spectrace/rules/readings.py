@@ -11,11 +11,11 @@ alone cannot tell, so both readings are returned, the likelier first.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from .conventions import TRAINER_CONVENTIONS, default_ids, trainer_boundaries
-
 
 # Flags only the speculators trainer writes, and its own keys. SpecForge writes none of
 # them: left in an SGLang-format config, they say it was converted by hand from a
@@ -115,7 +115,9 @@ def provenance(config: Mapping[str, Any]) -> Reading | None:
     boundaries = config.get("trained_aux_boundaries")
     ids = config.get("trained_aux_layer_ids")
     if boundaries is not None:
-        return Reading(str(convention or "stated"), [int(i) for i in (ids or boundaries)], [int(b) for b in boundaries], "trained_aux_boundaries")
+        return Reading(
+            str(convention or "stated"), [int(i) for i in (ids or boundaries)], [int(b) for b in boundaries], "trained_aux_boundaries"
+        )
     if ids is not None and convention in TRAINER_CONVENTIONS:
         return Reading(str(convention), [int(i) for i in ids], trainer_boundaries(ids, str(convention)), "trained_aux_layer_ids")
     return None

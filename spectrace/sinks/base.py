@@ -39,8 +39,9 @@ and return whether they finished in time.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, Sequence, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 DEFAULT_TIMEOUT_S = 3.0
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
-from typing import Sequence
+from collections.abc import Sequence
 
 from .base import DEFAULT_TIMEOUT_S
 
@@ -108,9 +108,7 @@ def _write_all(fd: int, data: bytes) -> None:
         # A short write (disk full, file size limit) leaves half a line; the next write
         # that succeeds (space freed) would glue a whole line onto it. Cut the fragment.
         cut = _cut_torn_tail(fd, data[:written])
-        raise OSError(
-            errno.ENOSPC, f"short write: {written} of {len(data)} bytes ({'torn line removed' if cut else 'torn line left'})"
-        )
+        raise OSError(errno.ENOSPC, f"short write: {written} of {len(data)} bytes ({'torn line removed' if cut else 'torn line left'})")
 
 
 def _cut_torn_tail(fd: int, fragment: bytes) -> bool:

@@ -37,7 +37,8 @@ import os
 import re
 import threading
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -183,9 +184,7 @@ class OtelSink:
     needs_objects = True  # the Sink protocol: write() gets record objects and Step batches
     name = "OpenTelemetry"  # how the recorder's sink-error warnings name it
 
-    def __init__(
-        self, exporter: SpanExporter, resource: Resource | dict[str, Any], on_error: Callable[[str], None]
-    ) -> None:
+    def __init__(self, exporter: SpanExporter, resource: Resource | dict[str, Any], on_error: Callable[[str], None]) -> None:
         _install_filter()
         self.on_error = on_error
         if not isinstance(resource, Resource):
@@ -347,10 +346,7 @@ def sink_from_env(settings: Settings, error: Callable[[str], None], rank: int | 
     try:
         module = importlib.import_module(module_name)
     except ImportError:
-        error(
-            f"OTLP protocol {protocol} needs {package}, which is not installed "
-            f"(pip install 'spectrace[{extra}]'); spans are not sent"
-        )
+        error(f"OTLP protocol {protocol} needs {package}, which is not installed (pip install 'spectrace[{extra}]'); spans are not sent")
         return None
     # No endpoint or headers here: the exporter reads those (and the rest) from the
     # environment. The timeout too, when the user set one; else spectrace's short one.

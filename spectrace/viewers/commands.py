@@ -15,7 +15,7 @@ import os
 import sys
 import time
 import traceback
-from typing import Callable
+from collections.abc import Callable
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -81,8 +81,7 @@ def _view_parser() -> argparse.ArgumentParser:
 def _diff_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="spectrace diff",
-        description="Compare two traces: shapes, dtypes, statistics, capture boundaries, per-chunk "
-        "fingerprints, acceptance and findings.",
+        description="Compare two traces: shapes, dtypes, statistics, capture boundaries, per-chunk fingerprints, acceptance and findings.",
         epilog=DIFF_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -210,9 +209,7 @@ def _follow(args: argparse.Namespace, flt: ViewFilter) -> int:
     return 0
 
 
-def _follow_stream(
-    args: argparse.Namespace, flt: ViewFilter, follower: TraceFollower, console: Console, seen: set[str]
-) -> int:
+def _follow_stream(args: argparse.Namespace, flt: ViewFilter, follower: TraceFollower, console: Console, seen: set[str]) -> int:
     """--follow into a pipe or with --json: print each new state, separated, never redraw."""
     changed = True
     try:

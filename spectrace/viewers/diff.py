@@ -97,9 +97,7 @@ def diff_traces(a: TraceSet, b: TraceSet, *, rtol: float = DEFAULT_RTOL) -> Diff
         result.verdict = "traces agree"
     else:
         counts = Counter(d.kind for d in diffs)
-        result.verdict = f"{len(diffs)} difference{'s' if len(diffs) != 1 else ''}: " + ", ".join(
-            f"{n} {k}" for k, n in counts.items()
-        )
+        result.verdict = f"{len(diffs)} difference{'s' if len(diffs) != 1 else ''}: " + ", ".join(f"{n} {k}" for k, n in counts.items())
     cut = [side for side, lines in (("A", result.a_not_closed), ("B", result.b_not_closed)) if lines]
     if cut:
         result.verdict += f" ({' and '.join(cut)} not closed: a prefix of the run only)"
@@ -119,9 +117,11 @@ def _diff_modules(a: TraceSet, b: TraceSet, rtol: float) -> list[Difference]:
         if ra.out_shapes != rb.out_shapes:
             out.append(
                 Difference(
-                    kind="shape", where=name,
+                    kind="shape",
+                    where=name,
                     detail=f"{' '.join(map(shape, ra.out_shapes))} -> {' '.join(map(shape, rb.out_shapes))}",
-                    a=ra.out_shapes, b=rb.out_shapes,
+                    a=ra.out_shapes,
+                    b=rb.out_shapes,
                 )
             )
         if ra.dtypes != rb.dtypes:
@@ -143,9 +143,11 @@ def _diff_captures(a: TraceSet, b: TraceSet) -> list[Difference]:
         if x.boundaries != y.boundaries:
             out.append(
                 Difference(
-                    kind="capture", where=module,
+                    kind="capture",
+                    where=module,
                     detail=f"boundaries {x.boundaries} -> {y.boundaries} (ids {x.requested_ids} -> {y.requested_ids})",
-                    a=x.boundaries, b=y.boundaries,
+                    a=x.boundaries,
+                    b=y.boundaries,
                 )
             )
         if x.enabled != y.enabled:
@@ -168,7 +170,8 @@ def _diff_fingerprints(a: TraceSet, b: TraceSet, rtol: float) -> list[Difference
         if x.chunk_width != y.chunk_width or len(x.chunks) != len(y.chunks):
             out.append(
                 Difference(
-                    kind="fingerprint", where=module,
+                    kind="fingerprint",
+                    where=module,
                     detail=f"{len(x.chunks)} x {x.chunk_width} -> {len(y.chunks)} x {y.chunk_width}",
                 )
             )

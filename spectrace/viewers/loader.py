@@ -49,7 +49,10 @@ _KINDS: dict[str, tuple[str, str]] = {
     "not_object": ("line that is JSON but not a record object", "lines that are JSON but not record objects"),
     "no_header": ("first line is not a header; records read anyway", ""),
     "extra_header": ("extra header line ignored", "extra header lines ignored"),
-    "calls_capped": (f"call records beyond the first {MAX_CALLS_PER_FILE} not loaded", f"call records beyond the first {MAX_CALLS_PER_FILE} not loaded"),
+    "calls_capped": (
+        f"call records beyond the first {MAX_CALLS_PER_FILE} not loaded",
+        f"call records beyond the first {MAX_CALLS_PER_FILE} not loaded",
+    ),
 }
 
 
@@ -107,8 +110,14 @@ class TraceFile(BaseModel):
     @property
     def record_count(self) -> int:
         return (
-            len(self.calls) + len(self.findings) + len(self.acceptance) + len(self.coverage)
-            + len(self.weights) + len(self.captures) + len(self.fingerprints) + len(self.stats)
+            len(self.calls)
+            + len(self.findings)
+            + len(self.acceptance)
+            + len(self.coverage)
+            + len(self.weights)
+            + len(self.captures)
+            + len(self.fingerprints)
+            + len(self.stats)
         )
 
     @property
@@ -344,8 +353,8 @@ def load_traces(path: str | os.PathLike[str]) -> TraceSet:
 class TraceFollower:
     """Incremental reader for ``--follow``: remembers offsets, reads only complete appended lines.
 
-        >>> f = TraceFollower("traces/"); f.poll(); f.trace_set.files[0].calls[-1].step
-        12
+    >>> f = TraceFollower("traces/"); f.poll(); f.trace_set.files[0].calls[-1].step
+    12
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:

@@ -14,15 +14,16 @@ import math
 import os
 import socket
 from collections import defaultdict
+from collections.abc import Iterable
 from datetime import datetime, timezone
-from typing import Any, Iterable
+from typing import Any
 
 from pydantic import BaseModel
 
 from spectrace.checks.calls import check_fc_called, chunk_scale_outliers
+from spectrace.records import SEVERITY_RANK, Call, TensorMeta, TensorStats
 from spectrace.rules.catalogue import CATALOGUE
 from spectrace.rules.globs import suffix_match
-from spectrace.records import SEVERITY_RANK, Call, TensorMeta, TensorStats
 
 from .loader import TraceFile, TraceSet
 
@@ -609,9 +610,9 @@ def _acceptance(files: list[TraceFile], flt: ViewFilter) -> AcceptanceView:
         proposed += len(a.accept_lengths)
         for i, n in enumerate(a.accepted_per_position[:k]):
             accepted[i] += n
-    view.position_rate = [round(n / proposed, 4) if proposed else 0.0 for n in accepted] if any(
-        a.accepted_per_position for a in recs
-    ) else []
+    view.position_rate = (
+        [round(n / proposed, 4) if proposed else 0.0 for n in accepted] if any(a.accepted_per_position for a in recs) else []
+    )
     return view
 
 
@@ -694,4 +695,3 @@ def _unique_models(xs: list[CaptureView]) -> list[CaptureView]:
     for x in xs:
         seen.setdefault(x.model_dump_json(), x)
     return list(seen.values())
-

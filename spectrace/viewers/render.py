@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import IO, Iterable
+from collections.abc import Iterable
+from typing import IO
 
 from rich import box
 from rich.console import Console, ConsoleOptions, Group, RenderResult
@@ -45,8 +46,15 @@ def make_console(file: IO[str] | None = None, *, width: int | None = None, plain
     """A console for the viewer; ``plain`` forces no colour and no terminal codes (tests, pipes)."""
     if plain:
         return Console(
-            file=file or sys.stdout, width=width or 80, color_system=None, force_terminal=False,
-            no_color=True, highlight=False, emoji=False, soft_wrap=False, legacy_windows=False,
+            file=file or sys.stdout,
+            width=width or 80,
+            color_system=None,
+            force_terminal=False,
+            no_color=True,
+            highlight=False,
+            emoji=False,
+            soft_wrap=False,
+            legacy_windows=False,
         )
     # rich already writes plain text to a non-terminal and reads NO_COLOR itself.
     return Console(file=file, width=width, highlight=False, emoji=False)
@@ -102,8 +110,7 @@ def sparkline(values: list[float], hi: float, width: int = SPARK_WIDTH) -> str:
     if len(values) > width:
         size = len(values) / width
         values = [
-            sum(chunk) / len(chunk)
-            for chunk in (values[int(i * size): max(int((i + 1) * size), int(i * size) + 1)] for i in range(width))
+            sum(chunk) / len(chunk) for chunk in (values[int(i * size) : max(int((i + 1) * size), int(i * size) + 1)] for i in range(width))
         ]
     hi = hi or max(values) or 1.0
     return "".join(BLOCKS[min(len(BLOCKS) - 1, max(0, int(round(v / hi * (len(BLOCKS) - 1)))))] for v in values)
@@ -345,8 +352,14 @@ class ModuleTable:
         table.add_column("!", style="bold red", overflow="fold", max_width=10)
         for r in self.rows:
             table.add_row(
-                r.module, str(r.calls), shapes(r.out_shapes, 1), " ".join(dtype(d) for d in r.dtypes),
-                num(r.agg.mean), num(r.agg.std), num(r.agg.absmax), ",".join(r.anomalies),
+                r.module,
+                str(r.calls),
+                shapes(r.out_shapes, 1),
+                " ".join(dtype(d) for d in r.dtypes),
+                num(r.agg.mean),
+                num(r.agg.std),
+                num(r.agg.absmax),
+                ",".join(r.anomalies),
             )
         if not self.rows:
             yield Text("Modules: no calls recorded (or none match the filter)", style="dim")
@@ -356,15 +369,21 @@ class ModuleTable:
 
 def render_view(view: TraceView, *, modules: bool = False) -> Group:
     """The whole screen, top to bottom."""
-    parts: list[object] = [HeaderPanel(view.header), FindingsView(view.findings), Text(""), DataPathTree(view.datapath),
-                           Text(""), AcceptancePanel(view.acceptance)]
+    parts: list[object] = [
+        HeaderPanel(view.header),
+        FindingsView(view.findings),
+        Text(""),
+        DataPathTree(view.datapath),
+        Text(""),
+        AcceptancePanel(view.acceptance),
+    ]
     if modules:
         parts += [Text(""), ModuleTable(view.modules)]
     return Group(*parts)  # type: ignore[arg-type]
 
 
 def _short(path: str, limit: int = 56) -> str:
-    return path if len(path) <= limit else "..." + path[-(limit - 3):]
+    return path if len(path) <= limit else "..." + path[-(limit - 3) :]
 
 
 def _short_value(v: object, limit: int = 40) -> str:

@@ -9,7 +9,8 @@ A rolling window feeds the core's ``check_acceptance`` (acceptance_collapse, onc
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ...checks.calls import COLLAPSE_WINDOW, check_acceptance
 from ...records import Acceptance

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...rules.conventions import engine_rule, sglang_family
 from ...records import Capture
+from ...rules.conventions import engine_rule, sglang_family
 from . import correlate, server, state
 
 

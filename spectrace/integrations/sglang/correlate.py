@@ -15,11 +15,12 @@ said as soon as the capture is known, before the first forward.
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ...checks.capture import check_algorithm, check_capture, check_config_flags, check_engine_support
-from ...rules.readings import is_eagle3_architecture, uses_aux_hidden_state
 from ...records import Capture
+from ...rules.readings import is_eagle3_architecture, uses_aux_hidden_state
 from . import server, state
 
 # Findings that depend on the capture alone: once per capture, whatever config joins it.

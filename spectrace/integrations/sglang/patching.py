@@ -19,8 +19,9 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 from . import state
 from .points import POINTS, Point, alternatives, points_for
@@ -300,15 +301,14 @@ def register_with_hook_registry() -> list[str]:
     """
     import importlib
 
-    from ... import runtime
-
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from ... import runtime
 
     # Claim first: the import hook (runtime.activate, or the .pth bootstrap) must leave
     # these points to HookRegistry.
     candidates = [
-        p for p in POINTS
-        if p.module in sys.modules and p.key not in _claimed and _applied.get(p.key) != "direct" and not skipped(p)
+        p for p in POINTS if p.module in sys.modules and p.key not in _claimed and _applied.get(p.key) != "direct" and not skipped(p)
     ]
     pending = []
     for point in candidates:

@@ -10,8 +10,9 @@ Line numbers and semantics: docs/sglang-patch-points.md.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 _PKG = "spectrace.integrations.sglang"
 
@@ -43,27 +44,61 @@ POINTS: tuple[Point, ...] = (
     # draft weights (bug 2)
     Point(f"{M}.llama_eagle3", "LlamaForCausalLMEagle3.load_weights", "AROUND", "weights:around_draft_load", "draft_load_weights"),
     Point(f"{M}.llama_eagle3", "LlamaForCausalLMEagle3.__init__", "AFTER", "weights:after_draft_init", "draft_present"),
-    Point(f"{M}.kimi_k25_eagle3", "Eagle3DeepseekV2ForCausalLM.load_weights", "AROUND", "weights:around_draft_load", "mla_draft_load_weights"),
+    Point(
+        f"{M}.kimi_k25_eagle3", "Eagle3DeepseekV2ForCausalLM.load_weights", "AROUND", "weights:around_draft_load", "mla_draft_load_weights"
+    ),
     Point(f"{M}.kimi_k25_eagle3", "Eagle3DeepseekV2ForCausalLM.__init__", "AFTER", "weights:after_draft_init", "mla_draft_present"),
     # draft input width (bug 1)
     Point(f"{M}.llama_eagle3", "LlamaModel.forward", "AROUND", "forward:around_draft_forward", "draft_fc_input"),
     Point(f"{M}.kimi_k25_eagle3", "Eagle3MLAModel.forward", "AROUND", "forward:around_draft_forward", "mla_draft_fc_input"),
     # target capture list (bug 3); DeepseekV3 inherits the V2 method, Kimi delegates to it
     Point(f"{M}.llama", "LlamaForCausalLM.set_eagle3_layers_to_capture", "AFTER", "capture:after_set_capture", "llama_capture"),
-    Point(f"{M}.deepseek_v2", "DeepseekV2ForCausalLM.set_eagle3_layers_to_capture", "AFTER", "capture:after_set_capture", "deepseek_capture"),
-    Point(f"{M}.kimi_k25", "KimiK25ForConditionalGeneration.set_eagle3_layers_to_capture", "AROUND", "capture:around_wrapper_capture", "kimi_capture"),
+    Point(
+        f"{M}.deepseek_v2", "DeepseekV2ForCausalLM.set_eagle3_layers_to_capture", "AFTER", "capture:after_set_capture", "deepseek_capture"
+    ),
+    Point(
+        f"{M}.kimi_k25",
+        "KimiK25ForConditionalGeneration.set_eagle3_layers_to_capture",
+        "AROUND",
+        "capture:around_wrapper_capture",
+        "kimi_capture",
+    ),
     # silent fallback to the final hidden state
-    Point("sglang.srt.layers.logits_processor", "LogitsProcessor._get_hidden_states_to_store", "AFTER", "forward:after_hidden_to_store", "logits_fallback"),
+    Point(
+        "sglang.srt.layers.logits_processor",
+        "LogitsProcessor._get_hidden_states_to_store",
+        "AFTER",
+        "forward:after_hidden_to_store",
+        "logits_fallback",
+    ),
     # accept lengths (CPU lists)
     Point(f"{S}.eagle_worker_v2", "EAGLEWorkerV2.on_verify_complete_cpu", "AFTER", "acceptance:after_verify_complete_cpu", "acceptance"),
     Point(f"{S}.eagle_worker", "EAGLEWorker.verify", "AFTER", "acceptance:after_v1_verify", "acceptance"),
     # CUDA graphs: replay coverage, stale draft-extend input
-    Point("sglang.srt.model_executor.runner.decode_cuda_graph_runner", "DecodeCudaGraphRunner.execute", "AFTER", "graphs:after_execute", "graph_replay"),
+    Point(
+        "sglang.srt.model_executor.runner.decode_cuda_graph_runner",
+        "DecodeCudaGraphRunner.execute",
+        "AFTER",
+        "graphs:after_execute",
+        "graph_replay",
+    ),
     Point("sglang.srt.model_executor.cuda_graph_runner", "CudaGraphRunner.replay", "AFTER", "graphs:after_execute", "graph_replay"),
     Point(f"{S}.eagle_draft_cuda_graph_runner", "EAGLEDraftCudaGraphRunner.execute", "AFTER", "graphs:after_execute", "draft_graph_replay"),
     Point(f"{S}.eagle_draft_cuda_graph_runner", "EAGLEDraftCudaGraphRunner.replay", "AFTER", "graphs:after_execute", "draft_graph_replay"),
-    Point(f"{S}.eagle_draft_extend_cuda_graph_runner", "EAGLEDraftExtendCudaGraphRunner.execute", "BEFORE", "graphs:before_draft_extend_execute", "draft_extend_stale_input"),
-    Point(f"{S}.eagle_draft_extend_cuda_graph_runner", "EAGLEDraftExtendCudaGraphRunner.execute", "AFTER", "graphs:after_execute", "draft_extend_graph_replay"),
+    Point(
+        f"{S}.eagle_draft_extend_cuda_graph_runner",
+        "EAGLEDraftExtendCudaGraphRunner.execute",
+        "BEFORE",
+        "graphs:before_draft_extend_execute",
+        "draft_extend_stale_input",
+    ),
+    Point(
+        f"{S}.eagle_draft_extend_cuda_graph_runner",
+        "EAGLEDraftExtendCudaGraphRunner.execute",
+        "AFTER",
+        "graphs:after_execute",
+        "draft_extend_graph_replay",
+    ),
     # rank for the trace file name
     Point("sglang.srt.runtime_context", "publish", "AFTER", "rank:after_publish", "rank"),
     Point("sglang.srt.managers.scheduler", "Scheduler.__init__", "BEFORE", "rank:before_scheduler_init", "rank"),

@@ -41,7 +41,7 @@ class State:
     captures_emitted: int = 0
 
     @property
-    def once(self) -> "_Said":
+    def once(self) -> _Said:
         """The keys said through :func:`emit_once` (``key in STATE.once``); the recorder keeps them."""
         return _Said(self)
 

@@ -11,7 +11,8 @@ consumed; ``t2d`` is skipped by design.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ...checks.weights import check_weights
 from ...hooks.weights import observe_load
@@ -66,15 +67,14 @@ def _sglang_fix(found: Finding, record: Weights, model: Any) -> Finding:
                 "takes the target's head (load_lm_head_from_target)"
             )
         if "d2t" in names:
-            parts.append(
-                "add the trained d2t (draft->target id offsets) to the checkpoint; without it draft ids are read as target ids"
-            )
+            parts.append("add the trained d2t (draft->target id offsets) to the checkpoint; without it draft ids are read as target ids")
         if parts:
             fix = "; ".join(parts)
     elif found.code == "weights_dropped":
         fix = (
             "SGLang's LlamaForCausalLMEagle3.load_weights maps only midlayer->layers.0, aux_norm_*->fc_norm.i and an "
-            "optional 'model.' prefix: rename these keys to its parameter names " + ", ".join(sorted(dict(model.named_parameters()))[:6])
+            "optional 'model.' prefix: rename these keys to its parameter names "
+            + ", ".join(sorted(dict(model.named_parameters()))[:6])
             + " ... (a name map in the conversion script)"
         )
     if fix == found.fix:
@@ -160,4 +160,3 @@ def after_draft_init(result: Any, *args: Any, **kwargs: Any) -> None:
     except Exception as exc:
         state.internal_error("coverage note", exc)
     return None
-
