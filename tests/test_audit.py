@@ -16,8 +16,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from spectrace.audit.checkpoint import AuditInputError, read_checkpoint, read_safetensors_header, read_target_config
-from spectrace.checks.checkpoint import audit
 from spectrace.audit.engines import get_engine
+from spectrace.checks.checkpoint import audit
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "tests" / "fixtures"
@@ -29,9 +29,7 @@ CLI = "import sys; from spectrace.audit.command import main; sys.exit(main(sys.a
 
 def run_cli(*args: object) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    return subprocess.run(
-        [sys.executable, "-c", CLI, *map(str, args)], capture_output=True, text=True, env=env, timeout=120
-    )
+    return subprocess.run([sys.executable, "-c", CLI, *map(str, args)], capture_output=True, text=True, env=env, timeout=120)
 
 
 def run_audit(path: Path, engine: str = "sglang", version: str | None = None, target: Path | None = TARGET):
@@ -87,13 +85,13 @@ def test_speculators_on_sglang_0523_with_target() -> None:
     assert mismatch.evidence["readings"]["speculators"]["boundaries"] == [1, 3, 6]
     assert "[0, 2, 5]" in mismatch.fix  # ids that make SGLang's +1 rule capture [1, 3, 6]
     flags = {next(iter(f.evidence)): f for f in by_code(findings, "unsupported_config_flag")}
+    # 0.5.23 implements norm_before_fc (model.input_norm) and norm_output; norm_before_residual is never read.
+    assert set(flags) == {"norm_before_residual", "top_level_ids"}
     assert flags["norm_before_residual"].severity == "error"
-    assert flags["norm_before_fc"].severity == "error"
-    assert flags["norm_output"].severity == "warning"
     assert "ignored" in flags["top_level_ids"].message
-    [dropped] = by_code(findings, "weights_dropped")
-    assert dropped.evidence["tensors"] == ["input_norm.weight"]
-    # 0.5.23 maps layers.0.*, fuses q/k/v and gate/up, takes d2t and lm_head: nothing else is missing.
+    # 0.5.23 maps layers.0.*, fuses q/k/v and gate/up, loads input_norm.weight into model.input_norm,
+    # takes d2t and lm_head: nothing is dropped, nothing is missing.
+    assert not by_code(findings, "weights_dropped")
     assert not by_code(findings, "weights_missing")
     assert not by_code(findings, "shape_mismatch")
     assert not by_code(findings, "short_capture")
@@ -206,9 +204,7 @@ def test_missing_d2t_with_reduced_vocab(tmp_path: Path) -> None:
 
 
 def test_renamed_prefix_is_dropped_and_missing(tmp_path: Path) -> None:
-    draft = variant(
-        tmp_path, tensors=lambda s: {k.replace("midlayer.", "decoder.", 1): v for k, v in s.items()}
-    )
+    draft = variant(tmp_path, tensors=lambda s: {k.replace("midlayer.", "decoder.", 1): v for k, v in s.items()})
     findings = run_audit(draft)
     [dropped] = by_code(findings, "weights_dropped")
     assert dropped.evidence["rename"] == {"from": "decoder.", "to": "layers.0."}
@@ -263,6 +259,108 @@ def test_norm_before_residual_on_a_sglang_config(tmp_path: Path) -> None:
     draft = variant(tmp_path, config=lambda c: c.update(norm_before_residual=True))
     flags = by_code(run_audit(draft), "unsupported_config_flag")
     assert any("norm_before_residual" in f.message and f.severity == "error" for f in flags)
+
+
+# ------------------------------------------------------------ training flags, per SGLang release
+# rules.conventions.SGLANG_DRAFT_FLAGS, read from the wheels: norm_before_fc from 0.5.17
+# (model.input_norm), fc_norm (model.fc_norm.i, also use_aux_norm) and norm_output from
+# 0.5.14; norm_before_residual and embed_requires_grad in no release.
+
+
+def _flag_findings(findings) -> dict[str, object]:
+    return {next(iter(f.evidence)): f for f in by_code(findings, "unsupported_config_flag") if "top_level_ids" not in f.evidence}
+
+
+@pytest.mark.parametrize("version", ["0.5.23", "0.5.17"])
+def test_speculators_norm_before_fc_is_implemented(version: str) -> None:
+    findings = run_audit(SPECULATORS, version=version)
+    flags = _flag_findings(findings)
+    assert "norm_before_fc" not in flags and "norm_output" not in flags
+    assert not [f for f in findings if "input_norm.weight" in f.evidence.get("tensors", [])]
+    assert not by_code(findings, "weights_dropped") and not by_code(findings, "weights_missing")
+    ckpt = read_checkpoint(SPECULATORS)
+    assert audit(ckpt.config, ckpt.tensors, get_engine("sglang", version), None).summary["weights"]["dropped"] == []
+
+
+@pytest.mark.parametrize("version", ["0.5.23", "0.5.17"])
+def test_speculators_without_its_input_norm_weight_is_missing(tmp_path: Path, version: str) -> None:
+    draft = variant(tmp_path, SPECULATORS, tensors=lambda s: {k: v for k, v in s.items() if k != "input_norm.weight"})
+    findings = run_audit(draft, version=version)
+    [missing] = by_code(findings, "weights_missing")
+    assert missing.severity == "error" and missing.module == "model.input_norm"
+    assert missing.evidence["parameters"] == ["model.input_norm.weight"]
+    assert "norm_before_fc=true" in missing.message and "input_norm.weight" in missing.fix
+    assert "norm_before_fc" not in _flag_findings(findings)
+
+
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.16"])
+def test_speculators_norm_before_fc_before_0517_is_ignored_and_its_tensor_dropped(version: str) -> None:
+    findings = run_audit(SPECULATORS, version=version)
+    flag = _flag_findings(findings)["norm_before_fc"]
+    assert flag.severity == "error" and flag.evidence["read_in"] == ["0.5.14", "0.5.15", "0.5.16"]
+    assert "0.5.17 or newer" in flag.fix
+    [dropped] = by_code(findings, "weights_dropped")
+    assert dropped.evidence["tensors"] == ["input_norm.weight"] and "0.5.17 or newer" in dropped.fix
+    assert not by_code(findings, "weights_missing")
+
+
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.17", "0.5.23", "0.5.24"])
+def test_really_ignored_flag_is_still_an_error(tmp_path: Path, version: str) -> None:
+    draft = variant(tmp_path, config=lambda c: c.update(norm_before_residual=True))
+    flag = _flag_findings(run_audit(draft, version=version))["norm_before_residual"]
+    assert flag.severity == "error" and "ignored" in flag.message and "l.99-100" in flag.message
+    assert flag.evidence["engine_version"] == version
+    assert ("0.5.24 itself was not read" in flag.message) == (version == "0.5.24")
+
+
+def test_embed_requires_grad_warns_unless_the_draft_keeps_its_embedding(tmp_path: Path) -> None:
+    # set_embed replaces the draft's embedding with the target's, unless target_hidden_size differs.
+    same = variant(tmp_path / "a", config=lambda c: c.update(embed_requires_grad=True))
+    assert _flag_findings(run_audit(same))["embed_requires_grad"].severity == "warning"
+    other = variant(tmp_path / "b", config=lambda c: c.update(embed_requires_grad=True, target_hidden_size=128))
+    assert "embed_requires_grad" not in _flag_findings(run_audit(other, target=None))
+
+    # No draft_vocab_size: the head comes from the target and set_embed_and_head replaces both.
+    def head_from_target(c: dict) -> None:
+        c.update(embed_requires_grad=True, target_hidden_size=128)
+        c.pop("draft_vocab_size")
+
+    shared = variant(tmp_path / "c", config=head_from_target)
+    assert _flag_findings(run_audit(shared, target=None))["embed_requires_grad"].severity == "warning"
+
+
+def test_fc_norm_is_implemented_with_its_legacy_names(tmp_path: Path) -> None:
+    """fc_norm=true: SGLang creates model.fc_norm.{0,1,2} and maps aux_norm_low/mid/high onto them."""
+    names = ("aux_norm_low.weight", "aux_norm_mid.weight", "aux_norm_high.weight")
+    draft = variant(tmp_path / "a", config=lambda c: c.update(fc_norm=True),
+                    tensors=lambda s: {**s, **{n: torch.ones(64) for n in names}})  # fmt: skip
+    findings = run_audit(draft)
+    assert "fc_norm" not in _flag_findings(findings)
+    assert not by_code(findings, "weights_dropped") and not by_code(findings, "weights_missing")
+    bare = run_audit(variant(tmp_path / "b", config=lambda c: c.update(fc_norm=True)))
+    [missing] = by_code(bare, "weights_missing")
+    assert missing.evidence["parameters"] == [f"model.fc_norm.{i}.weight" for i in range(3)]
+    unflagged = run_audit(variant(tmp_path / "c", tensors=lambda s: {**s, **{n: torch.ones(64) for n in names}}))
+    [dropped] = by_code(unflagged, "weights_dropped")
+    assert dropped.evidence["tensors"] == sorted(names) and "fc_norm=true" in dropped.fix
+
+
+def test_older_sglang_flags_are_not_known_not_guessed() -> None:
+    flags = _flag_findings(run_audit(SPECULATORS, version="older"))
+    assert set(flags) == {"norm_before_residual", "norm_before_fc", "norm_output"}
+    assert all(f.severity == "warning" and "was not read" in f.message for f in flags.values())
+
+
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.17", "0.5.23", "0.5.24", "older"])
+def test_audit_and_runtime_read_one_flag_table(tmp_path: Path, version: str) -> None:
+    """The audit and the runtime check (checks.capture.check_config_flags) flag the same flags, alike."""
+    from spectrace.checks.capture import check_config_flags
+
+    draft = variant(tmp_path, SPECULATORS, config=lambda c: c.update(embed_requires_grad=True, fc_norm=True))
+    audited = {k: f.severity for k, f in _flag_findings(run_audit(draft, version=version)).items()}
+    raw = json.loads((draft / "config.json").read_text())
+    runtime = {f.evidence["flag"]: f.severity for f in check_config_flags(raw, "sglang", version)}
+    assert audited == runtime and "norm_before_residual" in audited
 
 
 # ------------------------------------------------------------ unusable input: exit 2, one line
@@ -406,13 +504,13 @@ def test_json_output_parses() -> None:
     ck = out["checkpoint"]
     assert ck["format"] == "speculators" and ck["num_tensors"] == 17
     assert ck["engine_capture"]["boundaries"] == [2, 4, 5]
-    assert ck["weights"]["dropped"] == ["input_norm.weight"]
+    assert ck["weights"]["dropped"] == []  # input_norm.weight goes into 0.5.23's model.input_norm
 
 
 def test_table_output_names_codes_and_fixes() -> None:
     proc = run_cli(SPECULATORS, "--target-config", TARGET)
     assert proc.returncode == 1 and proc.stderr == ""
-    for text in ("aux_layers_mismatch", "norm_before_residual", "input_norm.weight", "fix"):
+    for text in ("aux_layers_mismatch", "norm_before_residual", "fix"):
         assert text in proc.stdout
 
 

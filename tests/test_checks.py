@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from spectrace.checks.capture import check_capture
-from spectrace.rules.conventions import engine_boundaries
+from spectrace.checks.capture import check_capture, check_config_flags
 from spectrace.records import Capture
+from spectrace.rules.conventions import engine_boundaries
 
 
 def _capture(ids: list[int], layers: int = 61) -> Capture:
     result = engine_boundaries(ids, "sglang_deepseek_old", layers)
-    return Capture(module="target", requested_ids=ids, boundaries=result.boundaries, num_layers=layers, hidden_size=7168, rule="sglang_deepseek_old")
+    return Capture(
+        module="target", requested_ids=ids, boundaries=result.boundaries, num_layers=layers, hidden_size=7168, rule="sglang_deepseek_old"
+    )
 
 
 def test_hand_converted_speculators_config_is_read_as_speculators():
@@ -36,3 +38,48 @@ def test_stamped_provenance_settles_it():
         "trained_aux_boundaries": [3, 31, 59],
     }
     assert [f.code for f in check_capture(_capture([2, 30, 58]), config)] == []
+
+
+# ---------------------------------------------------------------- training flags at runtime
+# check_config_flags reads rules.conventions.SGLANG_DRAFT_FLAGS, the audit's table.
+ALL_FLAGS = {"norm_before_fc": True, "fc_norm": True, "norm_output": True, "norm_before_residual": True}
+
+
+def _flags(config, version=None, engine="sglang"):
+    return {f.evidence["flag"]: f.severity for f in check_config_flags(config, engine, version)}
+
+
+def test_runtime_flags_of_an_unknown_release_are_those_every_release_ignores():
+    # norm_before_fc is honoured from 0.5.17 on: without the release, no claim either way.
+    assert _flags(ALL_FLAGS) == {"norm_before_residual": "error"}
+
+
+def test_runtime_flags_follow_the_release():
+    assert _flags(ALL_FLAGS, "0.5.14") == {"norm_before_fc": "error", "norm_before_residual": "error"}
+    assert _flags(ALL_FLAGS, "0.5.17") == {"norm_before_residual": "error"}
+    assert _flags(ALL_FLAGS, "0.5.23") == {"norm_before_residual": "error"}
+    older = _flags(ALL_FLAGS, "0.5.10")  # no draft class before 0.5.14 was read: not known, not guessed
+    assert older == dict.fromkeys(ALL_FLAGS, "warning")
+    (found,) = [f for f in check_config_flags(ALL_FLAGS, "sglang", "0.5.14") if f.evidence["flag"] == "norm_before_fc"]
+    assert found.evidence["read_in"] == ["0.5.14", "0.5.15", "0.5.16"] and "0.5.17 or newer" in found.fix
+
+
+def test_runtime_flags_are_read_where_sglang_reads_them():
+    # eagle_config.norm_before_fc first (as 0.5.17+ reads it), then the top level.
+    assert _flags({"eagle_config": {"norm_before_fc": True}}, "0.5.14") == {"norm_before_fc": "error"}
+    assert _flags({"norm_before_fc": True, "eagle_config": {"norm_before_fc": False}}, "0.5.14") == {}
+    assert _flags({"use_aux_norm": True}, "0.5.23") == {}  # fc_norm's legacy key: implemented
+    assert _flags({"transformer_layer_config": {"norm_before_residual": True}}) == {"norm_before_residual": "error"}
+
+
+def test_runtime_embed_requires_grad_only_when_the_target_embedding_replaces_it():
+    own_head = {"embed_requires_grad": True, "hidden_size": 64, "draft_vocab_size": 32}
+    assert _flags({**own_head, "target_hidden_size": 64}) == {"embed_requires_grad": "warning"}
+    assert _flags({**own_head, "target_hidden_size": 128}) == {}  # set_embed keeps the draft's
+    # no draft_vocab_size: the head comes from the target, set_embed_and_head replaces both
+    head_from_target = {"embed_requires_grad": True, "hidden_size": 64, "target_hidden_size": 128}
+    assert _flags(head_from_target) == {"embed_requires_grad": "warning"}
+
+
+def test_runtime_flags_are_sglang_facts_only():
+    assert _flags(ALL_FLAGS, engine="vllm") == {}

@@ -17,7 +17,16 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from ..rules.conventions import engine_rule, version_tuple
+from ..rules.conventions import (
+    SGLANG_DRAFT_FLAG_NAMES,
+    SGLANG_DRAFT_READ,
+    SGLangDraftFlag,
+    engine_rule,
+    first_sglang_implementing,
+    sglang_draft_flag,
+    sglang_flag_value,
+    version_tuple,
+)
 from .checkpoint import DraftConfig
 
 RouteKind = Literal["param", "special", "skipped", "dropped"]
@@ -30,6 +39,18 @@ STACKED = (
     (".gate_up_proj", ".gate_proj", 0),
     (".gate_up_proj", ".up_proj", 1),
 )
+# SGLang's load_weights rewrites these substrings first, in this order (legacy_name_map:
+# models/llama_eagle3.py, 0.5.14 to 0.5.16 l.310-315, 0.5.17 to 0.5.21 l.327-332, 0.5.22
+# l.335-340, 0.5.23 l.338-343).
+SGLANG_LEGACY_NAMES = (
+    ("midlayer", "layers.0"),
+    ("aux_norm_low", "fc_norm.0"),
+    ("aux_norm_mid", "fc_norm.1"),
+    ("aux_norm_high", "fc_norm.2"),
+)
+# The shape of each parameter a flag makes SGLang's draft class create: over the fused
+# aux states (input_norm) or one per aux state (fc_norm.{i}).
+_FLAG_PARAM_SHAPE = {"model.input_norm.weight": "fused", "model.fc_norm.{i}.weight": "chunk"}
 
 
 @dataclass(frozen=True)
@@ -46,6 +67,10 @@ class Dims:
     tie: bool
     fc_bias: bool
     norm_before_fc: bool = False
+    # SGLang's num_aux_hidden_states: len(eagle_config ids), else 3 (models/llama_eagle3.py,
+    # 0.5.14 l.148-153, 0.5.23 l.156-161); fc and the flag norms are built for it.
+    num_aux: int = 3
+    flags: frozenset[str] = frozenset()  # training flags set to true at the top level of config.json
 
 
 def dims_of(cfg: DraftConfig) -> Dims:
@@ -62,6 +87,8 @@ def dims_of(cfg: DraftConfig) -> Dims:
         tie=cfg.tie_word_embeddings,
         fc_bias=cfg.fc_bias,
         norm_before_fc=cfg.flags.get("norm_before_fc", False),
+        num_aux=len(cfg.eagle_config_ids) if cfg.eagle_config_ids else 3,
+        flags=frozenset(k for k, v in cfg.flags.items() if v),
     )
 
 
@@ -73,6 +100,7 @@ class Param:
     shape: tuple[int, ...]
     shards: dict[object, tuple[int, ...]] | None = None
     optional: str | None = None
+    flag: str | None = None  # the training flag that makes the engine create it
 
 
 @dataclass(frozen=True)
@@ -92,8 +120,39 @@ class Engine:
     legacy_midlayer: bool  # rewrites midlayer.* -> layers.0.* before matching
     unknown_names_raise: bool  # loud (vLLM) versus silently dropped (SGLang)
     ids_sources: tuple[str, ...]  # where the engine reads aux ids: "top_level", "eagle_config"
-    fc_aux_count: int | None  # SGLang builds fc for exactly 3 aux states
+    fc_aux_count: int | None  # fc built for this many aux states; None: SGLang's num_aux (Dims.num_aux)
     assumptions: tuple[str, ...] = field(default=())
+
+    # ------------------------------------------------------------ flags
+
+    def fc_aux(self, d: Dims) -> int:
+        """How many aux states the engine builds fc (and the flag norms) for."""
+        return self.fc_aux_count or d.num_aux
+
+    def draft_flag(self, flag: str) -> SGLangDraftFlag | None:
+        """What this SGLang release's draft class does with ``flag`` (``rules.conventions.SGLANG_DRAFT_FLAGS``)."""
+        if self.name != "sglang":
+            return None
+        return sglang_draft_flag(flag, self.version)
+
+    def flag_params(self, d: Dims) -> dict[str, tuple[tuple[int, ...], str]]:
+        """Parameters the draft class creates for the flags this config sets: name -> (shape, flag)."""
+        out: dict[str, tuple[tuple[int, ...], str]] = {}
+        if self.name != "sglang":
+            return out
+        aux = self.fc_aux(d)
+        seen = {flag: True for flag in d.flags}
+        for flag in SGLANG_DRAFT_FLAG_NAMES:
+            row = self.draft_flag(flag)
+            if row is None or row.support != "implemented" or not sglang_flag_value(row, seen):
+                continue
+            for pattern in row.params:
+                if _FLAG_PARAM_SHAPE.get(pattern) == "chunk":
+                    for i in range(aux):
+                        out[pattern.format(i=i)] = ((d.target_hidden,), flag)
+                else:
+                    out[pattern] = ((aux * d.target_hidden,), flag)
+        return out
 
     # ------------------------------------------------------------ parameters
 
@@ -109,12 +168,14 @@ class Engine:
 
         set_embed = "the engine gives the draft the target's embedding at start-up (set_embed)"
         add("model.embed_tokens.weight", (d.vocab, h), optional=set_embed)
-        aux = self.fc_aux_count or 3
+        aux = self.fc_aux(d)
         add("model.fc.weight", (h, aux * d.target_hidden))
         if d.fc_bias:
             add("model.fc.bias", (h,))
         if d.norm_before_fc and self.name == "vllm":
             add("model.input_norm.weight", (aux * d.target_hidden,))
+        for pname, (shape, flag) in self.flag_params(d).items():
+            out[pname] = Param(pname, shape, flag=flag)
         for i in range(d.num_layers):
             p = f"model.{self.decoder_prefix}{'' if self.decoder_prefix == 'midlayer' else f'.{i}'}"
             if self.decoder_prefix == "midlayer" and i > 0:
@@ -146,7 +207,11 @@ class Engine:
             return Route("special", "hot_token_id" if self.name == "sglang" else "draft_id_to_target_id")
         if "t2d" in name:
             return Route("skipped", note="target-to-draft map, not needed for serving")
-        if self.legacy_midlayer and "midlayer." in name:
+        if self.legacy_midlayer and self.name == "sglang":
+            for legacy, new in SGLANG_LEGACY_NAMES:
+                if legacy in name:
+                    name = name.replace(legacy, new)
+        elif self.legacy_midlayer and "midlayer." in name:
             name = name.replace("midlayer.", "layers.0.")
         for fused, shard_name, shard in STACKED:
             if shard_name not in name:
@@ -177,6 +242,45 @@ class Engine:
         return engine_rule(target_arch or "LlamaForCausalLM", "0.5.0" if self.version == "older" else self.version)
 
 
+def _flag_assumption(version: str) -> str:
+    """What this release's draft class does with the training flags, from ``SGLANG_DRAFT_FLAGS``."""
+    rows = [r for r in (sglang_draft_flag(f, version) for f in SGLANG_DRAFT_FLAG_NAMES) if r is not None]
+    if all(r.support == "unknown" for r in rows):
+        return (
+            "its draft class was not read: whether it implements norm_before_fc, fc_norm, norm_output, "
+            "norm_before_residual or embed_requires_grad is not known (each is reported as a warning), and no "
+            "input_norm / fc_norm parameters are modelled"
+        )
+
+    def name(r: SGLangDraftFlag) -> str:
+        made = f" -> {', '.join(p.replace('{i}', 'i') for p in r.params)}" if r.params else ""
+        also = " (or use_aux_norm)" if "use_aux_norm" in r.keys else ""
+        return f"{r.flag}{also}{made}"
+
+    done = [name(r) for r in rows if r.support == "implemented"]
+    ignored = [r.flag for r in rows if r.support == "ignored"]
+    text = "the draft class implements " + (", ".join(done) or "none of the training flags")
+    if ignored:
+        text += f" and ignores {', '.join(ignored)}"
+        if "embed_requires_grad" in ignored:
+            text += " (set_embed gives it the target's embedding unless target_hidden_size differs from hidden_size)"
+    later = [f"{r.flag} from {first_sglang_implementing(r.flag)}" for r in rows
+             if r.support == "ignored" and first_sglang_implementing(r.flag)]  # fmt: skip
+    if later:
+        text += f"; later releases implement {', '.join(later)}"
+    if version not in SGLANG_DRAFT_READ:
+        text += f"; {version}'s own draft class was not read (modelled on the releases read nearest to it)"
+    return (
+        text + ". The audit reads these flags at the top level of config.json only: eagle_config.norm_before_fc "
+        "(which SGLang reads first) and use_aux_norm are not seen"
+    )
+
+
+_SGLANG_IDS = (
+    "aux ids are read from eagle_config.eagle_aux_hidden_state_layer_ids only; none there -> the target "
+    "captures its defaults [2, n//2, n-3] as boundaries (no +1)"
+)
+
 SGLANG_0523 = Engine(
     name="sglang",
     version="0.5.23",
@@ -185,22 +289,20 @@ SGLANG_0523 = Engine(
     legacy_midlayer=True,
     unknown_names_raise=False,
     ids_sources=("eagle_config",),
-    fc_aux_count=3,
+    fc_aux_count=None,
     assumptions=(
         "SGLang 0.5.23 has no reader for the speculators format: a speculators checkpoint is audited as a hand "
         "conversion that flattens transformer_layer_config, sets architectures [LlamaForCausalLMEagle3] and keeps "
         "tensor names and other top-level keys as they are",
-        "aux ids are read from eagle_config.eagle_aux_hidden_state_layer_ids only; none there -> the target "
-        "captures its defaults [2, n//2, n-3] as boundaries (no +1)",
-        "the draft class has no input_norm / fc_norm modules and ignores norm_before_residual, norm_before_fc, "
-        "fc_norm and norm_output",
+        _SGLANG_IDS,
+        _flag_assumption("0.5.23"),
     ),
 )
 
 SGLANG_OLDER = Engine(
     name="sglang",
     version="older",
-    draft_class="LlamaForCausalLMEagle3 (sglang/srt/models/llama_eagle3.py, releases before 0.5.23)",
+    draft_class="LlamaForCausalLMEagle3 (sglang/srt/models/llama_eagle3.py, releases before 0.5.14)",
     decoder_prefix="midlayer",
     legacy_midlayer=False,
     unknown_names_raise=False,
@@ -209,6 +311,7 @@ SGLANG_OLDER = Engine(
     assumptions=(
         "older SGLang expects the decoder layer as midlayer.* and drops layers.0.* without a word",
         "aux ids are read from eagle_config only; DeepSeek targets apply +1 to every id",
+        _flag_assumption("older"),
     ),
 )
 
@@ -224,8 +327,7 @@ VLLM = Engine(
     assumptions=(
         "best effort, modelled on vLLM's main branch of 2026: the speculators format is read natively "
         "(nested transformer_layer_config flattened)",
-        "unknown checkpoint names raise at load (params_dict[name] / AutoWeightsLoader), so they stop the server "
-        "instead of being dropped",
+        "unknown checkpoint names raise at load (params_dict[name] / AutoWeightsLoader), so they stop the server instead of being dropped",
         "aux ids are read from the top level first, then eagle_config; the target captures the residual stream "
         "entering layer k (boundary k, speculators' convention); none -> defaults [2, n//2, n-3]",
         "norm_before_residual and norm_before_fc are implemented, the latter as model.input_norm.weight "
@@ -235,15 +337,17 @@ VLLM = Engine(
 )
 
 
-# SGLang releases whose LlamaForCausalLMEagle3.load_weights was read: identical in all of
-# them (legacy map midlayer -> layers.0, aux_norm_* -> fc_norm.i), the one SGLANG_0523 models.
-SGLANG_LOADER_READ = ("0.5.14", "0.5.17", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
+# SGLang releases whose LlamaForCausalLMEagle3 and its load_weights were read: the name
+# mapping is identical in all of them (legacy map midlayer -> layers.0, aux_norm_* ->
+# fc_norm.i); which flag norms the class creates differs (rules.conventions.SGLANG_DRAFT_FLAGS).
+SGLANG_LOADER_READ = SGLANG_DRAFT_READ
 _VERSION = re.compile(r"^\d+\.\d+\.\d+([.+\-]?[0-9A-Za-z.+\-]*)?$")
 
 
 def sglang_release(version: str) -> Engine:
-    """SGLang at one release: the 0.5.23 loader model (the same in every release read) with
-    that release's capture rules (``eagle3.conventions.SGLANG_CAPTURE``)."""
+    """SGLang at one release: the loader model (the same in every release read), that
+    release's draft flags (``rules.conventions.SGLANG_DRAFT_FLAGS``) and its capture rules
+    (``rules.conventions.SGLANG_CAPTURE``)."""
     if not _VERSION.match(version):
         raise ValueError(f"unknown SGLang version {version!r} (a release such as 0.5.17, or 'older')")
     if version_tuple(version) < version_tuple(SGLANG_LOADER_READ[0]):
@@ -253,14 +357,14 @@ def sglang_release(version: str) -> Engine:
         )
     read = version in SGLANG_LOADER_READ
     note = (
-        f"the draft loader is modelled on {', '.join(SGLANG_LOADER_READ)} (identical in all of them)"
-        + ("" if read else f"; {version}'s own was not read")
+        f"the draft loader is modelled on every release from {SGLANG_LOADER_READ[0]} to {SGLANG_LOADER_READ[-1]} "
+        "(its name mapping is identical in all of them)" + ("" if read else f"; {version}'s own was not read")
     )
     return replace(
         SGLANG_0523,
         version=version,
         draft_class=f"LlamaForCausalLMEagle3 (sglang/srt/models/llama_eagle3.py, {version})",
-        assumptions=(note, *SGLANG_0523.assumptions[1:]),
+        assumptions=(note, _SGLANG_IDS, _flag_assumption(version)),
     )
 
 

@@ -11,18 +11,26 @@ the draft config read under each plausible trainer convention.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
+from ..records import Capture, Finding
+from ..rules.catalogue import finding
 from ..rules.conventions import (
+    SGLANG_DRAFT_FLAG_NAMES,
+    SGLANG_DRAFT_READ,
     SGLangCaptureFacts,
     default_ids,
     first_sglang_capturing_embedding,
+    first_sglang_implementing,
+    sglang_draft_flag,
     sglang_family,
     sglang_family_facts,
+    sglang_flag_applies,
+    sglang_flag_everywhere,
+    sglang_flag_value,
 )
 from ..rules.readings import is_eagle3_architecture, readings, uses_aux_hidden_state
-from ..rules.catalogue import finding
-from ..records import Capture, Finding
 
 
 def _name(boundaries: list[int]) -> str:
@@ -43,8 +51,7 @@ def check_capture(capture: Capture, config: Mapping[str, Any] | None, algorithm:
             findings.append(
                 finding(
                     "aux_capture_disabled",
-                    "the target captures no aux hidden states for an EAGLE-3 draft"
-                    + (f" ({'; '.join(why)})" if why else ""),
+                    "the target captures no aux hidden states for an EAGLE-3 draft" + (f" ({'; '.join(why)})" if why else ""),
                     module=capture.module,
                     evidence={"requested_ids": capture.requested_ids, "algorithm": algorithm, "enabled": capture.enabled},
                     source="checks.capture",
@@ -58,7 +65,12 @@ def check_capture(capture: Capture, config: Mapping[str, Any] | None, algorithm:
                 f"asked for {len(capture.requested_ids)} aux layers {capture.requested_ids}, the target captured "
                 f"{len(capture.boundaries)} (boundaries {capture.boundaries}; it has {capture.num_layers} layers)",
                 module=capture.module,
-                evidence={"requested_ids": capture.requested_ids, "boundaries": capture.boundaries, "num_layers": capture.num_layers, "rule": capture.rule},
+                evidence={
+                    "requested_ids": capture.requested_ids,
+                    "boundaries": capture.boundaries,
+                    "num_layers": capture.num_layers,
+                    "rule": capture.rule,
+                },
                 source="checks.capture",
             )
         )
@@ -122,22 +134,63 @@ def check_algorithm(algorithm: str | None, config: Mapping[str, Any]) -> list[Fi
     ]
 
 
-def check_config_flags(config: Mapping[str, Any], engine: str = "sglang") -> list[Finding]:
-    """Flags the draft was trained with that the engine does not implement."""
+def check_config_flags(config: Mapping[str, Any], engine: str = "sglang", version: str | None = None) -> list[Finding]:
+    """Training flags the draft config sets that this SGLang release's draft class does not implement.
+
+    Reads :data:`spectrace.rules.conventions.SGLANG_DRAFT_FLAGS`, the table the audit reads
+    (``spectrace audit --engine sglang==V``), with the flag looked up where the release looks
+    (``eagle_config.norm_before_fc`` before the top level, ``use_aux_norm`` for ``fc_norm``).
+    ``version`` None (the release is not known): only the flags every release read ignores.
+    Other engines: nothing (the table is SGLang's).
+    """
+    if engine.lower() != "sglang":
+        return []
+    tlc = config.get("transformer_layer_config")
+    view: Mapping[str, Any] = {**tlc, **config} if isinstance(tlc, Mapping) else config
+    label = f"SGLang {version}" if version else f"SGLang (every release read, {SGLANG_DRAFT_READ[0]} to {SGLANG_DRAFT_READ[-1]})"
     findings: list[Finding] = []
-    tlc = config.get("transformer_layer_config") or {}
-    for flag in ("norm_before_residual",):
-        value = config.get(flag, tlc.get(flag) if isinstance(tlc, Mapping) else None)
-        if value:
+    for flag in SGLANG_DRAFT_FLAG_NAMES:
+        if version is None and sglang_flag_everywhere(flag) != "ignored":
+            continue  # whether it is honoured depends on the release
+        row = sglang_draft_flag(flag, version)
+        if row is None or row.support == "implemented" or not sglang_flag_value(row, view):
+            continue
+        head_from_target = view.get("draft_vocab_size") is None and not view.get("tie_word_embeddings")
+        if row.support == "ignored" and not sglang_flag_applies(
+            row, view.get("hidden_size"), view.get("target_hidden_size"), head_from_target=head_from_target
+        ):
+            continue
+        value = next((view[k] for k in row.keys if k in view), True)
+        evidence = {
+            "flag": flag, "value": value, "engine": "sglang", "engine_version": version, "releases": row.span,
+            "read_in": list(row.read_in),
+        }  # fmt: skip
+        since = first_sglang_implementing(flag)
+        if row.support == "unknown":
             findings.append(
                 finding(
                     "unsupported_config_flag",
-                    f"the draft config sets {flag}=true; {engine} ignores it, so the decoder layer runs a different residual path than in training",
+                    f"the draft config sets {flag}=true; {label}'s draft class was not read, so whether it "
+                    f"implements the flag is not known ({row.how}). If it ignores it: {row.effect}",
+                    severity="warning",
                     module=f"config.json:{flag}",
-                    evidence={"flag": flag, "value": value, "engine": engine},
+                    evidence=evidence,
                     source="checks.capture",
                 )
             )
+            continue
+        unread = "" if version is None or row.read(version) else f"; {version} itself was not read"
+        findings.append(
+            finding(
+                "unsupported_config_flag",
+                f"the draft config sets {flag}=true; {label} ignores it: {row.effect} ({row.how}{unread})",
+                severity=row.severity,  # type: ignore[arg-type]
+                module=f"config.json:{flag}",
+                evidence=evidence,
+                fix=f"retrain with {flag}=false" + (f", or serve with SGLang {since} or newer, which implements it" if since else ""),
+                source="checks.capture",
+            )
+        )
     return findings
 
 

@@ -14,31 +14,42 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
-from .capture import check_engine_support
-from ..rules.conventions import default_ids, engine_boundaries
-from ..rules.readings import IDS_KEY, Reading
-from ..rules.readings import trained_readings as shared_readings
-from ..rules.catalogue import finding
-from ..records import SEVERITY_RANK, Capture, Finding
 from ..audit.checkpoint import DraftConfig, TargetConfig, TensorInfo
 from ..audit.engines import Dims, Engine, Param, dims_of
+from ..records import SEVERITY_RANK, Capture, Finding
+from ..rules.catalogue import finding
+from ..rules.conventions import (
+    SGLangDraftFlag,
+    default_ids,
+    engine_boundaries,
+    first_sglang_implementing,
+    sglang_flag_applies,
+)
+from ..rules.readings import IDS_KEY, Reading
+from ..rules.readings import trained_readings as shared_readings
+from .capture import check_engine_support
 
 # Names the trainers use for the same aux-id list, for messages.
 TRAINER_MEANING = {
     "speculators": "speculators ids (id k = boundary k, 0 = embeddings)",
     "specforge": "SpecForge ids (id k = output of block k = boundary k+1)",
 }
-# Checkpoint tensors that only exist for a trainer option the engine does not implement.
+# Checkpoint tensors that only exist for a trainer option, and the flag that makes SGLang's
+# draft class create a parameter for them (rules.conventions.SGLANG_DRAFT_FLAGS).
 EXTRA_TENSORS = {
     "input_norm.": "speculators' norm_before_fc RMSNorm over cat(h_a, h_b, h_c); {engine} has no such module, so the "
     "draft sees un-normalised fused states. Retrain with norm_before_fc=false or serve with an engine that implements it",
     "fc_norm.": "speculators' fc_norm per-chunk RMSNorms; {engine} has no such modules. Retrain with fc_norm=false "
     "or serve with an engine that implements it",
+    "aux_norm_": "the legacy name of the fc_norm per-chunk RMSNorms; {engine} has no such modules. Retrain with "
+    "fc_norm=false or serve with an engine that implements it",
     "verifier_": "a training-only copy of target weights; delete it from the checkpoint",
 }
+EXTRA_TENSOR_FLAGS = {"input_norm.": "norm_before_fc", "fc_norm.": "fc_norm", "aux_norm_": "fc_norm"}
 MAX_LISTED = 8
 # Missing parameters are reported per decoder layer, whatever the engine calls it.
 _LAYER = re.compile(r"^(model\.(?:layers\.\d+|midlayer|additional_layers\.\d+))\.")
@@ -127,9 +138,7 @@ def check_dropped(replay: LoadReplay, engine: Engine, dims: Dims) -> list[Findin
     if not replay.dropped:
         return []
     label = _engine_label(engine)
-    unwritten = {
-        pname for pname, p in replay.params.items() if not _fully_written(p, replay.written.get(pname, set()))
-    }
+    unwritten = {pname for pname, p in replay.params.items() if not _fully_written(p, replay.written.get(pname, set()))}
     candidates = [
         c for c in engine.checkpoint_names(dims)
         if engine.route(c, replay.params).param in unwritten
@@ -140,11 +149,11 @@ def check_dropped(replay: LoadReplay, engine: Engine, dims: Dims) -> list[Findin
         if hint:
             groups[(hint[0], hint[1])].append(name)
         else:
-            groups[(name.split(".")[0], None)].append(name)
+            # Trainer-option tensors (aux_norm_low/mid/high, verifier_*) as one group per option.
+            extra = next((p for p in EXTRA_TENSORS if name.startswith(p)), None)
+            groups[(extra.rstrip("._") if extra else name.split(".")[0], None)].append(name)
     how = (
-        "vLLM raises on them at load, so the server will not start"
-        if engine.unknown_names_raise
-        else f"{label} drops them without a word"
+        "vLLM raises on them at load, so the server will not start" if engine.unknown_names_raise else f"{label} drops them without a word"
     )
     out = []
     for (src, dst), names in groups.items():
@@ -157,31 +166,76 @@ def check_dropped(replay: LoadReplay, engine: Engine, dims: Dims) -> list[Findin
                 if old
                 else f"rename * -> {new}*: {{{new!r} + k: v for k, v in state_dict.items()}}"
             )
-            message = (
-                f"{len(names)} tensor(s) under {old or 'the root'}* match no {label} parameter: {_listing(names)}; {how}"
-                + ("" if engine.unknown_names_raise else " and the parameters they were meant for keep their random init")
+            message = f"{len(names)} tensor(s) under {old or 'the root'}* match no {label} parameter: {_listing(names)}; {how}" + (
+                "" if engine.unknown_names_raise else " and the parameters they were meant for keep their random init"
             )
             evidence: dict[str, Any] = {"tensors": names, "rename": {"from": old, "to": new}}
         else:
-            extra = next((why for prefix, why in EXTRA_TENSORS.items() if names[0].startswith(prefix)), None)
-            fix = extra.format(engine=label) if extra else f"map these names to {engine.draft_class} parameters or delete them"
+            prefix = next((p for p in EXTRA_TENSORS if names[0].startswith(p)), None)
+            fix = _extra_fix(prefix, engine) if prefix else f"map these names to {engine.draft_class} parameters or delete them"
             message = f"{len(names)} tensor(s) match no {label} parameter: {_listing(names)}; {how}"
             evidence = {"tensors": names}
         out.append(finding("weights_dropped", message, module=src or None, evidence=evidence, fix=fix))
     return out
 
 
+def _extra_fix(prefix: str, engine: Engine) -> str:
+    """Why a trainer-option tensor matches no parameter of this engine, and what to do."""
+    label = _engine_label(engine)
+    flag = EXTRA_TENSOR_FLAGS.get(prefix)
+    row = engine.draft_flag(flag) if flag else None
+    if row is None:
+        return EXTRA_TENSORS[prefix].format(engine=label)
+    made = ", ".join(p.replace("{i}", "i") for p in row.params)
+    keys = " or ".join(row.keys)
+    if row.support == "implemented":
+        return (
+            f"{label} creates {made} only when {keys} is true and the config does not set it: set {flag}=true "
+            f"in config.json if the draft was trained with it, otherwise delete these tensors ({row.how})"
+        )
+    assert flag is not None  # a row exists only for a known flag
+    if row.support == "ignored":
+        since = first_sglang_implementing(flag)
+        newer = f"serve with SGLang {since} or newer, which implements it, or " if since else ""
+        return f"{label} never creates {made} ({row.how}): {newer}retrain with {flag}=false"
+    since = first_sglang_implementing(flag)
+    return f"{label}'s draft class was not read, so whether it creates {made} is not known ({row.how})" + (
+        f"; SGLang {since} and later create it when {keys} is true" if since else ""
+    )
+
+
+def _flag_missing(flag: str, names: list[str], engine: Engine) -> Finding:
+    """A parameter the engine creates for a training flag the config sets, with no tensor for it."""
+    label = _engine_label(engine)
+    tensors = [n.removeprefix("model.") for n in names]
+    module = names[0].removesuffix(".weight")
+    module = module.rsplit(".", 1)[0] if module.rsplit(".", 1)[-1].isdigit() else module
+    return finding(
+        "weights_missing",
+        f"the config sets {flag}=true, so {label} creates {_listing(names)}, but the checkpoint has no "
+        f"{_listing(tensors)}: {'it stays' if len(names) == 1 else 'they stay'} at init (an RMSNorm's is all ones), "
+        "not the scale the draft was trained with",
+        module=module,
+        evidence={"parameters": names},
+        fix=f"add the trained {_listing(tensors)} to the checkpoint, or set {flag}=false if the draft was not trained with it",
+    )
+
+
 def check_missing(replay: LoadReplay, cfg: DraftConfig, engine: Engine, target: TargetConfig | None) -> list[Finding]:
     """Parameters nothing writes (lm_head, d2t, decoder layer, ...), minus those the engine fills itself."""
     label = _engine_label(engine)
     missing: dict[str, list[str]] = defaultdict(list)
+    by_flag: dict[str, list[str]] = defaultdict(list)
     for pname, param in replay.params.items():
         if param.optional or _fully_written(param, replay.written.get(pname, set())):
+            continue
+        if param.flag:
+            by_flag[param.flag].append(pname)
             continue
         layer = _LAYER.match(pname)
         group = layer.group(1) if layer else pname.rsplit(".", 1)[0]
         missing[group].append(pname)
-    out = []
+    out = [_flag_missing(flag, names, engine) for flag, names in by_flag.items()]
     for group, names in missing.items():
         if group == "lm_head":
             message = (
@@ -313,8 +367,7 @@ def check_aux_layers(cfg: DraftConfig, engine: Engine, target: TargetConfig | No
                 + ("" if n else "; pass --target-config to see which layers the target captures instead"),
                 module="config.json",
                 evidence={"top_level_ids": cfg.top_level_ids, "eagle_config_ids": cfg.eagle_config_ids},
-                fix=f"put the ids in eagle_config.{IDS_KEY}"
-                + (f" as {fix_ids} (the {cap.rule} rule)" if fix_ids is not None else ""),
+                fix=f"put the ids in eagle_config.{IDS_KEY}" + (f" as {fix_ids} (the {cap.rule} rule)" if fix_ids is not None else ""),
             )
         )
     if cap.boundaries is None or not readings:
@@ -328,8 +381,7 @@ def check_aux_layers(cfg: DraftConfig, engine: Engine, target: TargetConfig | No
     fix_ids = _ids_for(primary.boundaries, cap.rule, n_eff)
     if fix_ids is not None:
         fix = (
-            f"set eagle_config.{IDS_KEY} to {fix_ids}: under the {cap.rule} rule that captures the trained "
-            f"boundaries {primary.boundaries}"
+            f"set eagle_config.{IDS_KEY} to {fix_ids}: under the {cap.rule} rule that captures the trained boundaries {primary.boundaries}"
         )
     elif sorted(primary.boundaries) != primary.boundaries:
         fix = (
@@ -363,13 +415,13 @@ def check_aux_layers(cfg: DraftConfig, engine: Engine, target: TargetConfig | No
         message = f"trained on {_describe(primary)} ({primary.source}), but {engine_says}.{alt}{tail}"
         out.append(finding("aux_layers_mismatch", message, module="config.json", evidence=evidence, fix=fix))
     else:
-        alt = bad_alt[0]
+        other = bad_alt[0]
         message = (
             f"the ids are ambiguous: {_describe(primary)} matches what {label} captures ({cap.boundaries}), but if "
-            f"they were written for the other trainer ({_describe(alt)}), the engine captures {cap.boundaries} "
-            f"instead of {alt.boundaries}. Check which trainer produced eagle_config.{IDS_KEY}."
+            f"they were written for the other trainer ({_describe(other)}), the engine captures {cap.boundaries} "
+            f"instead of {other.boundaries}. Check which trainer produced eagle_config.{IDS_KEY}."
         )
-        alt_fix = _ids_for(alt.boundaries, cap.rule, n_eff)
+        alt_fix = _ids_for(other.boundaries, cap.rule, n_eff)
         out.append(
             finding(
                 "aux_layers_mismatch",
@@ -378,7 +430,7 @@ def check_aux_layers(cfg: DraftConfig, engine: Engine, target: TargetConfig | No
                 module="config.json",
                 evidence=evidence,
                 fix=(
-                    f"if the draft was trained by {alt.convention}, set eagle_config.{IDS_KEY} to {alt_fix}"
+                    f"if the draft was trained by {other.convention}, set eagle_config.{IDS_KEY} to {alt_fix}"
                     if alt_fix is not None
                     else fix
                 ),
@@ -477,12 +529,13 @@ def check_fc_width(cfg: DraftConfig, tensors: dict[str, TensorInfo], engine: Eng
     hidden = target.hidden_size if target else cfg_target_hidden
     cap = engine_capture(cfg, engine, target)
     delivered = len(cap.boundaries) if cap.boundaries is not None else 3
-    built = (engine.fc_aux_count or delivered) * cfg_target_hidden
+    built_aux = engine.fc_aux(dims_of(cfg))
+    built = built_aux * cfg_target_hidden
     problems = []
     if fc_in != delivered * hidden:
         problems.append(f"the target delivers {delivered} x {hidden} = {delivered * hidden}")
     if fc_in != built:
-        problems.append(f"{label} builds fc for {engine.fc_aux_count or delivered} x {cfg_target_hidden} = {built}")
+        problems.append(f"{label} builds fc for {built_aux} x {cfg_target_hidden} = {built}")
     if problems:
         why = (
             " A fused input as wide as the draft's hidden size skips fc silently (fc bypass)."
@@ -494,8 +547,13 @@ def check_fc_width(cfg: DraftConfig, tensors: dict[str, TensorInfo], engine: Eng
                 "shape_mismatch",
                 f"fc.weight takes {fc_in} input features, but " + " and ".join(problems) + "." + why,
                 module="model.fc",
-                evidence={"fc_in_features": fc_in, "delivered": delivered * hidden, "engine_fc_in": built,
-                          "num_aux": delivered, "target_hidden": hidden},  # fmt: skip
+                evidence={
+                    "fc_in_features": fc_in,
+                    "delivered": delivered * hidden,
+                    "engine_fc_in": built,
+                    "num_aux": delivered,
+                    "target_hidden": hidden,
+                },  # fmt: skip
             )
         )
     return out
@@ -520,51 +578,61 @@ def check_aux_enabled(cfg: DraftConfig, engine: Engine) -> list[Finding]:
     ]
 
 
-# flag -> (severity, what goes wrong when the engine ignores it)
-SGLANG_IGNORED_FLAGS: dict[str, tuple[str, str]] = {
-    "norm_before_residual": (
-        "error",
-        "the draft was trained with the residual taken after hidden_norm; SGLang's decoder layer takes it before, "
-        "so every draft step runs a different function than the one trained",
-    ),
-    "norm_before_fc": (
-        "error",
-        "the draft was trained with an RMSNorm over the fused aux states before fc; SGLang feeds them to fc raw",
-    ),
-    "fc_norm": ("error", "the draft was trained with a per-chunk RMSNorm before fc; SGLang feeds the chunks raw"),
-    "norm_output": (
-        "warning",
-        "the draft was trained feeding post-norm hidden states to its next step; SGLang feeds the pre-norm ones, "
-        "so draft steps after the first see other inputs",
-    ),
-    "embed_requires_grad": (
-        "warning",
-        "the draft trained its own embedding, but SGLang replaces embed_tokens with the target's at start-up "
-        "(set_embed), discarding it",
-    ),
-}
 VLLM_UNVERIFIED_FLAGS = ("fc_norm", "norm_output")
 
 
-def check_flags(cfg: DraftConfig, engine: Engine) -> list[Finding]:
-    out = []
+def _sglang_flag(flag: str, row: SGLangDraftFlag, cfg: DraftConfig, engine: Engine) -> Finding | None:
+    """The finding for a flag the config sets, as this release's draft class treats it (None: honoured)."""
     label = _engine_label(engine)
+    if row.support == "implemented":
+        return None
+    head_from_target = cfg.draft_vocab_size is None and not cfg.tie_word_embeddings
+    if row.support == "ignored" and not sglang_flag_applies(
+        row, cfg.hidden_size, cfg.target_hidden_size, head_from_target=head_from_target
+    ):
+        return None
+    evidence: dict[str, Any] = {
+        flag: True, "engine": "sglang", "engine_version": engine.version, "releases": row.span,
+        "read_in": list(row.read_in),
+    }  # fmt: skip
+    since = first_sglang_implementing(flag)
+    if row.support == "unknown":
+        return finding(
+            "unsupported_config_flag",
+            f"{flag}=true: {label}'s draft class was not read, so whether it implements the flag is not known "
+            f"({row.how}). If it ignores it: {row.effect}",
+            severity="warning",
+            module="config.json",
+            evidence=evidence,
+            fix=(f"serve with SGLang {since} or newer, which implements it" if since
+                 else f"check that release's models/llama_eagle3.py for {flag}, or retrain with {flag}=false"),
+        )  # fmt: skip
+    unread = "" if row.read(engine.version) else (
+        f"; {engine.version} itself was not read, the rule is that of the releases read in {row.span}"
+    )  # fmt: skip
+    return finding(
+        "unsupported_config_flag",
+        f"{flag}=true is ignored by {label}: {row.effect} ({row.how}{unread})",
+        severity=row.severity,  # type: ignore[arg-type]
+        module="config.json",
+        evidence=evidence,
+        fix=f"retrain with {flag}=false, or serve with "
+        + (f"SGLang {since} or newer, which implements it" if since else "an engine that implements it")
+        + " (vLLM reads norm_before_residual and norm_before_fc)",
+    )
+
+
+def check_flags(cfg: DraftConfig, engine: Engine) -> list[Finding]:
+    """Training flags the config sets that this engine release does not implement."""
+    out = []
     for flag, value in cfg.flags.items():
         if not value:
             continue
-        if engine.name == "sglang" and flag in SGLANG_IGNORED_FLAGS:
-            severity, why = SGLANG_IGNORED_FLAGS[flag]
-            out.append(
-                finding(
-                    "unsupported_config_flag",
-                    f"{flag}=true is ignored by {label}: {why}",
-                    severity=severity,  # type: ignore[arg-type]
-                    module="config.json",
-                    evidence={flag: True},
-                    fix=f"retrain with {flag}=false, or serve with an engine that implements it (vLLM reads "
-                    "norm_before_residual and norm_before_fc)",
-                )
-            )
+        row = engine.draft_flag(flag)
+        if row is not None:
+            found = _sglang_flag(flag, row, cfg, engine)
+            if found is not None:
+                out.append(found)
         elif engine.name == "vllm" and flag in VLLM_UNVERIFIED_FLAGS:
             out.append(
                 finding(
@@ -607,16 +675,20 @@ def audit(
     n = target.num_hidden_layers if target else None
     cap = engine_capture(cfg, engine, target)
     summary = {
-        "engine": {"name": engine.name, "version": engine.version, "draft_class": engine.draft_class,
-                   "assumptions": list(engine.assumptions)},  # fmt: skip
+        "engine": {
+            "name": engine.name,
+            "version": engine.version,
+            "draft_class": engine.draft_class,
+            "assumptions": list(engine.assumptions),
+        },  # fmt: skip
         "trained_readings": [
-            {"trainer": r.convention, "ids": r.ids, "boundaries": r.boundaries, "source": r.source}
-            for r in trained_readings(cfg, n)
+            {"trainer": r.convention, "ids": r.ids, "boundaries": r.boundaries, "source": r.source} for r in trained_readings(cfg, n)
         ],
         "engine_capture": {"ids": cap.ids, "source": cap.source, "rule": cap.rule, "boundaries": cap.boundaries},
         "weights": {
-            "loaded": sorted(name for name in tensors if name not in replay.dropped and name not in replay.specials
-                             and name not in replay.skipped),  # fmt: skip
+            "loaded": sorted(
+                name for name in tensors if name not in replay.dropped and name not in replay.specials and name not in replay.skipped
+            ),  # fmt: skip
             "dropped": replay.dropped,
             "special": replay.specials,
             "skipped": replay.skipped,

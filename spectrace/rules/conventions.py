@@ -17,8 +17,9 @@ the runtime check and by the audit alike:
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Sequence
+from typing import Any, Literal
 
 Convention = Literal[
     "speculators",  # speculators / vLLM: id k is boundary k (0 = embedding)
@@ -82,8 +83,8 @@ def engine_boundaries(ids: Sequence[int], convention: str, num_layers: int) -> C
         return CaptureResult(ids, kept, convention, num_layers, dropped)
     if convention == "sglang_deepseek":
         shift = 1 if ids and ids[0] == 1 else 0
-        wanted = {i + shift for i in ids}
-        kept = [b for b in range(num_layers) if b in wanted]
+        shifted_set = {i + shift for i in ids}
+        kept = [b for b in range(num_layers) if b in shifted_set]
         error = None
         if len(kept) != len(ids):
             error = f"captured {len(kept)} of {len(ids)} aux hidden states"
@@ -133,9 +134,7 @@ class SGLangCaptureFacts:
 
     def covers(self, version: str) -> bool:
         v = version_tuple(version)
-        return (self.since is None or v >= version_tuple(self.since)) and (
-            self.before is None or v < version_tuple(self.before)
-        )
+        return (self.since is None or v >= version_tuple(self.since)) and (self.before is None or v < version_tuple(self.before))
 
     @property
     def span(self) -> str:
@@ -169,30 +168,76 @@ _DEEPSEEK_OK = (
 
 SGLANG_CAPTURE: tuple[SGLangCaptureFacts, ...] = (
     SGLangCaptureFacts(
-        "llama", None, "0.5.14", "sglang_llama", "unknown",
+        "llama",
+        None,
+        "0.5.14",
+        "sglang_llama",
+        "unknown",
         "not read from a release before 0.5.14; 0.5.14 to 0.5.21 crash (" + _LLAMA_CRASH + ")",
-        "-1 (the +1 rule makes it layers_to_capture 0)", "unknown", "not read", (),
+        "-1 (the +1 rule makes it layers_to_capture 0)",
+        "unknown",
+        "not read",
+        (),
     ),
     SGLangCaptureFacts(
-        "llama", "0.5.14", "0.5.22", "sglang_llama", "crash", _LLAMA_CRASH,
-        "-1 (the +1 rule makes it layers_to_capture 0)", "silent", _LLAMA_SHORT, ("0.5.14", "0.5.17", "0.5.20", "0.5.21"),
+        "llama",
+        "0.5.14",
+        "0.5.22",
+        "sglang_llama",
+        "crash",
+        _LLAMA_CRASH,
+        "-1 (the +1 rule makes it layers_to_capture 0)",
+        "silent",
+        _LLAMA_SHORT,
+        ("0.5.14", "0.5.17", "0.5.20", "0.5.21"),
     ),
     SGLangCaptureFacts(
-        "llama", "0.5.22", None, "sglang_llama", "captured", _LLAMA_OK,
-        "-1 (the +1 rule makes it layers_to_capture 0)", "silent", _LLAMA_SHORT, ("0.5.22", "0.5.23"),
+        "llama",
+        "0.5.22",
+        None,
+        "sglang_llama",
+        "captured",
+        _LLAMA_OK,
+        "-1 (the +1 rule makes it layers_to_capture 0)",
+        "silent",
+        _LLAMA_SHORT,
+        ("0.5.22", "0.5.23"),
     ),
     SGLangCaptureFacts(
         # The always-+1 rule of the seed report (BRIEF bug 3); no wheel of it was read.
-        "deepseek", None, "0.5.14", "sglang_deepseek_old", "unknown",
-        "not read from a release before 0.5.14", "-1 (always +1)", "unknown", "not read", (),
+        "deepseek",
+        None,
+        "0.5.14",
+        "sglang_deepseek_old",
+        "unknown",
+        "not read from a release before 0.5.14",
+        "-1 (always +1)",
+        "unknown",
+        "not read",
+        (),
     ),
     SGLangCaptureFacts(
-        "deepseek", "0.5.14", "0.5.17", "sglang_deepseek", "captured", _DEEPSEEK_OK,
-        "0 when the first id is not 1 (-1 is never reached)", "unknown", "not read (no AuxHiddenStatePacker yet)", ("0.5.14",),
+        "deepseek",
+        "0.5.14",
+        "0.5.17",
+        "sglang_deepseek",
+        "captured",
+        _DEEPSEEK_OK,
+        "0 when the first id is not 1 (-1 is never reached)",
+        "unknown",
+        "not read (no AuxHiddenStatePacker yet)",
+        ("0.5.14",),
     ),
     SGLangCaptureFacts(
-        "deepseek", "0.5.17", None, "sglang_deepseek", "captured", _DEEPSEEK_OK,
-        "0 when the first id is not 1 (-1 is never reached)", "raises", _DEEPSEEK_RAISES,
+        "deepseek",
+        "0.5.17",
+        None,
+        "sglang_deepseek",
+        "captured",
+        _DEEPSEEK_OK,
+        "0 when the first id is not 1 (-1 is never reached)",
+        "raises",
+        _DEEPSEEK_RAISES,
         ("0.5.17", "0.5.20", "0.5.21", "0.5.22", "0.5.23"),
     ),
 )
@@ -264,3 +309,224 @@ def version_tuple(version: str) -> tuple[int, ...]:
     while len(parts) < 3:
         parts.append(0)
     return tuple(parts)
+
+
+# ------------------------------------------------------------------ SGLang draft flags, by release
+#
+# What each SGLang release's EAGLE-3 draft class (models/llama_eagle3.py::
+# LlamaForCausalLMEagle3) does with the training flags of a draft config, read from the
+# released wheels 0.5.14 to 0.5.23 (every release of that range; 0.5.23 from its
+# installed source). The offline audit (the flags it reports, the parameters it expects
+# the draft class to create) and the runtime check (checks.capture.check_config_flags)
+# both read this table, so they make the same claim for the same release.
+
+FlagSupport = Literal["implemented", "ignored", "unknown"]
+# The releases whose llama_eagle3.py was read: the draft class and its load_weights.
+SGLANG_DRAFT_READ: tuple[str, ...] = (
+    "0.5.14", "0.5.15", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SGLangDraftFlag:
+    """What the draft class of a range of SGLang releases does with one training flag.
+
+    ``since`` / ``before`` as in :class:`SGLangCaptureFacts`. ``keys`` are the config keys
+    the release reads, in its order (``eagle_config.X``: inside eagle_config); with
+    ``any_key`` any of them set turns the flag on, otherwise the first one present decides.
+    ``params`` are the parameters the class then creates (``{i}``: one per aux state).
+    ``severity`` and ``effect`` say what goes wrong when the flag is set and ignored;
+    ``kept_if_target_hidden_differs``: not ignored when the draft's target_hidden_size
+    differs from its hidden_size (see :func:`sglang_flag_applies`).
+    """
+
+    flag: str
+    since: str | None
+    before: str | None
+    support: FlagSupport
+    how: str  # what the release does with it, with source lines
+    read_in: tuple[str, ...]
+    severity: str = "error"
+    effect: str = ""
+    keys: tuple[str, ...] = ()
+    any_key: bool = False
+    params: tuple[str, ...] = ()
+    kept_if_target_hidden_differs: bool = False
+
+    def covers(self, version: str) -> bool:
+        v = version_tuple(version)
+        return (self.since is None or v >= version_tuple(self.since)) and (self.before is None or v < version_tuple(self.before))
+
+    @property
+    def span(self) -> str:
+        if self.since and self.before:
+            return f"{self.since} <= version < {self.before}"
+        if self.since:
+            return f">= {self.since}"
+        return f"< {self.before}" if self.before else "every version"
+
+    def read(self, version: str) -> bool:
+        """Whether this very release was read (not only the range around it)."""
+        return version in self.read_in
+
+
+_ALL = SGLANG_DRAFT_READ
+_NOT_READ = "not read: spectrace has read no draft class of a release before 0.5.14"
+_NBR_EFFECT = (
+    "the draft was trained with the residual taken after hidden_norm; SGLang's decoder layer takes it before, "
+    "so every draft step runs a different function than the one trained"
+)
+_NBF_EFFECT = "the draft was trained with an RMSNorm over the fused aux states before fc; SGLang feeds them to fc raw"
+_FCN_EFFECT = "the draft was trained with a per-chunk RMSNorm before fc; SGLang feeds the chunks raw"
+_NOUT_EFFECT = (
+    "the draft was trained feeding post-norm hidden states to its next step; SGLang feeds the pre-norm ones, "
+    "so draft steps after the first see other inputs"
+)
+_EMB_EFFECT = (
+    "the draft trained its own embedding, but SGLang replaces embed_tokens with the target's at start-up (set_embed), discarding it"
+)
+_NBF: dict[str, Any] = {
+    "severity": "error", "effect": _NBF_EFFECT, "keys": ("eagle_config.norm_before_fc", "norm_before_fc"),
+    "params": ("model.input_norm.weight",),
+}  # fmt: skip
+_FCN: dict[str, Any] = {
+    "severity": "error", "effect": _FCN_EFFECT, "keys": ("fc_norm", "use_aux_norm"), "any_key": True,
+    "params": ("model.fc_norm.{i}.weight",),
+}  # fmt: skip
+_NOUT: dict[str, Any] = {"severity": "warning", "effect": _NOUT_EFFECT, "keys": ("norm_output",)}
+_NBR: dict[str, Any] = {"severity": "error", "effect": _NBR_EFFECT, "keys": ("norm_before_residual",)}
+_EMB: dict[str, Any] = {
+    "severity": "warning", "effect": _EMB_EFFECT, "keys": ("embed_requires_grad",),
+    "kept_if_target_hidden_differs": True,
+}  # fmt: skip
+
+SGLANG_DRAFT_FLAGS: tuple[SGLangDraftFlag, ...] = (
+    SGLangDraftFlag("norm_before_fc", None, "0.5.14", "unknown", _NOT_READ, (), **_NBF),
+    SGLangDraftFlag(
+        "norm_before_fc",
+        "0.5.14",
+        "0.5.17",
+        "ignored",
+        "never read: LlamaModel builds fc and fc_norm but no input_norm and feeds fc the fused states without it "
+        "(models/llama_eagle3.py, 0.5.14 to 0.5.16 l.155-183 and l.213-221)",
+        ("0.5.14", "0.5.15", "0.5.16"),
+        **_NBF,
+    ),
+    SGLangDraftFlag(
+        "norm_before_fc",
+        "0.5.17",
+        None,
+        "implemented",
+        "LlamaModel.__init__ reads eagle_config.norm_before_fc, else the top-level norm_before_fc, and builds "
+        "model.input_norm = RMSNorm(num_aux x target_hidden_size) (models/llama_eagle3.py, 0.5.17 to 0.5.21 "
+        "l.161-174, 0.5.22 l.168-181, 0.5.23 l.169-182); forward normalises the fused states before fc "
+        "(0.5.17 to 0.5.21 l.230-231, 0.5.22 l.238-239, 0.5.23 l.239-240); load_weights maps input_norm.weight "
+        "to it like any other name",
+        ("0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"),
+        **_NBF,
+    ),
+    SGLangDraftFlag("fc_norm", None, "0.5.14", "unknown", _NOT_READ, (), **_FCN),
+    SGLangDraftFlag(
+        "fc_norm",
+        "0.5.14",
+        None,
+        "implemented",
+        "LlamaModel.__init__ builds model.fc_norm, one RMSNorm(target_hidden_size) per aux state, when config.fc_norm "
+        "or the legacy config.use_aux_norm is set (top level only; models/llama_eagle3.py, 0.5.14 to 0.5.16 "
+        "l.161-173, 0.5.17 to 0.5.21 l.176-188, 0.5.22 l.183-195, 0.5.23 l.184-196); forward normalises each chunk "
+        "before fc (0.5.14 to 0.5.16 l.215-220, 0.5.17 to 0.5.21 l.232-237, 0.5.22 l.240-245, 0.5.23 l.241-246); "
+        "load_weights maps the legacy aux_norm_low/mid/high to fc_norm.0/1/2 (0.5.14 to 0.5.16 l.310-315, "
+        "0.5.17 to 0.5.21 l.327-332, 0.5.22 l.335-340, 0.5.23 l.338-343)",
+        _ALL,
+        **_FCN,
+    ),
+    SGLangDraftFlag("norm_output", None, "0.5.14", "unknown", _NOT_READ, (), **_NOUT),
+    SGLangDraftFlag(
+        "norm_output",
+        "0.5.14",
+        None,
+        "implemented",
+        "config.norm_output makes the draft hand its post-norm hidden state to the next step (no parameter; "
+        "models/llama_eagle3.py, 0.5.14 to 0.5.16 l.183 and l.242, 0.5.17 to 0.5.21 l.198 and l.259, 0.5.22 l.206 "
+        "and l.267, 0.5.23 l.207 and l.268)",
+        _ALL,
+        **_NOUT,
+    ),
+    SGLangDraftFlag("norm_before_residual", None, "0.5.14", "unknown", _NOT_READ, (), **_NBR),
+    SGLangDraftFlag(
+        "norm_before_residual",
+        "0.5.14",
+        None,
+        "ignored",
+        "never read anywhere in the package; the draft's layer 0 takes its residual before hidden_norm "
+        "(models/llama_eagle3.py::LlamaDecoderLayer.forward, 0.5.14 to 0.5.21 l.91-92, 0.5.22 l.98-99, 0.5.23 l.99-100)",
+        _ALL,
+        **_NBR,
+    ),
+    SGLangDraftFlag("embed_requires_grad", None, "0.5.14", "unknown", _NOT_READ, (), **_EMB),
+    SGLangDraftFlag(
+        "embed_requires_grad",
+        "0.5.14",
+        None,
+        "ignored",
+        "never read anywhere in the package; the EAGLE-3 worker hands the draft the target's embedding "
+        "(speculative/eagle_worker_v2.py set_embed / set_embed_and_head: 0.5.14 l.327-329, 0.5.15 l.348-351, "
+        "0.5.16 l.327-330, 0.5.17 l.292-295, 0.5.18 l.300-303, 0.5.19 l.308-311, 0.5.20 l.342-345, 0.5.21 "
+        "l.349-352, 0.5.22 l.340-343, 0.5.23 l.360-363); set_embed keeps the draft's own only when "
+        "target_hidden_size differs from hidden_size (models/llama.py::set_embed: 0.5.14 l.793-799, 0.5.17 "
+        "l.866-872, 0.5.22 l.903-909, 0.5.23 l.910-916), set_embed_and_head (a draft without draft_vocab_size, "
+        "whose head comes from the target) replaces it always (models/llama.py: 0.5.14 l.778-782, 0.5.17 "
+        "l.851-855, 0.5.22 l.888-892, 0.5.23 l.895-899)",
+        _ALL,
+        **_EMB,
+    ),
+)
+SGLANG_DRAFT_FLAG_NAMES: tuple[str, ...] = tuple(dict.fromkeys(row.flag for row in SGLANG_DRAFT_FLAGS))
+
+
+def sglang_draft_flag(flag: str, version: str | None) -> SGLangDraftFlag | None:
+    """The row of :data:`SGLANG_DRAFT_FLAGS` for a flag and release (None: a flag the table does not know).
+
+    ``version`` None: the latest release read (:data:`SGLANG_LATEST_READ`).
+    """
+    version = version or SGLANG_LATEST_READ
+    for row in SGLANG_DRAFT_FLAGS:
+        if row.flag == flag and row.covers(version):
+            return row
+    return None
+
+
+def sglang_flag_everywhere(flag: str) -> FlagSupport | None:
+    """What every release read does with ``flag``, when they all agree (None: they differ or it is unknown)."""
+    seen = {row.support for row in SGLANG_DRAFT_FLAGS if row.flag == flag and row.read_in}
+    return next(iter(seen)) if len(seen) == 1 else None
+
+
+def first_sglang_implementing(flag: str) -> str | None:
+    """The first release read whose draft class implements ``flag`` (None: none does)."""
+    rows = [r for r in SGLANG_DRAFT_FLAGS if r.flag == flag and r.support == "implemented" and r.read_in]
+    return rows[0].since if rows else None
+
+
+def sglang_flag_value(row: SGLangDraftFlag, config: Mapping[str, Any]) -> bool:
+    """Whether the release of ``row`` sees the flag on in a draft config mapping (its keys, in its order)."""
+    eagle = config.get("eagle_config")
+    eagle = eagle if isinstance(eagle, Mapping) else {}
+    found: list[Any] = []
+    for key in row.keys:
+        scope, _, name = key.rpartition(".")
+        where = eagle if scope == "eagle_config" else config
+        if name in where:
+            found.append(where[name])
+    if row.any_key:
+        return any(bool(v) for v in found)
+    return bool(found[0]) if found else False
+
+
+def sglang_flag_applies(row: SGLangDraftFlag, hidden_size: Any, target_hidden_size: Any, *, head_from_target: bool = False) -> bool:
+    """Whether an ignored flag really goes unhonoured for this draft: set_embed keeps the draft's
+    embedding when target_hidden_size differs from hidden_size, unless the head comes from the
+    target (no draft_vocab_size, untied: set_embed_and_head replaces both)."""
+    if row.kept_if_target_hidden_differs and target_hidden_size is not None and not head_from_target:
+        return target_hidden_size == hidden_size
+    return True
