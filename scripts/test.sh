@@ -3,6 +3,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-venv.sh --with-sglang
+# The habits first (seconds): lint and format, the dependency contracts, types on the public API.
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/lint-imports
+.venv/bin/mypy
 # The fused statistics kernel runs on GPUs only; Triton's interpreter runs its logic here
 # (the variable must be set before Triton is imported, hence a process of its own).
 TRITON_INTERPRET=1 .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_graphsafe.py -k "interpreter or zeroes or zeroing"

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
@@ -127,13 +126,14 @@ def check_acceptance(records: Iterable[Acceptance], window: int = COLLAPSE_WINDO
 
 def chunk_skew(seen: TensorStats, ref: TensorStats) -> str | None:
     """Why a chunk no longer looks like its reference, or None."""
-    if None in (seen.std, ref.std, seen.mean, ref.mean) or not ref.std:
+    seen_std, ref_std, seen_mean, ref_mean = seen.std, ref.std, seen.mean, ref.mean
+    if seen_std is None or seen_mean is None or ref_mean is None or not ref_std:
         return None
-    ratio = seen.std / ref.std if ref.std else math.inf
+    ratio = seen_std / ref_std
     if ratio > SKEW_STD_FACTOR or ratio < 1 / SKEW_STD_FACTOR:
-        return f"std {seen.std:.3g} vs {ref.std:.3g} in training ({ratio:.2f}x)"
-    if abs(seen.mean - ref.mean) > SKEW_MEAN_STDS * ref.std:
-        return f"mean {seen.mean:.3g} vs {ref.mean:.3g} in training"
+        return f"std {seen_std:.3g} vs {ref_std:.3g} in training ({ratio:.2f}x)"
+    if abs(seen_mean - ref_mean) > SKEW_MEAN_STDS * ref_std:
+        return f"mean {seen_mean:.3g} vs {ref_mean:.3g} in training"
     return None
 
 
