@@ -485,13 +485,13 @@ class Recorder:
         with self._once_lock:
             repeated = {key: entry[1] for key, entry in self._once.items() if entry[1] > 1}
         if repeated:
-            self.counters.once_counts = repeated  # type: ignore[attr-defined]
+            self.counters.once_counts = repeated
             coverage = {k[len("coverage:") :]: n for k, n in repeated.items() if k.startswith("coverage:")}
             if coverage:
-                self.counters.coverage_counts = coverage  # type: ignore[attr-defined]
+                self.counters.coverage_counts = coverage
         with self._count_lock:
             if self._dropped_by:
-                self.counters.dropped_by_reason = dict(self._dropped_by)  # type: ignore[attr-defined]
+                self.counters.dropped_by_reason = dict(self._dropped_by)
 
     def close(self) -> None:
         """Flush, append the counters (the ``stats`` record), shut every sink down (each bounded)."""

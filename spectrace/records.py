@@ -102,6 +102,10 @@ class Finding(_Record):
     step: int | None = None
     source: str = ""
     t_unix: float | None = Field(None, description="when it was recorded (the writer stamps it)")
+    once_key: str | None = Field(
+        None,
+        description="set when the writer says this record once and counts repeats: the stats record's once_counts[once_key] is the true count",
+    )
 
 
 class Acceptance(_Record):
@@ -123,6 +127,10 @@ class Coverage(_Record):
     count: int = 1
     step: int | None = None
     t_unix: float | None = Field(None, description="when it was recorded (the writer stamps it)")
+    once_key: str | None = Field(
+        None,
+        description="set when the writer says this record once and counts repeats: the stats record's once_counts[once_key] is the true count",
+    )
 
 
 class Weights(_Record):
@@ -182,6 +190,11 @@ class Counters(_Record):
     hook_seconds_by_feature: dict[str, float] = Field(
         default_factory=dict, description="hook_seconds split by patch-point feature (acceptance, graph_replay, ...)"
     )
+    once_counts: dict[str, int] = Field(
+        default_factory=dict, description="occurrences of each record said once (its once_key), for keys seen more than once"
+    )
+    coverage_counts: dict[str, int] = Field(default_factory=dict, description="occurrences of each coverage note seen more than once")
+    dropped_by_reason: dict[str, int] = Field(default_factory=dict, description="records_dropped split by why they were lost")
 
 
 Record = Annotated[

@@ -236,8 +236,8 @@ def test_counters_change_through_the_recorder(tmp_path: Path, capsys) -> None:
 # -------------------------------------------------------------------- say once, count
 def _true_count(trace_file: Any, record: Any) -> int:
     """What a reader makes of a record said once: the stats record's once_counts."""
-    key = (record.model_extra or {}).get("once_key")
-    counts = (trace_file.stats[-1].model_extra or {}).get("once_counts", {}) if trace_file.stats else {}
+    key = record.once_key
+    counts = trace_file.stats[-1].once_counts if trace_file.stats else {}
     return int(counts.get(key, 1)) if key else 1
 
 
@@ -260,12 +260,18 @@ def test_once_emits_the_first_time_and_the_file_gets_the_count(tmp_path: Path) -
     rec.close()
     (trace_file,) = load_traces(tmp_path).files
     (written,) = trace_file.findings
-    assert written.model_extra["once_key"] == "stale" and "occurrences" not in written.evidence  # the line said it once
+    assert written.once_key == "stale" and "occurrences" not in written.evidence  # the line said it once
     assert _true_count(trace_file, written) == 5
     (cov,) = [c for c in trace_file.coverage if c.kind == "not_covered"]
     assert _true_count(trace_file, cov) == 3
     stats = _stats(tmp_path / "t.jsonl")
     assert stats["once_counts"] == {"stale": 5, "coverage:not_covered:the thing": 3}
+    # The viewer shows the true counts, not one per written line.
+    from spectrace.viewers.model import build_view
+
+    view = build_view(load_traces(tmp_path))
+    assert [(g.code, g.count) for g in view.findings] == [("fc_bypass", 5)]
+    assert any(gap.startswith("3 not covered: the thing") for gap in view.header.coverage_gaps)
     assert stats["coverage_counts"] == {"not_covered:the thing": 3}
 
 
@@ -304,7 +310,7 @@ def test_sglang_draft_extend_width_check_repeats_reach_the_file(tmp_path: Path) 
         st_state.STATE = previous
     (trace_file,) = load_traces(tmp_path).files
     (written,) = trace_file.findings
-    assert written.code == "fc_bypass" and written.model_extra["once_key"] == "graph_stale_hidden"
+    assert written.code == "fc_bypass" and written.once_key == "graph_stale_hidden"
     assert _true_count(trace_file, written) == st_graphs.STALE_CHECK_FIRST + 2  # every one of the first, then sampled
     (replay,) = [c for c in trace_file.coverage if c.kind == "graph_replay"]
     assert _true_count(trace_file, replay) == 3 and trace_file.stats[-1].graph_replay_steps == 3

@@ -340,8 +340,13 @@ def _coverage(files: list[TraceFile]) -> tuple[int, list[str]]:
     for f in files:
         stats_dropped = max((s.records_dropped for s in f.stats), default=0)
         stats_replay = max((s.graph_replay_steps for s in f.stats), default=0)
-        cov_dropped = sum(c.count for c in f.coverage if c.kind == "dropped")
-        cov_replay = sum(c.count for c in f.coverage if c.kind == "graph_replay")
+        repeats = _once_counts(f)
+
+        def count(c: Any, repeats: dict[str, int] = repeats) -> int:
+            return repeats.get(c.once_key, c.count) if c.once_key else c.count
+
+        cov_dropped = sum(count(c) for c in f.coverage if c.kind == "dropped")
+        cov_replay = sum(count(c) for c in f.coverage if c.kind == "graph_replay")
         dropped += max(stats_dropped, cov_dropped)
         replay += max(stats_replay, cov_replay)
         internal = max((s.internal_errors for s in f.stats), default=0)
@@ -349,7 +354,7 @@ def _coverage(files: list[TraceFile]) -> tuple[int, list[str]]:
             if c.kind in ("dropped", "graph_replay"):
                 continue
             entry = other[c.kind]
-            entry[0] += c.count
+            entry[0] += count(c)
             entry[1] = entry[1] or c.detail
         if internal and "internal_error" not in other:
             other["internal_error"] = [internal, "see the process log"]
@@ -368,9 +373,15 @@ def _coverage(files: list[TraceFile]) -> tuple[int, list[str]]:
     return dropped, gaps
 
 
+def _once_counts(f: TraceFile) -> dict[str, int]:
+    """How often each record said once really happened (the closing stats record says)."""
+    return f.stats[-1].once_counts if f.stats else {}
+
+
 def _findings(files: list[TraceFile], flt: ViewFilter) -> list[FindingGroup]:
     groups: dict[tuple[str, str], FindingGroup] = {}
     for f in files:
+        repeats = _once_counts(f)
         for fd in f.findings:
             if flt.finding and fd.code != flt.finding:
                 continue
@@ -389,7 +400,7 @@ def _findings(files: list[TraceFile], flt: ViewFilter) -> list[FindingGroup]:
                     fix=fd.fix or (entry.fix if entry else ""),
                     evidence=fd.evidence,
                 )
-            g.count += 1
+            g.count += repeats.get(fd.once_key, 1) if fd.once_key else 1
             if fd.step is not None:
                 g.first_step = fd.step if g.first_step is None else min(g.first_step, fd.step)
                 g.last_step = fd.step if g.last_step is None else max(g.last_step, fd.step)
