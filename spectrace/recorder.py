@@ -1,6 +1,6 @@
 """The recorder: where records go after capture, bounded, counted, never raising.
 
-Capture code hands records to a :class:`Recorder`; it keeps them in memory (bounded by
+The hooks hand records to a :class:`Recorder`; it keeps them in memory (bounded by
 the record cap), queues them for the JSONL file, fans them out to its sinks (the
 :class:`~spectrace.sinks.base.Sink` protocol: OpenTelemetry, or any other), counts what
 it had to drop, and prints each error finding once to stderr so it stands out in a

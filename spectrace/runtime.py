@@ -2,7 +2,7 @@
 
 ``activate()`` is called by the ``.pth`` bootstrap in every interpreter (server
 processes and the children they ``spawn`` alike). It installs import hooks only;
-torch and the capture engine load when the first model library does. Each process
+torch and the tracing engine (spectrace.hooks) load when the first model library does. Each process
 writes its own ``trace-<host>-<pid>[-rank<r>].jsonl`` and flushes at exit and on
 SIGTERM.
 

@@ -60,7 +60,7 @@ class TensorInfo(BaseModel):
     file: str
 
 
-class DraftConfig(BaseModel):
+class DraftConfigFile(BaseModel):
     """The fields of a draft config.json that decide how an engine loads and feeds it."""
 
     format: Format
@@ -97,7 +97,7 @@ class TargetConfig(BaseModel):
 
 class DraftCheckpoint(BaseModel):
     path: str
-    config: DraftConfig
+    config: DraftConfigFile
     tensors: dict[str, TensorInfo]
     files: list[str]
 
@@ -162,7 +162,7 @@ def _require(d: dict[str, Any], key: str, where: str) -> int:
     return value
 
 
-def parse_draft_config(raw: dict[str, Any]) -> DraftConfig:
+def parse_draft_config(raw: dict[str, Any]) -> DraftConfigFile:
     """Normalise a SpecForge/SGLang-format or speculators-format draft config."""
     traces = speculators_traces(raw)
     if "transformer_layer_config" in raw:
@@ -180,7 +180,7 @@ def parse_draft_config(raw: dict[str, Any]) -> DraftConfig:
     heads = _require(layer, "num_attention_heads", where)
     eagle = _get(raw, "eagle_config", "dict", "", {})
     flags = {k: _get(raw, k, "bool", "", False) for k in FLAG_KEYS if k in raw}
-    return DraftConfig(
+    return DraftConfigFile(
         format=fmt,
         architectures=_get(raw, "architectures", "strs", "", []),
         hidden_size=hidden,

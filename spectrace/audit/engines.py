@@ -27,7 +27,7 @@ from ..rules.conventions import (
     sglang_flag_value,
     version_tuple,
 )
-from .checkpoint import DraftConfig
+from .checkpoint import DraftConfigFile
 
 RouteKind = Literal["param", "special", "skipped", "dropped"]
 
@@ -73,7 +73,7 @@ class Dims:
     flags: frozenset[str] = frozenset()  # training flags set to true at the top level of config.json
 
 
-def dims_of(cfg: DraftConfig) -> Dims:
+def dims_of(cfg: DraftConfigFile) -> Dims:
     return Dims(
         hidden=cfg.hidden_size,
         heads=cfg.num_attention_heads,

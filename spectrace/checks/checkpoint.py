@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..audit.checkpoint import DraftConfig, TargetConfig, TensorInfo
+from ..audit.checkpoint import DraftConfigFile, TargetConfig, TensorInfo
 from ..audit.engines import Dims, Engine, Param, dims_of
 from ..records import SEVERITY_RANK, Capture, Finding
 from ..rules.catalogue import finding
@@ -221,7 +221,7 @@ def _flag_missing(flag: str, names: list[str], engine: Engine) -> Finding:
     )
 
 
-def check_missing(replay: LoadReplay, cfg: DraftConfig, engine: Engine, target: TargetConfig | None) -> list[Finding]:
+def check_missing(replay: LoadReplay, cfg: DraftConfigFile, engine: Engine, target: TargetConfig | None) -> list[Finding]:
     """Parameters nothing writes (lm_head, d2t, decoder layer, ...), minus those the engine fills itself."""
     label = _engine_label(engine)
     missing: dict[str, list[str]] = defaultdict(list)
@@ -299,7 +299,7 @@ def _sglang_defaults(n: int) -> list[int]:
     return [b for b in range(n) if b in wanted]
 
 
-def engine_capture(cfg: DraftConfig, engine: Engine, target: TargetConfig | None) -> EngineCapture:
+def engine_capture(cfg: DraftConfigFile, engine: Engine, target: TargetConfig | None) -> EngineCapture:
     """Which ids the engine reads from this config and the boundaries its target then captures."""
     ids, source = None, ""
     for src in engine.ids_sources:
@@ -317,7 +317,7 @@ def engine_capture(cfg: DraftConfig, engine: Engine, target: TargetConfig | None
     return EngineCapture(ids, source, rule, res.boundaries, res.dropped_ids if n else [], res.error if n else None)
 
 
-def trained_readings(cfg: DraftConfig, n: int | None) -> list[Reading]:
+def trained_readings(cfg: DraftConfigFile, n: int | None) -> list[Reading]:
     """The boundaries the draft was trained on, most likely first (the runtime's rule)."""
     return shared_readings(
         stated=cfg.stated,
@@ -344,7 +344,7 @@ def _describe(reading: Reading) -> str:
     return f"{reading.ids} read as {TRAINER_MEANING[reading.convention]} = boundaries {reading.boundaries}"
 
 
-def check_aux_layers(cfg: DraftConfig, engine: Engine, target: TargetConfig | None) -> list[Finding]:
+def check_aux_layers(cfg: DraftConfigFile, engine: Engine, target: TargetConfig | None) -> list[Finding]:
     """Trained boundaries versus captured ones, under every plausible reading of the ids."""
     label = _engine_label(engine)
     n = target.num_hidden_layers if target else None
@@ -439,7 +439,7 @@ def check_aux_layers(cfg: DraftConfig, engine: Engine, target: TargetConfig | No
     return out
 
 
-def check_short_capture(cfg: DraftConfig, engine: Engine, target: TargetConfig | None) -> list[Finding]:
+def check_short_capture(cfg: DraftConfigFile, engine: Engine, target: TargetConfig | None) -> list[Finding]:
     """Ids at or past the target's layer count (or colliding defaults) capture fewer chunks than trained."""
     if target is None:
         return []
@@ -477,7 +477,7 @@ def check_short_capture(cfg: DraftConfig, engine: Engine, target: TargetConfig |
     return out
 
 
-def check_capture_support(cfg: DraftConfig, engine: Engine, target: TargetConfig | None) -> list[Finding]:
+def check_capture_support(cfg: DraftConfigFile, engine: Engine, target: TargetConfig | None) -> list[Finding]:
     """Will this SGLang release crash on the capture list? The runtime check's table and finding.
 
     The capture the engine would make (ids it reads, its rule, the target's layer count) goes
@@ -506,7 +506,7 @@ def check_capture_support(cfg: DraftConfig, engine: Engine, target: TargetConfig
 # ---------------------------------------------------------------- widths, switches, flags
 
 
-def check_fc_width(cfg: DraftConfig, tensors: dict[str, TensorInfo], engine: Engine, target: TargetConfig | None) -> list[Finding]:
+def check_fc_width(cfg: DraftConfigFile, tensors: dict[str, TensorInfo], engine: Engine, target: TargetConfig | None) -> list[Finding]:
     """fc.in_features against num_aux x target hidden (what the target delivers and what the engine builds)."""
     out: list[Finding] = []
     label = _engine_label(engine)
@@ -559,7 +559,7 @@ def check_fc_width(cfg: DraftConfig, tensors: dict[str, TensorInfo], engine: Eng
     return out
 
 
-def check_aux_enabled(cfg: DraftConfig, engine: Engine) -> list[Finding]:
+def check_aux_enabled(cfg: DraftConfigFile, engine: Engine) -> list[Finding]:
     if cfg.use_aux_hidden_state is not False:
         return []
     return [
@@ -581,7 +581,7 @@ def check_aux_enabled(cfg: DraftConfig, engine: Engine) -> list[Finding]:
 VLLM_UNVERIFIED_FLAGS = ("fc_norm", "norm_output")
 
 
-def _sglang_flag(flag: str, row: SGLangDraftFlag, cfg: DraftConfig, engine: Engine) -> Finding | None:
+def _sglang_flag(flag: str, row: SGLangDraftFlag, cfg: DraftConfigFile, engine: Engine) -> Finding | None:
     """The finding for a flag the config sets, as this release's draft class treats it (None: honoured)."""
     label = _engine_label(engine)
     if row.support == "implemented":
@@ -622,7 +622,7 @@ def _sglang_flag(flag: str, row: SGLangDraftFlag, cfg: DraftConfig, engine: Engi
     )
 
 
-def check_flags(cfg: DraftConfig, engine: Engine) -> list[Finding]:
+def check_flags(cfg: DraftConfigFile, engine: Engine) -> list[Finding]:
     """Training flags the config sets that this engine release does not implement."""
     out = []
     for flag, value in cfg.flags.items():
@@ -651,7 +651,7 @@ def check_flags(cfg: DraftConfig, engine: Engine) -> list[Finding]:
 
 
 def audit(
-    cfg: DraftConfig,
+    cfg: DraftConfigFile,
     tensors: dict[str, TensorInfo],
     engine: Engine,
     target: TargetConfig | None = None,

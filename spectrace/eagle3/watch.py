@@ -1,6 +1,6 @@
 """Watch a reference EAGLE-3 pipeline: static facts and live contracts become records.
 
-The capture engine records what each module did; this module adds what only an
+The tracing engine (spectrace.hooks) records what each module did; this module adds what only an
 EAGLE-3-aware observer knows: the capture in effect (``capture``), what the weight load
 did (``weights``), whether the states the target hands the draft fit ``fc``, the
 per-chunk fingerprint of those states, and the accept lengths. Detectors then turn
