@@ -98,7 +98,7 @@ def _run() -> None:
     st.checked_pairs.add(key)
     if ("config", cfg_key) not in st.checked_pairs:
         st.checked_pairs.add(("config", cfg_key))  # the config's own checks: once per config
-        for f in check_algorithm(st.algorithm, config) + check_config_flags(config, "sglang"):
+        for f in check_algorithm(st.algorithm, config) + check_config_flags(config, "sglang", server.sglang_version()):
             _emit_once(f)
     if capture is None:
         disabled = (st.algorithm is not None and st.algorithm != "EAGLE3") or not uses_aux_hidden_state(config)
