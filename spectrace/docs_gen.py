@@ -73,6 +73,7 @@ EVIDENCE_KEYS: dict[str, str] = {
     "flag": "the config flag",
     "forward_mode": "SGLang's forward mode of the batch (`EXTEND`, `DECODE`, ...)",
     "hidden_size": "the draft's hidden size",
+    "target_hidden_size": "`target_hidden_size` as the draft's config.json writes it (null: taken as a value by SGLang)",
     "inf": "count of infinite values in the first such tensor",
     "kind": "which limit: `embedding` (the embedding output cannot be captured) or `short` (fewer layers reached than ids)",
     "missing": "parameter names no checkpoint tensor wrote",

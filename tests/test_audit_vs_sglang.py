@@ -127,3 +127,23 @@ def test_the_cases_cover_both_verdicts(rec, tmp_path: Path) -> None:
 def _mk(tmp_path: Path, name: str) -> Path:
     (tmp_path / name).mkdir()
     return tmp_path / name
+
+
+def test_null_target_hidden_size_is_reported_and_really_breaks_the_draft(tmp_path, installed):
+    """A conversion that leaves ``"target_hidden_size": null``: the audit says the draft will
+    not build, and SGLang's own class indeed fails to build it."""
+    folder = tmp_path / "draft"
+    folder.mkdir()
+    config = json.loads((FIX / "specforge_tiny" / "config.json").read_text())
+    config["target_hidden_size"] = None
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "model.safetensors").write_bytes((FIX / "specforge_tiny" / "model.safetensors").read_bytes())
+    ckpt = read_checkpoint(folder)
+    result = audit(ckpt.config, ckpt.tensors, get_engine("sglang", "0.5.23"), None)
+    (found,) = [f for f in result.findings if f.evidence.get("target_hidden_size", "absent") is None]
+    assert found.code == "shape_mismatch" and found.severity == "error" and "null" in found.message
+    config.pop("rope_parameters", None)
+    with pytest.raises(TypeError):
+        sh.build_sglang_eagle3_draft(config)
+    config["target_hidden_size"] = config["hidden_size"]  # the fix the finding names: the draft builds
+    sh.build_sglang_eagle3_draft(config)

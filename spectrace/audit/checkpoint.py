@@ -81,6 +81,9 @@ class DraftConfigFile(BaseModel):
     use_aux_hidden_state: bool | None = None
     flags: dict[str, bool] = {}
     speculators_traces: list[str] = []
+    null_keys: list[str] = Field(
+        default=[], description="keys written as null that an engine reads with hasattr (so None is taken as the value)"
+    )
     stated: Reading | None = Field(
         None, description="what the config states it was trained on (trainer_convention + trained_aux_boundaries or ids)"
     )
@@ -162,6 +165,11 @@ def _require(d: dict[str, Any], key: str, where: str) -> int:
     return value
 
 
+# SGLang's draft class takes config.target_hidden_size as fc's input size whenever the
+# attribute exists (hasattr), so a null left by a conversion is used as a size.
+NULL_SENSITIVE_KEYS = ("target_hidden_size",)
+
+
 def parse_draft_config(raw: dict[str, Any]) -> DraftConfigFile:
     """Normalise a SpecForge/SGLang-format or speculators-format draft config."""
     traces = speculators_traces(raw)
@@ -200,6 +208,7 @@ def parse_draft_config(raw: dict[str, Any]) -> DraftConfigFile:
         flags=flags,
         speculators_traces=traces,
         stated=_stated(raw),
+        null_keys=[key for key in NULL_SENSITIVE_KEYS if key in raw and raw[key] is None],
     )
 
 

@@ -559,6 +559,23 @@ def check_fc_width(cfg: DraftConfigFile, tensors: dict[str, TensorInfo], engine:
     return out
 
 
+def check_null_keys(cfg: DraftConfigFile, engine: Engine) -> list[Finding]:
+    """A key written as null that the engine reads as a value: the draft fails to build."""
+    if engine.name != "sglang" or "target_hidden_size" not in cfg.null_keys:
+        return []
+    return [
+        finding(
+            "shape_mismatch",
+            f"config.json sets target_hidden_size to null: {_engine_label(engine)}'s draft class takes it as fc's input "
+            "size whenever the key exists (hasattr(config, 'target_hidden_size')), so building fc fails "
+            "(TypeError on None x num_aux) before the server serves",
+            module="config.json",
+            evidence={"target_hidden_size": None, "hidden_size": cfg.hidden_size},
+            fix="set target_hidden_size to the target's hidden size, or delete the key (the draft's hidden_size is then used)",
+        )
+    ]
+
+
 def check_aux_enabled(cfg: DraftConfigFile, engine: Engine) -> list[Finding]:
     if cfg.use_aux_hidden_state is not False:
         return []
@@ -663,6 +680,7 @@ def audit(
     findings += check_dropped(replay, engine, dims)
     findings += check_missing(replay, cfg, engine, target)
     findings += check_tensor_shapes(replay, engine)
+    findings += check_null_keys(cfg, engine)
     findings += check_fc_width(cfg, tensors, engine, target)
     findings += check_aux_enabled(cfg, engine)
     findings += check_aux_layers(cfg, engine, target)
