@@ -230,6 +230,13 @@ finish() {
 trap finish EXIT
 trap 'say "interrupted"; exit 1' INT TERM
 
+report_servers() {  # names...: error blocks each server printed, and SGLang's last accept length
+  local v
+  for v in "$@"; do
+    say "$v: printed $(grep -c '^==== spectrace: ERROR' "$W/logs/server-$v.log") error block(s); $(grep 'accept len' "$W/logs/server-$v.log" | tail -1 | grep -o 'accept len: [0-9.]*')"
+  done
+}
+
 # -------------------------------------------------------------------- phase: variants
 run_variants() {
   local v
@@ -256,9 +263,7 @@ run_variants() {
   stop_servers "${order[@]}"
   for v in "${order[@]}"; do view "$v"; done
   mark variants_done
-  for v in "${order[@]}"; do
-    say "$v: printed $(grep -c '^==== spectrace: ERROR' "$W/logs/server-$v.log") error block(s); $(grep 'accept len' "$W/logs/server-$v.log" | tail -1 | grep -o 'accept len: [0-9.]*')"
-  done
+  report_servers "${order[@]}"
 }
 
 # -------------------------------------------------------------------- phase: overhead
@@ -346,9 +351,7 @@ run_trained() {
   stop_servers "${order[@]}"
   for v in "${order[@]}"; do view "$v"; done
   mark trained_done
-  for v in "${order[@]}"; do
-    say "$v: printed $(grep -c '^==== spectrace: ERROR' "$W/logs/server-$v.log") error block(s); $(grep 'accept len' "$W/logs/server-$v.log" | tail -1 | grep -o 'accept len: [0-9.]*')"
-  done
+  report_servers "${order[@]}"
 }
 
 if [ "$mode" = trained ]; then run_trained; exit 0; fi

@@ -113,6 +113,20 @@ SGLangFamily = Literal["llama", "deepseek"]
 Support = Literal["captured", "crash", "unknown"]  # what a request for the embedding does
 
 
+def release_in(version: str, since: str | None, before: str | None) -> bool:
+    """Whether ``version`` lies in ``[since, before)`` (None: open on that side)."""
+    v = version_tuple(version)
+    return (since is None or v >= version_tuple(since)) and (before is None or v < version_tuple(before))
+
+
+def release_span(since: str | None, before: str | None) -> str:
+    if since and before:
+        return f"{since} <= version < {before}"
+    if since:
+        return f">= {since}"
+    return f"< {before}" if before else "every version"
+
+
 @dataclass(frozen=True)
 class SGLangCaptureFacts:
     """What one SGLang target family does with its capture list in a range of releases.
@@ -133,16 +147,11 @@ class SGLangCaptureFacts:
     read_in: tuple[str, ...]  # the releases this row was read from (or checked on)
 
     def covers(self, version: str) -> bool:
-        v = version_tuple(version)
-        return (self.since is None or v >= version_tuple(self.since)) and (self.before is None or v < version_tuple(self.before))
+        return release_in(version, self.since, self.before)
 
     @property
     def span(self) -> str:
-        if self.since and self.before:
-            return f"{self.since} <= version < {self.before}"
-        if self.since:
-            return f">= {self.since}"
-        return f"< {self.before}" if self.before else "every version"
+        return release_span(self.since, self.before)
 
 
 _LLAMA_CRASH = (
@@ -204,7 +213,7 @@ SGLANG_CAPTURE: tuple[SGLangCaptureFacts, ...] = (
         ("0.5.22", "0.5.23"),
     ),
     SGLangCaptureFacts(
-        # The always-+1 rule of the seed report (BRIEF bug 3); no wheel of it was read.
+        # The always-+1 rule reported for releases before 0.5.14; no wheel of it was read.
         "deepseek",
         None,
         "0.5.14",
@@ -354,16 +363,11 @@ class SGLangDraftFlag:
     kept_if_target_hidden_differs: bool = False
 
     def covers(self, version: str) -> bool:
-        v = version_tuple(version)
-        return (self.since is None or v >= version_tuple(self.since)) and (self.before is None or v < version_tuple(self.before))
+        return release_in(version, self.since, self.before)
 
     @property
     def span(self) -> str:
-        if self.since and self.before:
-            return f"{self.since} <= version < {self.before}"
-        if self.since:
-            return f">= {self.since}"
-        return f"< {self.before}" if self.before else "every version"
+        return release_span(self.since, self.before)
 
     def read(self, version: str) -> bool:
         """Whether this very release was read (not only the range around it)."""
