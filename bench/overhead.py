@@ -174,7 +174,7 @@ def timer(device: str) -> Callable[[Callable[[], None]], float]:
 
 def eager_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
     import spectrace
-    from spectrace.hooks import stats as S
+    from spectrace.hooks import fused_stats as S
     from spectrace.settings import Settings
 
     dev = args.device
@@ -383,7 +383,7 @@ def sync_check(spectrace: Any, models: dict[str, nn.Module], settings: Any, step
 # ---------------------------------------------------------------------- graph-safe
 def graph_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
     """A Llama-8B-shaped decode step (32 layers, matmuls only, bf16) captured as a CUDA graph."""
-    from spectrace.hooks import stats as S
+    from spectrace.hooks import fused_stats as S
     from spectrace.hooks.graphsafe import GraphStats
 
     dev, dt = "cuda", torch.bfloat16

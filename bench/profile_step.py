@@ -43,7 +43,8 @@ def enqueue_ms(step, dev: str, n: int = 8) -> float:
 
 
 def micro(dev: str) -> dict[str, float]:
-    from spectrace.hooks import stats as S
+    from spectrace.hooks import fused_stats as S
+    from spectrace.hooks.readback import StepStats
     from spectrace.records import Call, TensorMeta
 
     x = torch.randn(2048, 4096, device=dev, dtype=torch.bfloat16 if dev == "cuda" else torch.float32)
@@ -61,14 +62,14 @@ def micro(dev: str) -> dict[str, float]:
         return round(v, 2)
 
     def step_add() -> None:
-        step = S.StepStats()
+        step = StepStats()
         for _ in range(32):
             step.add(x.view(-1, 4096)[:2048])  # a new view each time: no reuse
         step.start_readback()
 
     res["step_stats_add_us"] = round(per_us(step_add, 50) / 32, 2)
     res["torch_empty_us"] = per_us(lambda: torch.empty(264, 5, device=dev))
-    if dev == "cuda" and S._load_triton() is not None:
+    if dev == "cuda" and S.load_triton() is not None:
         out = torch.empty(4, S.programs_for(x.device), 5, device=dev, dtype=torch.float64)
         res["triton_launch_us"] = per_us(lambda: S.launch_partials(x, out, 1))
     res["tensor_meta_us"] = per_us(lambda: TensorMeta(arg="input[0]", shape=[4, 512, 4096], dtype="bfloat16", device="cuda:0"))
@@ -96,7 +97,8 @@ def micro(dev: str) -> dict[str, float]:
 def sweep(dev: str) -> list[str]:
     """Device time of the fused kernel per launch shape, on hidden states and logits,
     each shape's result checked against float64 (a fast wrong shape is no candidate)."""
-    from spectrace.hooks import stats as S
+    from spectrace.hooks import fused_stats as S
+    from spectrace.hooks.tensor_stats import reduce_partials
 
     tensors = {
         "hidden 4x512x4096": torch.randn(4 * 512, 4096, device=dev, dtype=torch.bfloat16),
@@ -108,8 +110,7 @@ def sweep(dev: str) -> list[str]:
     saved = (S.BLOCK, S.WARPS, S.PROGRAMS_PER_SM, S.TILE)
 
     def reset() -> None:
-        for key in [k for k in S._triton_state if isinstance(k, tuple) and k[0] == "programs"]:
-            del S._triton_state[key]
+        S.forget_programs()
 
     lines = ["fused kernel sweep (us per launch; programs/SM, BLOCK, warps, TILE; 'BAD' = disagrees with float64):"]
     shapes = [
@@ -135,7 +136,7 @@ def sweep(dev: str) -> list[str]:
         row = []
         for name, x in tensors.items():
             S.launch_partials(x, out, 1)
-            got = S.reduce_partials(out[1:2])[0].tolist()
+            got = reduce_partials(out[1:2])[0].tolist()
             s, q, m = refs[name]
             good = abs(got[0] - s) <= 1e-9 * (q * x.numel()) ** 0.5 and abs(got[1] - q) <= 1e-9 * q and got[2] == m
             torch.cuda.synchronize()
@@ -166,7 +167,7 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="time the fused kernel's launch shapes first")
     args = parser.parse_args()
     import spectrace
-    from spectrace.hooks import stats as S
+    from spectrace.hooks import fused_stats as S
     from spectrace.settings import Settings
 
     dev = args.device

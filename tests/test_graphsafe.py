@@ -14,10 +14,19 @@ import pytest
 import torch
 from conftest import tiny_llama
 
-from spectrace.hooks import stats as S
+from spectrace.hooks import fused_stats as F
+from spectrace.hooks import readback as R
+from spectrace.hooks import tensor_stats as T
 from spectrace.hooks.graphsafe import GraphStats
 
 pytestmark = pytest.mark.usefixtures("no_spectrace_env")
+
+
+@pytest.fixture
+def cpu_programs():
+    """Pin the fused kernel's partial rows per tensor on the CPU; recomputed after the test."""
+    yield lambda count: F.set_programs("cpu", count)
+    F.set_programs("cpu", None)
 
 
 def _ref(t: torch.Tensor) -> dict:
@@ -114,7 +123,7 @@ def test_graph_stats_for_modules_refreshes_per_call_and_removes_hooks():
 
 def test_step_stats_reduce_an_unchanged_tensor_once():
     x = torch.randn(8, 8)
-    step = S.StepStats()
+    step = R.StepStats()
     a = step.add(x)
     assert step.add(x) == a and len(step) == 1  # layer i's output is layer i+1's input
     x.add_(1.0)  # in place: a new version, so a new row
@@ -123,22 +132,22 @@ def test_step_stats_reduce_an_unchanged_tensor_once():
     readback = step.start_readback()
     assert len(step) == 0 and step.generation != readback.generation  # the next step starts clean
     values = readback.values()
-    assert values[b][S.SUM] == pytest.approx(x.double().sum().item(), abs=1e-3)
-    assert values[a][S.SUM] == pytest.approx(x.double().sum().item() - 64, abs=1e-3)
+    assert values[b][T.SUM] == pytest.approx(x.double().sum().item(), abs=1e-3)
+    assert values[a][T.SUM] == pytest.approx(x.double().sum().item() - 64, abs=1e-3)
 
 
 def test_step_stats_read_back_in_entry_order_and_empty_steps_give_none():
-    step = S.StepStats()
+    step = R.StepStats()
     tensors = [torch.full((4,), float(i + 1)) for i in range(3)]
     indices = [step.add(t) for t in tensors]
     values = step.start_readback().values()
-    assert [S.to_stats(values[i], 4).mean for i in indices] == [1.0, 2.0, 3.0]
+    assert [T.to_stats(values[i], 4).mean for i in indices] == [1.0, 2.0, 3.0]
     assert step.start_readback() is None
 
 
 def test_statistics_of_huge_values_do_not_overflow():
     x = torch.full((16,), 3e20)  # a float32 square overflows above 1.8e19
-    stats = S.to_stats(S.device_stats(x).tolist(), 16)
+    stats = T.to_stats(R.device_stats(x).tolist(), 16)
     assert stats.std == pytest.approx(0.0, abs=1e15) and stats.mean == pytest.approx(3e20, rel=1e-6)
 
 
@@ -149,16 +158,16 @@ def test_reduce_rows_combines_partials():
     for i, chunk in enumerate(x.chunk(4)):
         finite = chunk[~torch.isnan(chunk)]
         parts[i] = torch.tensor([chunk.sum(), (chunk * chunk).sum(), finite.abs().max(), torch.isnan(chunk).sum(), 0])
-    row = S.reduce_rows([parts])[0].tolist()
-    stats = S.to_stats(row, 1000)
+    row = T.reduce_rows([parts])[0].tolist()
+    stats = T.to_stats(row, 1000)
     assert stats.nan == 1 and stats.mean is None and stats.absmax is None
-    assert row[S.ABSMAX] == pytest.approx(x[~torch.isnan(x)].abs().max().item(), rel=1e-6)
+    assert row[T.ABSMAX] == pytest.approx(x[~torch.isnan(x)].abs().max().item(), rel=1e-6)
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="fused kernel on CPU needs TRITON_INTERPRET=1")
 def test_fused_kernel_matches_float64_in_the_interpreter():
     pytest.importorskip("triton")
-    assert S.check_fused("cpu")
+    assert F.check_fused("cpu")
     gs = GraphStats(capacity=16, device="cpu", fused=True)
     tensors = _tensors()
     for name, t in tensors.items():
@@ -169,18 +178,18 @@ def test_fused_kernel_matches_float64_in_the_interpreter():
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="fused kernel on CPU needs TRITON_INTERPRET=1")
-def test_fused_kernel_zeroes_the_rows_a_small_tensor_leaves_unwritten(monkeypatch):
+def test_fused_kernel_zeroes_the_rows_a_small_tensor_leaves_unwritten(cpu_programs):
     pytest.importorskip("triton")
-    monkeypatch.setitem(S._triton_state, ("programs", "cpu"), 700)  # 700 rows, far more than programs
-    for n in (1, 100, 4 * S.BLOCK, 13 * S.BLOCK + 5, 3000 * S.BLOCK + 3):
+    cpu_programs(700)  # 700 rows, far more than programs
+    for n in (1, 100, 4 * F.BLOCK, 13 * F.BLOCK + 5, 3000 * F.BLOCK + 3):
         x = torch.randn(n, generator=torch.Generator().manual_seed(n)) * 3
         out = torch.full((3, 700, 5), 7.0, dtype=torch.float64)  # stale values from an earlier step
-        S.launch_partials(x, out, 1)
-        row = S.reduce_partials(out[1:2])[0].tolist()
+        F.launch_partials(x, out, 1)
+        row = T.reduce_partials(out[1:2])[0].tolist()
         r = x.double()
-        assert row[S.SUM] == pytest.approx(r.sum().item(), abs=1e-6 * r.abs().sum().item())
-        assert row[S.SUMSQ] == pytest.approx((r * r).sum().item(), rel=1e-9)
-        assert row[S.ABSMAX] == r.abs().max().item() and row[S.NAN] == 0 and row[S.INF] == 0
+        assert row[T.SUM] == pytest.approx(r.sum().item(), abs=1e-6 * r.abs().sum().item())
+        assert row[T.SUMSQ] == pytest.approx((r * r).sum().item(), rel=1e-9)
+        assert row[T.ABSMAX] == r.abs().max().item() and row[T.NAN] == 0 and row[T.INF] == 0
         assert bool((out[0] == 7).all() and (out[2] == 7).all())  # neighbouring slots untouched
 
 
@@ -222,7 +231,7 @@ def test_traced_forward_has_no_host_sync():
 
     model = tiny_llama().cuda()
     ids = torch.randint(0, 128, (2, 9), device="cuda")
-    S.prepare("cuda")
+    F.prepare("cuda")
     with torch.no_grad(), spectrace.trace(model) as t:
         model(ids)  # warm-up: kernels compiled, pinned buffers cached
         t.tracer.finish_step()
@@ -237,7 +246,7 @@ def test_traced_forward_has_no_host_sync():
 def test_step_readback_reduces_each_slot_of_a_step_buffer():
     """The fused path's read-back: one row per slot, then the torch-path rows, back in entry order."""
     tensors = [torch.randn(40, generator=torch.Generator().manual_seed(i)) * (i + 1) for i in range(3)]
-    buffer = S._SlotBuffer(torch.device("cpu"), capacity=4)
+    buffer = R.SlotBuffer(torch.device("cpu"), capacity=4)
     programs = buffer.tensor.shape[1]
     entries = []
     for slot, t in enumerate(tensors[:2]):
@@ -247,23 +256,23 @@ def test_step_readback_reduces_each_slot_of_a_step_buffer():
             buffer.tensor[slot, p] = torch.tensor([c.sum(), (c * c).sum(), c.abs().max(), 0, 0])
         buffer.used += 1
         entries.append(("slot", buffer, slot))
-    entries.insert(1, ("row", S._cpu_stats(tensors[2])))  # a slow-path row between the slots
-    copy = S._copy_rows(torch.device("cpu"), entries, [0, 1, 2], buffer)
+    entries.insert(1, ("row", T.cpu_stats(tensors[2])))  # a slow-path row between the slots
+    copy = R.copy_rows(torch.device("cpu"), entries, [0, 1, 2], buffer)
     values = dict(zip(copy.indices, copy.host.tolist()))
     for index, t in zip([0, 2, 1], tensors):
-        got = S.to_stats(values[index], t.numel())
+        got = T.to_stats(values[index], t.numel())
         assert got.mean == pytest.approx(t.double().mean().item(), abs=1e-6)
         assert got.absmax == pytest.approx(t.abs().max().item(), rel=1e-6)
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="fused kernel on CPU needs TRITON_INTERPRET=1")
-def test_graph_slots_skip_zeroing_only_when_the_rows_left_are_known_zero(monkeypatch):
+def test_graph_slots_skip_zeroing_only_when_the_rows_left_are_known_zero(cpu_programs):
     pytest.importorskip("triton")
-    monkeypatch.setitem(S._triton_state, ("programs", "cpu"), 64)
-    assert S.check_fused("cpu")  # compiles and checks both kernel variants
+    cpu_programs(64)
+    assert F.check_fused("cpu")  # compiles and checks both kernel variants
     gs = GraphStats(capacity=2, device="cpu", fused=True)
-    big = torch.randn(40 * S.BLOCK, generator=torch.Generator().manual_seed(1)) * 2
-    small = torch.randn(3 * S.BLOCK + 7, generator=torch.Generator().manual_seed(2)) + 1
+    big = torch.randn(40 * F.BLOCK, generator=torch.Generator().manual_seed(1)) * 2
+    small = torch.randn(3 * F.BLOCK + 7, generator=torch.Generator().manual_seed(2)) + 1
     for t in (small, small, big, small):  # same size (no zeroing), larger, then smaller again (must zero)
         gs.record("h", t)
         _assert_close(gs.read()["h"], _ref(t))

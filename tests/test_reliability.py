@@ -329,12 +329,12 @@ def test_planted_symlink_is_not_followed(tmp_path: Path) -> None:
 if __name__ != "__main__":
 
     def test_statistic_that_raises(small, monkeypatch, capfd) -> None:
-        from spectrace.hooks import stats
+        from spectrace.hooks import readback
 
         def broken(tensor: Any) -> Any:
             raise FloatingPointError("reduction kernel failed")
 
-        monkeypatch.setattr(stats, "_cpu_stats", broken)
+        monkeypatch.setattr(readback, "cpu_stats", broken)
         model, ids, ref = small
         t, _ = _run_traced(model, ids, ref, steps=3)
         assert len(t.calls()) == 3 * 5 and all(m.stats is None for c in t.calls() for m in c.outputs)
@@ -343,12 +343,12 @@ if __name__ != "__main__":
         assert len(_spectrace_lines(err, "internal error")) == 1, err
 
     def test_statistics_readback_that_raises_keeps_the_calls(small, monkeypatch, capfd) -> None:
-        from spectrace.hooks import stats
+        from spectrace.hooks import readback
 
         def broken(rows: Any) -> Any:
             raise RuntimeError("device lost")
 
-        monkeypatch.setattr(stats, "reduce_rows", broken)
+        monkeypatch.setattr(readback, "reduce_rows", broken)
         model, ids, ref = small
         t, _ = _run_traced(model, ids, ref, steps=3)
         assert len(t.calls()) == 3 * 5  # the calls of every step still arrive, without statistics

@@ -33,9 +33,10 @@ import torch.nn as nn
 from ..recorder import Recorder
 from ..records import Call
 from . import hookdicts, stepwrap
+from .readback import Readback, StepStats
 from .roles import role_of
 from .selection import ModuleFilter, select
-from .stats import _INDEX_DTYPES, Readback, StepStats, stats_for, stats_supported
+from .tensor_stats import INDEX_DTYPES, stats_for, stats_supported
 from .tensors import collect
 from .worker import RecordWorker
 
@@ -443,7 +444,7 @@ class Tracer:
             dtype = _dtype_name(tensor.dtype)
             index = -1
             numel = 0
-            if want and budget != 0 and dtype not in _INDEX_DTYPES and stats_supported(tensor):
+            if want and budget != 0 and dtype not in INDEX_DTYPES and stats_supported(tensor):
                 if budget is not None:
                     budget -= 1
                 try:

@@ -29,20 +29,9 @@ import torch
 import torch.nn as nn
 
 from ..records import TensorStats
+from .fused_stats import TRITON_DTYPES, launch_partials, prepare, programs_for
 from .selection import ModuleFilter, select
-from .stats import (
-    _INDEX_DTYPES,
-    _TRITON_DTYPES,
-    ROW,
-    _cpu_stats,
-    _torch_stats,
-    launch_partials,
-    prepare,
-    programs_for,
-    reduce_partials,
-    stats_supported,
-    to_stats,
-)
+from .tensor_stats import INDEX_DTYPES, ROW, cpu_stats, reduce_partials, stats_supported, to_stats, torch_stats
 
 
 def _first_tensor(value: Any) -> torch.Tensor | None:
@@ -110,7 +99,7 @@ class GraphStats:
         """
         if not isinstance(tensor, torch.Tensor) or not stats_supported(tensor):
             return False
-        if str(tensor.dtype).replace("torch.", "") in _INDEX_DTYPES:
+        if str(tensor.dtype).replace("torch.", "") in INDEX_DTYPES:
             return False  # token ids: a mean of ids would leak them (one-token decode steps)
         index = self.slot(name)
         self.numel[index] = tensor.numel()
@@ -118,16 +107,16 @@ class GraphStats:
         x = tensor.detach()
         if x.device != self.device:
             raise ValueError(f"{name}: tensor on {x.device}, GraphStats on {self.device}")
-        if self.fused and x.dtype in _TRITON_DTYPES and x.is_contiguous():
+        if self.fused and x.dtype in TRITON_DTYPES and x.is_contiguous():
             launch_partials(x, self.buffer, index, self._written)
             return True
         if self._written[index] > 1:
             self.buffer[index, 1:].zero_()  # an earlier fused launch filled more rows
         self._written[index] = 1
         if x.device.type == "cpu":
-            self.buffer[index, 0].copy_(_cpu_stats(x))
+            self.buffer[index, 0].copy_(cpu_stats(x))
         else:
-            self.buffer[index, 0].copy_(_torch_stats(x))
+            self.buffer[index, 0].copy_(torch_stats(x))
         return True
 
     def hook(self, module: nn.Module, name: str) -> None:

@@ -1,8 +1,8 @@
-"""The fused statistics kernel (Triton), imported by :mod:`.stats` on first use.
+"""The fused statistics kernel (Triton, device code), imported by :mod:`.fused_stats` on first use.
 
 One pass over a tensor in its own dtype gives per-program partial rows
-``[sum, sumsq, absmax, nan, inf]``; :func:`spectrace.hooks.stats.launch_partials` launches it
-and :func:`spectrace.hooks.stats.reduce_partials` combines the rows.
+``[sum, sumsq, absmax, nan, inf]``; :func:`spectrace.hooks.fused_stats.launch_partials` launches
+it and :func:`spectrace.hooks.tensor_stats.reduce_partials` combines the rows.
 """
 
 import triton

@@ -1,0 +1,193 @@
+"""The fused Triton statistics kernel, host side: loading, launch shape, self-check.
+
+**CUDA with Triton**: one kernel per tensor reads it once and writes per-program partial
+rows (``[P, 5]``, float64 sums) into the next slot of a reused step buffer
+(:mod:`.readback`); the partials of the whole step are reduced together at the step's end
+(:func:`.tensor_stats.reduce_partials`). No float32 copy of the tensor is ever made (a
+bf16 logits tensor is read as bf16). The kernel is checked against a float64 reference on
+first use per device and disabled if it disagrees.
+
+The ``@triton.jit`` device code lives in :mod:`.fused_stats_kernel`, imported on first
+use only; ``SPECTRACE_FUSED_STATS=0`` disables the kernel.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from typing import Any
+
+import torch
+
+from .tensor_stats import ABSMAX, INF, NAN, ROW, SUM, SUMSQ, reduce_rows
+
+# The dtypes the fused kernel reads as they are.
+TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+_triton_state: dict[Any, Any] = {}
+_lock = threading.Lock()
+# Launch shape of the fused kernel: PROGRAMS_PER_SM programs per multiprocessor, each
+# looping over its chunk BLOCK elements at a time with WARPS warps. Enough programs must
+# be resident to keep loads in flight, and each loads TILE blocks per iteration (more
+# bytes in flight for the same accumulators: the 525 MB logits of a 4x512 prefill went
+# from 304 to 173 us, 1.7 -> 3.0 TB/s, a 4x512x4096 hidden state from 13.7 to 9.3 us);
+# measured on the H200 (bench/profile_step.py --sweep), see bench/results/stats-kernel-sweep-h200-2026-11-30.csv.
+BLOCK = 1024
+WARPS = 4
+PROGRAMS_PER_SM = 8
+TILE = 8
+MIN_BLOCKS_PER_PROGRAM = 4  # below that, fewer programs: a decode-step tensor needs a handful
+
+
+def load_triton() -> Any | None:
+    """The compiled kernel, or None when Triton is missing or disabled."""
+    if "kernel" in _triton_state:
+        return _triton_state["kernel"]
+    kernel = None
+    if os.environ.get("SPECTRACE_FUSED_STATS", "1").strip().lower() not in ("0", "false", "no", "off"):
+        try:
+            kernel = _build_kernel()
+        except Exception:
+            kernel = None
+    _triton_state["kernel"] = kernel
+    return kernel
+
+
+def _build_kernel() -> Any:
+    # Imported on first use only: Triton is optional and slow to import.
+    from .fused_stats_kernel import stats_partials
+
+    return stats_partials
+
+
+def programs_for(device: torch.device) -> int:
+    """How many partial rows the fused kernel writes per tensor on ``device``."""
+    key = ("programs", str(device))
+    if key not in _triton_state:
+        sms = 1
+        if device.type == "cuda":
+            sms = torch.cuda.get_device_properties(device).multi_processor_count
+        _triton_state[key] = max(1, PROGRAMS_PER_SM * sms)
+    return _triton_state[key]
+
+
+def set_programs(device: torch.device | str, count: int | None) -> None:
+    """Pin :func:`programs_for` of ``device`` to ``count`` rows (None: recompute on next use).
+
+    For tests and launch-shape sweeps; buffers already allocated keep their row count.
+    """
+    key = ("programs", str(torch.device(device)))
+    if count is None:
+        _triton_state.pop(key, None)
+    else:
+        _triton_state[key] = count
+
+
+def forget_programs() -> None:
+    """Drop every device's cached :func:`programs_for` (after changing ``PROGRAMS_PER_SM``)."""
+    for key in [k for k in _triton_state if isinstance(k, tuple) and k[0] == "programs"]:
+        del _triton_state[key]
+
+
+def launch_partials(x: torch.Tensor, out: torch.Tensor, slot: int = 0, written: list[int] | None = None) -> None:
+    """Enqueue the fused kernel: contiguous float ``x`` -> float64 ``out[slot]``.
+
+    ``out`` is ``(P, 5)`` (then ``slot`` is 0) or a ``(slots, P, 5)`` buffer; passing the
+    whole buffer and a slot number saves a slicing op per tensor. ``written[slot]``, when
+    given, is how many leading rows of the slot may hold values (the rest are known to be
+    zero): the kernel then zeroes only if this launch writes fewer rows, and the count is
+    updated. Without it every launch zeroes the rows it does not write.
+    """
+    kernel = load_triton()
+    rows = out.shape[-2]
+    n = x.numel()
+    full = n // BLOCK
+    grid = min(rows, max(1, -(-full // MIN_BLOCKS_PER_PROGRAM)))
+    per = -(-full // grid)  # whole blocks per program
+    per = -(-per // TILE) * TILE  # whole tiles, so only the last program reads single blocks
+    grid = max(1, min(grid, -(-full // per))) if full else 1
+    zero_rest = written is None or grid < written[slot]
+    kernel[(grid,)](x, out, n, per, slot, rows, BLOCK=BLOCK, TILE=TILE, ZERO_REST=zero_rest, num_warps=WARPS)
+    if written is not None:
+        written[slot] = grid
+
+
+def fused_supported(x: torch.Tensor) -> bool:
+    """Whether the fused kernel can read ``x`` as it is (dtype, layout, device)."""
+    return x.is_cuda and x.dtype in TRITON_DTYPES and x.is_contiguous() and load_triton() is not None
+
+
+def fused_ok(x: torch.Tensor) -> bool:
+    """Whether ``x`` takes the fused path: :func:`fused_supported`, and the kernel passed
+    :func:`check_fused` on ``x``'s device (checked on first use, then cached)."""
+    if not fused_supported(x):
+        return False
+    key = ("checked", x.device.index)
+    ok = _triton_state.get(key)
+    if ok is None:
+        ok = _triton_state[key] = check_fused(x.device)
+    return ok
+
+
+def check_fused(device: torch.device | str) -> bool:
+    """Run the kernel once against a float64 reference (syncs; call before tracing).
+
+    Returns False (and the slower torch path is used) when the kernel is missing, fails
+    to compile, or disagrees. :func:`prepare` calls it ahead of time.
+    """
+    device = torch.device(device)
+    with _lock:
+        try:
+            gen = torch.Generator(device="cpu").manual_seed(7)
+            ref = torch.randn(3 * BLOCK + 17, generator=gen, dtype=torch.float64) * 3
+            ref[5], ref[BLOCK + 3], ref[-1] = math.nan, math.inf, -math.inf
+            for dtype in TRITON_DTYPES:
+                x = ref.to(device=device, dtype=dtype)
+                out = torch.empty(programs_for(device), ROW, device=device, dtype=torch.float64)
+                launch_partials(x, out)
+                reduced = reduce_rows([out])
+                row = reduced[0].tolist()
+                # +inf and -inf and a NaN: the sum is NaN, absmax is inf (NaN ignored).
+                if not (math.isnan(row[SUM]) and row[NAN] == 1 and row[INF] == 2 and row[ABSMAX] == math.inf):
+                    return False
+                # The variant that leaves known-zero rows alone (graph-safe slots), per
+                # dtype: compiled here, outside any capture, and it must agree.
+                kept = torch.zeros(1, programs_for(device), ROW, device=device, dtype=torch.float64)
+                launch_partials(x, kept, 0, [0])
+                if not torch.equal(reduce_rows([kept[0]]).nan_to_num(nan=-1.0), reduced.nan_to_num(nan=-1.0)):
+                    return False
+            # A finite tensor: sums against float64.
+            x = (torch.randn(5 * BLOCK + 3, generator=gen, dtype=torch.float64) + 0.5).to(device=device, dtype=torch.float32)
+            out = torch.zeros(3, programs_for(device), ROW, device=device, dtype=torch.float64)
+            launch_partials(x, out, slot=2)  # the slot argument lands where it says
+            if bool(out[:2].any()):
+                return False
+            row = reduce_rows([out[2]])[0].tolist()
+            r = x.double().cpu()
+            return (
+                abs(row[SUM] - float(r.sum())) <= 1e-4 * float(r.abs().sum())
+                and abs(row[SUMSQ] - float((r * r).sum())) <= 1e-4 * float((r * r).sum())
+                and row[ABSMAX] == float(r.abs().max())
+                and row[NAN] == 0
+                and row[INF] == 0
+            )
+        except Exception:
+            return False
+
+
+def prepare(device: torch.device | str) -> bool:
+    """Compile and check the fused kernel for ``device`` now (outside any forward).
+
+    Returns whether the fused path is in use there. Tracing works without calling it;
+    the first traced tensor then pays the compile and one sync.
+    """
+    device = torch.device(device)
+    if device.type != "cuda" or load_triton() is None:
+        return False
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    key = ("checked", device.index)
+    if key not in _triton_state:
+        _triton_state[key] = check_fused(device)
+    return bool(_triton_state[key])

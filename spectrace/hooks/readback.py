@@ -1,0 +1,270 @@
+"""The statistics of one step: launched per tensor on its device, read back in one copy.
+
+:func:`device_stats` computes one tensor's row on its device; a traced step goes through
+:class:`StepStats`, which picks the same path per tensor (CPU, the fused kernel of
+:mod:`.fused_stats` writing into a reused step buffer, or the torch reductions of
+:mod:`.tensor_stats`).
+
+    >>> from spectrace.hooks.tensor_stats import reduce_rows, to_stats
+    >>> row = device_stats(torch.randn(4, 8), "basic")
+    >>> to_stats(reduce_rows([row])[0].tolist(), 32).std
+
+A tensor seen twice in one step (layer ``i``'s output is layer ``i+1``'s input) is
+reduced once: the row is reused while the same tensor object is alive and unmodified.
+
+Read-back: :meth:`StepStats.start_readback` ends a step by enqueueing one reduction
+and one non-blocking copy into pinned memory (plus an event) per device; nothing waits
+for the device there. :meth:`Readback.values` blocks until the copy landed, and is
+called by the record worker thread, never inside the forward.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from typing import Any
+
+import torch
+
+from .fused_stats import fused_ok, launch_partials, programs_for
+from .tensor_stats import ROW, cpu_stats, reduce_partials, reduce_rows, torch_stats
+
+
+# ------------------------------------------------------------------ one tensor
+def device_stats(tensor: torch.Tensor, mode: str = "basic") -> torch.Tensor:
+    """Statistics of one ``tensor`` on its device, without a host sync on accelerators.
+
+    Returns either a row ``[sum, sumsq, absmax, nan, inf]`` (shape ``(5,)``) or, on the
+    fused CUDA path, per-program partial rows (shape ``(P, 5)``) that :func:`reduce_rows`
+    combines. A traced step goes through :class:`StepStats` instead, which writes fused
+    partials into a reused buffer. ``mode`` ("basic" or "full") gives the same numbers.
+    """
+    x = tensor.detach()
+    if x.device.type == "cpu":
+        return cpu_stats(x)
+    if fused_ok(x):
+        out = torch.empty(programs_for(x.device), ROW, device=x.device, dtype=torch.float64)
+        launch_partials(x, out)
+        return out
+    return torch_stats(x)
+
+
+# ------------------------------------------------------------------ one step
+class SlotBuffer:
+    """A ``(capacity, P, 5)`` float64 device buffer: one slot of partial rows per tensor.
+
+    A traced step takes one from the pool, each fused launch writes the next slot, and the
+    buffer goes back to the pool once its read-back has landed (so no step overwrites a
+    buffer whose reduction has not run yet). Allocating ``(P, 5)`` per tensor instead
+    costs a caching-allocator call per hook.
+    """
+
+    __slots__ = ("tensor", "used")
+
+    def __init__(self, device: torch.device, capacity: int) -> None:
+        self.tensor = torch.empty(capacity, programs_for(device), ROW, device=device, dtype=torch.float64)
+        self.used = 0
+
+
+class _BufferPool:
+    def __init__(self) -> None:
+        self._free: dict[torch.device, list[SlotBuffer]] = {}
+        self._capacity: dict[torch.device, int] = {}
+        self._lock = threading.Lock()
+
+    def take(self, device: torch.device) -> SlotBuffer:
+        with self._lock:
+            free = self._free.get(device)
+            if free:
+                return free.pop()
+            capacity = self._capacity.get(device, 64)
+        return SlotBuffer(device, capacity)
+
+    def give_back(self, buffer: SlotBuffer, wanted: int) -> None:
+        device = buffer.tensor.device
+        with self._lock:
+            if wanted > buffer.tensor.shape[0]:
+                # The step needed more slots than the buffer had (the rest took the slow
+                # path): later buffers are sized for it, this one is dropped.
+                self._capacity[device] = max(self._capacity.get(device, 64), 2 * wanted)
+                return
+            buffer.used = 0
+            free = self._free.setdefault(device, [])
+            if len(free) < 8:
+                free.append(buffer)
+
+
+_pool = _BufferPool()
+_generations = itertools.count()  # next() is atomic: steps of all threads get distinct numbers
+
+
+class StepStats:
+    """The statistics of one step on one thread: launched per tensor, read back once.
+
+    :meth:`add` enqueues a tensor's reduction and returns its index in the step (a tensor
+    seen twice in one step, layer ``i``'s output being layer ``i+1``'s input, is reduced
+    once while the same object is alive and unmodified). :meth:`start_readback` ends the
+    step: per device one reduction and one non-blocking copy into pinned memory behind
+    an event, returned as a :class:`Readback` that another thread may wait on.
+    """
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        # A call may start in one step and end in the next (a hooked module around a
+        # wrapped root): its rows are found by (generation, index).
+        self.generation = next(_generations)
+        # entry: ("slot", buffer, slot) for fused partials, ("row", tensor) otherwise
+        self.entries: list[tuple[Any, ...]] = []
+        self._buffers: dict[torch.device, SlotBuffer] = {}
+        self._wanted: dict[torch.device, int] = {}
+        self._seen: dict[int, tuple[Any, int, int]] = {}
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def add(self, tensor: torch.Tensor) -> int:
+        """Enqueue ``tensor``'s statistics; returns its index in this step."""
+        key = id(tensor)
+        hit = self._seen.get(key)
+        if hit is not None and hit[0]() is tensor and tensor._version == hit[1]:
+            return hit[2]
+        x = tensor.detach()
+        device = x.device
+        if device.type == "cpu":
+            entry: tuple[Any, ...] = ("row", cpu_stats(x))
+        elif fused_ok(x):
+            entry = self._fused(x, device)
+        else:
+            entry = ("row", torch_stats(x))
+        index = len(self.entries)
+        self.entries.append(entry)
+        try:
+            self._seen[key] = (weakref.ref(tensor), tensor._version, index)
+        except TypeError:
+            pass
+        return index
+
+    def _fused(self, x: torch.Tensor, device: torch.device) -> tuple[Any, ...]:
+        buffer = self._buffers.get(device)
+        if buffer is None:
+            buffer = self._buffers[device] = _pool.take(device)
+        self._wanted[device] = self._wanted.get(device, 0) + 1
+        if buffer.used < buffer.tensor.shape[0]:
+            slot = buffer.used
+            launch_partials(x, buffer.tensor, slot)
+            buffer.used += 1
+            return ("slot", buffer, slot)
+        out = torch.empty(programs_for(device), ROW, device=device, dtype=torch.float64)
+        launch_partials(x, out)
+        return ("row", out)
+
+    def start_readback(self) -> Readback | None:
+        """End the step: enqueue the reduction and host copy of every row (no sync on CUDA).
+
+        Returns None when the step computed no statistics. A device whose reduction fails
+        leaves its entries without values; the error is kept on the read-back.
+        """
+        entries, buffers, wanted, generation = self.entries, self._buffers, self._wanted, self.generation
+        self._reset()
+        if not entries:
+            for device, buffer in buffers.items():
+                _pool.give_back(buffer, wanted.get(device, 0))
+            return None
+        by_device: dict[torch.device, list[int]] = {}
+        for index, entry in enumerate(entries):
+            device = entry[1].tensor.device if entry[0] == "slot" else entry[1].device
+            by_device.setdefault(device, []).append(index)
+        copies: list[_Copy] = []
+        error: BaseException | None = None
+        for device, indices in by_device.items():
+            try:
+                copies.append(copy_rows(device, [entries[i] for i in indices], indices, buffers.get(device)))
+            except Exception as exc:
+                error = error or exc
+        returns = [(buffer, wanted.get(device, 0)) for device, buffer in buffers.items()]
+        return Readback(generation, len(entries), copies, returns, error)
+
+
+def copy_rows(device: torch.device, entries: list[tuple[Any, ...]], indices: list[int], buffer: SlotBuffer | None) -> _Copy:
+    """Reduce one device's entries to ``(T, 5)`` float64 and start their host copy."""
+    slots = [e for e in entries if e[0] == "slot"]
+    rows = [e[1] for e in entries if e[0] == "row"]
+    parts = []
+    if slots:
+        assert buffer is not None
+        parts.append(reduce_partials(buffer.tensor[: buffer.used]))  # slots are 0..used-1 in order
+    if rows:
+        parts.append(reduce_rows(rows))
+    reduced = parts[0] if len(parts) == 1 else torch.cat(parts)
+    # Row order in ``reduced``: the slots in slot order, then the other rows in entry order.
+    order = [i for i, e in zip(indices, entries) if e[0] == "slot"] + [i for i, e in zip(indices, entries) if e[0] == "row"]
+    if device.type == "cuda":
+        host = torch.empty(reduced.shape, dtype=reduced.dtype, pin_memory=True)
+        host.copy_(reduced, non_blocking=True)
+        # blocking: the worker that waits on it sleeps instead of spinning a core.
+        event = torch.cuda.Event(blocking=True)
+        event.record()
+        return _Copy(order, host, event)
+    return _Copy(order, reduced.to("cpu"), None)
+
+
+class _Copy:
+    """One device's rows of one step, copied (or being copied) to host memory."""
+
+    __slots__ = ("indices", "host", "event")
+
+    def __init__(self, indices: list[int], host: torch.Tensor, event: Any) -> None:
+        self.indices = indices
+        self.host = host
+        self.event = event
+
+    def ready(self) -> bool:
+        return self.event is None or self.event.query()
+
+    def wait(self) -> None:
+        if self.event is not None:
+            self.event.synchronize()
+
+
+class Readback:
+    """One step's statistics on their way to the host; :meth:`values` waits for them."""
+
+    def __init__(
+        self, generation: int, count: int, copies: list[_Copy], buffers: list[tuple[SlotBuffer, int]], error: BaseException | None
+    ) -> None:
+        self.generation = generation
+        self.count = count
+        self.copies = copies
+        self.error = error
+        self._buffers = buffers
+
+    def ready(self) -> bool:
+        """Whether every copy has landed (never blocks)."""
+        return all(c.ready() for c in self.copies)
+
+    def busy(self) -> bool:
+        return not self.ready()
+
+    def has_events(self) -> bool:
+        return any(c.event is not None for c in self.copies)
+
+    def values(self) -> list[list[float] | None]:
+        """Row ``[sum, sumsq, absmax, nan, inf]`` per index (None where the device failed).
+
+        Blocks until the copies landed (``event.synchronize`` releases the GIL), then
+        hands the step's buffers back to the pool.
+        """
+        out: list[list[float] | None] = [None] * self.count
+        try:
+            for copy in self.copies:
+                copy.wait()
+                for i, values in zip(copy.indices, copy.host.tolist()):
+                    out[i] = values
+        finally:
+            for buffer, wanted in self._buffers:
+                _pool.give_back(buffer, wanted)
+            self._buffers = []
+        return out
