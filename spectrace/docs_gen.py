@@ -342,7 +342,7 @@ FIELD_NOTES: dict[tuple[str, str], str] = {
     ("Header", "pid"): "process id of the writer",
     ("Header", "host"): "host name of the writer",
     ("Header", "rank"): "distributed rank (`SPECTRACE_RANK` or `RANK`), or null",
-    ("Header", "argv"): "the command line with every option value replaced by `<redacted>` (in full with `SPECTRACE_CAPTURE_VALUES=1`)",
+    ("Header", "argv"): "the command line with every option value replaced by `<redacted>` (in full with `SPECTRACE_KEEP_ARGV=1`)",
     ("Header", "started_unix"): "when tracing started (Unix seconds)",
     ("Header", "settings"): "the spectrace settings in effect (as `spectrace settings` prints them, credentials redacted)",
     ("Header", "versions"): "versions of python, torch, transformers and sglang where loaded",

@@ -46,7 +46,7 @@ def safe_argv(argv: list[str], keep_values: bool = False) -> list[str]:
 
     A prompt, a token or a path passed on the command line would otherwise sit in every
     trace. ``argv[0]`` and ``--option`` names stay (they say how the server was started);
-    every other token becomes ``<redacted>``. ``SPECTRACE_CAPTURE_VALUES=1`` keeps it all.
+    every other token becomes ``<redacted>``. ``SPECTRACE_KEEP_ARGV=1`` keeps it all.
 
         >>> safe_argv(["serve.py", "--prompt=hi there", "--port", "30000", "-v"])
         ['serve.py', '--prompt=<redacted>', '--port', '<redacted>', '-v']
@@ -149,7 +149,7 @@ class Recorder:
             pid=os.getpid(),
             host=socket.gethostname(),
             rank=rank,
-            argv=safe_argv(list(sys.argv), settings.capture_values),
+            argv=safe_argv(list(sys.argv), settings.keep_argv),
             started_unix=time.time(),
             settings=_safe_settings(settings),
             versions=_versions(),

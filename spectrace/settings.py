@@ -103,7 +103,7 @@ class Settings:
     sample: int = 1
     record_cap: int = DEFAULT_RECORD_CAP
     flush_seconds: float = DEFAULT_FLUSH_SECONDS
-    capture_values: bool = False
+    keep_argv: bool = False  # the header keeps the command line's option values
     quiet: bool = False
     otlp_endpoint: str = ""  # the OTEL_EXPORTER_OTLP(_TRACES)_ENDPOINT in effect: turns spans on
     sglang_skip: tuple[str, ...] = ()  # SGLang patch-point features left unpatched (reported once)
@@ -112,9 +112,15 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
         stats = _choice(env, "SPECTRACE_STATS", STATS_MODES, "basic")
-        capture_values = _flag(env, "SPECTRACE_CAPTURE_VALUES", False)
-        if capture_values:
-            warn("SPECTRACE_CAPTURE_VALUES=1: traces may hold raw tensor values; keep them private")
+        keep_argv = _flag(env, "SPECTRACE_KEEP_ARGV", False)
+        if keep_argv:
+            warn("SPECTRACE_KEEP_ARGV=1: trace headers keep the full command line (prompts, tokens, paths); keep them private")
+        if "SPECTRACE_CAPTURE_VALUES" in env:
+            # Its name promised tensor values; all it ever did was keep the command line.
+            warn(
+                "SPECTRACE_CAPTURE_VALUES is gone and has no effect: traces never hold tensor values; "
+                "SPECTRACE_KEEP_ARGV=1 keeps the full command line in the header"
+            )
         return cls(
             enabled=_flag(env, "SPECTRACE", False),
             dir=env.get("SPECTRACE_DIR", "").strip() or "spectrace-traces",
@@ -124,7 +130,7 @@ class Settings:
             sample=_positive_int(env, "SPECTRACE_SAMPLE", 1),
             record_cap=_positive_int(env, "SPECTRACE_RECORD_CAP", DEFAULT_RECORD_CAP),
             flush_seconds=_positive_float(env, "SPECTRACE_FLUSH_SECONDS", DEFAULT_FLUSH_SECONDS),
-            capture_values=capture_values,
+            keep_argv=keep_argv,
             quiet=_flag(env, "SPECTRACE_QUIET", False),
             sglang_skip=_patterns(env, "SPECTRACE_SGLANG_SKIP"),
             # Only "is an endpoint set" (spans on) and what to show: the OTLP exporter reads

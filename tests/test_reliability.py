@@ -697,15 +697,21 @@ if __name__ != "__main__":
                     assert set(m) == {"arg", "shape", "dtype", "device", "stats"}
                     assert m["stats"] is None or set(m["stats"]) == {"mean", "std", "absmax", "nan", "inf", "numel"}
 
-    def test_values_are_opt_in_with_a_warning(monkeypatch, capsys) -> None:
-        s = Settings.from_env({"SPECTRACE_CAPTURE_VALUES": "1"})
-        assert s.capture_values
+    def test_full_argv_is_opt_in_with_a_warning(monkeypatch, capsys) -> None:
+        s = Settings.from_env({"SPECTRACE_KEEP_ARGV": "1"})
+        assert s.keep_argv
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and "SPECTRACE_CAPTURE_VALUES=1" in err[0] and "raw tensor values" in err[0]
+        assert len(err) == 1 and "SPECTRACE_KEEP_ARGV=1" in err[0] and "full command line" in err[0]
         monkeypatch.setattr(sys, "argv", ["serve.py", "--prompt", "hello"])
         assert Recorder(s).header.argv == ["serve.py", "--prompt", "hello"]
         assert Recorder(Settings()).header.argv == ["serve.py", "--prompt", "<redacted>"]
-        assert not Settings.from_env({}).capture_values and capsys.readouterr().err == ""
+        assert not Settings.from_env({}).keep_argv and capsys.readouterr().err == ""
+
+    def test_the_old_capture_values_variable_says_it_is_gone(capsys) -> None:
+        s = Settings.from_env({"SPECTRACE_CAPTURE_VALUES": "1"})
+        assert not s.keep_argv
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert "SPECTRACE_CAPTURE_VALUES is gone" in line and "SPECTRACE_KEEP_ARGV=1" in line
 
     def test_endpoint_credentials_stay_out_of_the_header() -> None:
         rec = Recorder(Settings(otlp_endpoint="https://user:s3cret@collector:4318/v1"))

@@ -1,4 +1,4 @@
-"""The capture engine: forward hooks that turn module calls into ``call`` records.
+"""The tracing engine: forward hooks that turn module calls into ``call`` records.
 
 A :class:`Tracer` hooks the selected modules of one or more roots and wraps each
 root's ``forward`` (SGLang calls ``.forward()`` directly, so a hook on the root would
