@@ -475,7 +475,7 @@ def trace_format_markdown() -> str:
         "",
         "A trace is a JSONL file, one JSON object per line, one file per process:",
         "`trace-<host>-<pid>[-rank<r>].jsonl`. The first line is a `header`; the last line of a",
-        "trace whose process exited, or whose `trace()` ended, is a `stats` record. A file without",
+        "trace whose process exited, or whose `trace()` ended, is a `counters` record. A file without",
         "it is shown by `spectrace view` as *not closed* (the process crashed or was killed) or",
         "*open* (it is still running). Each record names its `type`. Floats that are not finite",
         "are written as `null`. A reader keeps the keys it does not know (a newer writer's), and",

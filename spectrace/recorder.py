@@ -184,7 +184,7 @@ class Recorder:
 
     # --------------------------------------------------------------- counters
     def count(self, name: str, delta: float = 1) -> None:
-        """Add ``delta`` to the numeric counter ``name`` (a ``stats`` field: steps, calls_seen, ...)."""
+        """Add ``delta`` to the numeric counter ``name`` (a ``counters`` record field: steps, calls_seen, ...)."""
         try:
             with self._count_lock:
                 self.counters.bump(name, delta)
@@ -192,7 +192,7 @@ class Recorder:
             self.internal_error(f"count {name!r}: {type(exc).__name__}: {exc}")
 
     def count_dropped(self, n: int, reason: str) -> None:
-        """``n`` records lost for ``reason``: ``records_dropped`` in the ``stats`` record (what
+        """``n`` records lost for ``reason``: ``records_dropped`` in the ``counters`` record (what
         ``spectrace view`` shows as "records dropped N"), split in ``dropped_by_reason``."""
         if n <= 0:
             return
@@ -481,7 +481,7 @@ class Recorder:
                 self.internal_error(f"drain failed: {type(exc).__name__}: {exc}")
 
     def _final_counts(self) -> None:
-        """What only counted so far goes into the ``stats`` record (see :meth:`once`)."""
+        """What only counted so far goes into the ``counters`` record (see :meth:`once`)."""
         with self._once_lock:
             repeated = {key: entry[1] for key, entry in self._once.items() if entry[1] > 1}
         if repeated:
@@ -494,7 +494,7 @@ class Recorder:
                 self.counters.dropped_by_reason = dict(self._dropped_by)
 
     def close(self) -> None:
-        """Flush, append the counters (the ``stats`` record), shut every sink down (each bounded)."""
+        """Flush, append the counters (the ``counters`` record), shut every sink down (each bounded)."""
         if not self._closed:
             self._drain()
         with self._lock:

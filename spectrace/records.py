@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: role on calls, time stamps, once counts, the closing record named "counters"
 
 Severity = Literal["error", "warning", "info"]
 SEVERITY_RANK: dict[str, int] = {"error": 0, "warning": 1, "info": 2}
@@ -104,7 +104,7 @@ class Finding(_Record):
     t_unix: float | None = Field(None, description="when it was recorded (the writer stamps it)")
     once_key: str | None = Field(
         None,
-        description="set when the writer says this record once and counts repeats: the stats record's once_counts[once_key] is the true count",
+        description="set when the writer says this record once and counts repeats: the counters record's once_counts[once_key] is the true count",
     )
 
 
@@ -129,7 +129,7 @@ class Coverage(_Record):
     t_unix: float | None = Field(None, description="when it was recorded (the writer stamps it)")
     once_key: str | None = Field(
         None,
-        description="set when the writer says this record once and counts repeats: the stats record's once_counts[once_key] is the true count",
+        description="set when the writer says this record once and counts repeats: the counters record's once_counts[once_key] is the true count",
     )
 
 
@@ -177,7 +177,8 @@ class Fingerprint(_Record):
 class Counters(_Record):
     """Run counters written at flush: what was recorded and what was lost."""
 
-    type: Literal["stats"] = "stats"
+    # "counters" since schema 2; traces written before call it "stats" (read the same).
+    type: Literal["counters", "stats"] = "counters"
     steps: int = 0
     calls_seen: int = 0
     records_written: int = 0
@@ -202,4 +203,6 @@ Record = Annotated[
     Field(discriminator="type"),
 ]
 RECORD_ADAPTER: TypeAdapter[Any] = TypeAdapter(Record)
-RECORD_TYPES = ("header", "call", "finding", "acceptance", "coverage", "weights", "capture", "fingerprint", "stats")
+RECORD_TYPES = ("header", "call", "finding", "acceptance", "coverage", "weights", "capture", "fingerprint", "counters")
+# Names older writers used, still read: the closing record was "stats" before schema 2.
+LEGACY_RECORD_TYPES = {"stats": "counters"}

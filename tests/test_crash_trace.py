@@ -50,7 +50,7 @@ def test_every_record_but_per_step_ones_is_written_through(tmp_path):
     rec.emit(Acceptance(step=0, accept_lengths=[2], draft_tokens=4))
     assert [r["type"] for r in _lines(str(path))][-1] == "finding"  # per-step: waits its interval
     rec.close()
-    assert [r["type"] for r in _lines(str(path))][-2:] == ["acceptance", "stats"]
+    assert [r["type"] for r in _lines(str(path))][-2:] == ["acceptance", "counters"]
 
 
 KILLED = textwrap.dedent(
@@ -160,3 +160,13 @@ def test_a_trace_its_code_never_closed_is_closed_at_exit(tmp_path):
     assert out.returncode == 0, out.stderr
     (proc,) = build_view(load_traces(str(tmp_path))).header.processes
     assert proc.state == "closed"
+
+
+def test_a_trace_written_before_schema_2_still_reads_as_closed(tmp_path):
+    """Older writers named the closing record "stats": it still closes the file."""
+    header = Recorder(Settings(quiet=True)).header.model_copy(update={"schema_version": 1})
+    lines = [header.model_dump_json(), '{"type":"stats","steps":3,"records_dropped":2}']
+    (tmp_path / "trace-old-1.jsonl").write_text("\n".join(lines) + "\n")
+    view = build_view(load_traces(str(tmp_path)))
+    assert view.header.processes[0].state == "closed" and view.header.records_dropped == 2
+    assert not load_traces(str(tmp_path)).problems

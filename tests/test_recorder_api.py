@@ -75,7 +75,7 @@ def _types(path: Path) -> list[str]:
 
 
 def _stats(path: Path) -> dict[str, Any]:
-    (stats,) = [json.loads(line) for line in path.read_text().splitlines() if '"type":"stats"' in line]
+    (stats,) = [json.loads(line) for line in path.read_text().splitlines() if '"type":"counters"' in line]
     return stats
 
 
@@ -114,7 +114,7 @@ def test_a_line_sink_gets_json_lines_header_first(tmp_path: Path) -> None:
     rec.emit_step(0, [Call(step=0, seq=0, module="m", module_type="Linear")], 0, 1)
     rec.close()
     assert all(isinstance(line, str) for line in lines.got)
-    assert [json.loads(line)["type"] for line in lines.got] == ["header", "capture", "call", "stats"]
+    assert [json.loads(line)["type"] for line in lines.got] == ["header", "capture", "call", "counters"]
     assert json.loads(lines.got[-1])["records_written"] == 2 and lines.shutdowns == 1  # the trace: no file, so this sink
 
 
@@ -146,7 +146,7 @@ def test_a_failing_sink_is_counted_and_warned_once_and_the_file_is_whole(tmp_pat
     assert len([ln for ln in err.splitlines() if "sink error" in ln and "BrokenSink: RuntimeError: sink is down" in ln]) == 1, err
     # The trace file has every record, a capture taking the acceptance before it along;
     # the other line sink lost its batches: sink errors, not drops from the trace.
-    assert _types(tmp_path / "t.jsonl") == ["header", *["capture", "acceptance"] * 3, "stats"]
+    assert _types(tmp_path / "t.jsonl") == ["header", *["capture", "acceptance"] * 3, "counters"]
     assert rec.counters.records_dropped == 0 and _stats(tmp_path / "t.jsonl")["records_written"] == 6
 
 
@@ -160,7 +160,7 @@ def test_a_trace_file_that_cannot_be_written_counts_its_batches_as_dropped(tmp_p
     assert rec.counters.records_dropped == 3 and rec.counters.sink_errors == 2
     rec.close()
     stats = json.loads(lines.got[-1])  # the line sink has the whole trace and says what the file lost
-    assert [json.loads(line)["type"] for line in lines.got] == ["header", "capture", "acceptance", "capture", "stats"]
+    assert [json.loads(line)["type"] for line in lines.got] == ["header", "capture", "acceptance", "capture", "counters"]
     assert stats["records_dropped"] == 3 and stats["dropped_by_reason"] == {"sink error": 3}
 
 
@@ -182,7 +182,7 @@ def test_capture_is_on_disk_before_emit_returns_acceptance_only_after_the_interv
     rec.emit(finding("fc_bypass", "64-wide input, fc expects 192"))  # a finding takes the queue with it
     assert _types(path)[-2:] == ["acceptance", "finding"]
     rec.close()
-    assert _types(path)[-1] == "stats"
+    assert _types(path)[-1] == "counters"
 
 
 def test_the_record_cap_bounds_the_queue_and_counts_what_it_drops(tmp_path: Path) -> None:
@@ -237,7 +237,7 @@ def test_counters_change_through_the_recorder(tmp_path: Path, capsys) -> None:
 def _true_count(trace_file: Any, record: Any) -> int:
     """What a reader makes of a record said once: the stats record's once_counts."""
     key = record.once_key
-    counts = trace_file.stats[-1].once_counts if trace_file.stats else {}
+    counts = trace_file.counters[-1].once_counts if trace_file.counters else {}
     return int(counts.get(key, 1)) if key else 1
 
 
@@ -313,7 +313,7 @@ def test_sglang_draft_extend_width_check_repeats_reach_the_file(tmp_path: Path) 
     assert written.code == "fc_bypass" and written.once_key == "graph_stale_hidden"
     assert _true_count(trace_file, written) == st_graphs.STALE_CHECK_FIRST + 2  # every one of the first, then sampled
     (replay,) = [c for c in trace_file.coverage if c.kind == "graph_replay"]
-    assert _true_count(trace_file, replay) == 3 and trace_file.stats[-1].graph_replay_steps == 3
+    assert _true_count(trace_file, replay) == 3 and trace_file.counters[-1].graph_replay_steps == 3
 
 
 # ------------------------------------------------------------------------------ OTLP
@@ -335,10 +335,10 @@ def test_otlp_sink_end_to_end_against_a_real_receiver(monkeypatch) -> None:
             assert receiver.requests >= 1
             t.close()
         deadline = time.time() + 10
-        while time.time() < deadline and not any(s.name == "spectrace.stats" for s in receiver.spans):
+        while time.time() < deadline and not any(s.name == "spectrace.counters" for s in receiver.spans):
             time.sleep(0.05)
     names = [s.name for s in receiver.spans]
-    assert names.count("spectrace.header") == 1 and names.count("spectrace.stats") == 1
+    assert names.count("spectrace.header") == 1 and names.count("spectrace.counters") == 1
     assert names.count("spectrace.step") == 2 and names.count("spectrace.finding") == 1
     modules = {attributes(s).get("spectrace.module") for s in receiver.spans if s.name.startswith("module ")}
     assert modules == {c.module for c in t.calls()}

@@ -42,7 +42,7 @@ def _pinned(view: TraceView, name: str) -> TraceView:
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_view_of_a_real_trace(traces, name):
     ts = load_traces(str(traces / name))
-    assert ts.files and all(f.stats for f in ts.files)  # written by the hooks, closed
+    assert ts.files and all(f.counters for f in ts.files)  # written by the hooks, closed
     view = _pinned(build_view(ts), name)
     check(f"real_view_{name}", plain(render_view(view, modules=True)))
 

@@ -467,7 +467,7 @@ def trace_file_facts(path: str) -> dict[str, Any]:
             types[kind] = types.get(kind, 0) + 1
             if kind == "header" and not header:
                 header = rec
-            if kind == "stats":
+            if kind in ("counters", "stats"):
                 counters = rec
             last = kind
     facts = {
@@ -475,7 +475,7 @@ def trace_file_facts(path: str) -> dict[str, Any]:
         "pid": header.get("pid"),
         "rank": header.get("rank"),
         "types": dict(sorted(types.items())),
-        "closed": last == "stats",
+        "closed": last in ("counters", "stats"),
         "bad_lines": bad,
     }
     steps = types.get("acceptance", 0)

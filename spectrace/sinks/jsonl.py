@@ -13,7 +13,7 @@ A line sink of the :class:`~spectrace.sinks.base.Sink` protocol: the recorder ha
 batches of JSON lines (header first) and counts what it raises.
 
     >>> sink = JsonlSink("traces", "trace-host-123.jsonl")
-    >>> sink.write(['{"type": "stats"}'])
+    >>> sink.write(['{"type": "counters"}'])
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from spectrace.records import (
+    LEGACY_RECORD_TYPES,
     RECORD_ADAPTER,
     RECORD_TYPES,
     SCHEMA_VERSION,
@@ -95,7 +96,7 @@ class TraceFile(BaseModel):
     weights: list[Weights] = []
     captures: list[Capture] = []
     fingerprints: list[Fingerprint] = []
-    stats: list[Counters] = []
+    counters: list[Counters] = []  # the closing record (one per closed file)
     problems: list[LoadProblem] = []
     lines_read: int = 0
 
@@ -117,7 +118,7 @@ class TraceFile(BaseModel):
             + len(self.weights)
             + len(self.captures)
             + len(self.fingerprints)
-            + len(self.stats)
+            + len(self.counters)
         )
 
     @property
@@ -153,7 +154,8 @@ _FIELD_OF = {
     "weights": "weights",
     "capture": "captures",
     "fingerprint": "fingerprints",
-    "stats": "stats",
+    "counters": "counters",
+    "stats": "counters",  # the closing record's name before schema 2
 }
 
 
@@ -249,7 +251,7 @@ class FileReader:
         if kind == "header":
             self._parse_header(obj)
             return
-        if kind not in RECORD_TYPES:
+        if not isinstance(kind, str) or (kind not in RECORD_TYPES and kind not in LEGACY_RECORD_TYPES):
             self._unknown_types[str(kind)[:40]] = self._unknown_types.get(str(kind)[:40], 0) + 1
             self._count("unknown_type")
             self._maybe_abandon_after_first()

@@ -69,7 +69,7 @@ class ProcessInfo(BaseModel):
     schema_version: int | None = None
     spectrace_version: str | None = None
     records: int = 0
-    # "closed" (its closing stats record is there), "running" (no closing record yet and
+    # "closed" (its closing counters record is there), "running" (no closing record yet and
     # its process is alive on this host) or "not closed" (crashed or killed).
     state: str = "closed"
     last_record: str | None = None  # ISO UTC of the newest time stamp in the file
@@ -265,7 +265,7 @@ def _hook_cost(files: list[TraceFile]) -> tuple[int, float | None, float | None,
     """What spectrace's own serving hooks cost the host: calls, us per call, us per verify
     step, and that per-step figure split by patch-point feature (largest first).
 
-    Counters are cumulative, so per file the last (largest) stats record counts; a verify
+    Counters are cumulative, so per file the last (largest) counters record counts; a verify
     step is one acceptance record.
     """
     calls = 0
@@ -273,7 +273,7 @@ def _hook_cost(files: list[TraceFile]) -> tuple[int, float | None, float | None,
     steps = 0
     by_feature: dict[str, float] = {}
     for f in files:
-        last = max(f.stats, key=lambda s: s.hook_calls, default=None)
+        last = max(f.counters, key=lambda s: s.hook_calls, default=None)
         if last is None or not last.hook_calls:
             continue
         calls += last.hook_calls
@@ -314,7 +314,7 @@ def _alive_here(f: TraceFile) -> bool:
 def closure_state(f: TraceFile) -> str:
     """Whether a file got its closing record (written at exit, on SIGTERM and at the end of
     ``trace()``): a file without one was cut by a crash or a SIGKILL, or is still written."""
-    if f.stats:
+    if f.counters:
         return "closed"
     return "running" if _alive_here(f) else "not closed"
 
@@ -338,8 +338,8 @@ def _coverage(files: list[TraceFile]) -> tuple[int, list[str]]:
     dropped = replay = 0
     other: dict[str, list[Any]] = defaultdict(lambda: [0, ""])
     for f in files:
-        stats_dropped = max((s.records_dropped for s in f.stats), default=0)
-        stats_replay = max((s.graph_replay_steps for s in f.stats), default=0)
+        stats_dropped = max((s.records_dropped for s in f.counters), default=0)
+        stats_replay = max((s.graph_replay_steps for s in f.counters), default=0)
         repeats = _once_counts(f)
 
         def count(c: Any, repeats: dict[str, int] = repeats) -> int:
@@ -349,7 +349,7 @@ def _coverage(files: list[TraceFile]) -> tuple[int, list[str]]:
         cov_replay = sum(count(c) for c in f.coverage if c.kind == "graph_replay")
         dropped += max(stats_dropped, cov_dropped)
         replay += max(stats_replay, cov_replay)
-        internal = max((s.internal_errors for s in f.stats), default=0)
+        internal = max((s.internal_errors for s in f.counters), default=0)
         for c in f.coverage:
             if c.kind in ("dropped", "graph_replay"):
                 continue
@@ -374,8 +374,8 @@ def _coverage(files: list[TraceFile]) -> tuple[int, list[str]]:
 
 
 def _once_counts(f: TraceFile) -> dict[str, int]:
-    """How often each record said once really happened (the closing stats record says)."""
-    return f.stats[-1].once_counts if f.stats else {}
+    """How often each record said once really happened (the closing counters record says)."""
+    return f.counters[-1].once_counts if f.counters else {}
 
 
 def _findings(files: list[TraceFile], flt: ViewFilter) -> list[FindingGroup]:

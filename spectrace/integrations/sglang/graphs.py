@@ -38,7 +38,7 @@ def _replayed(runner: str) -> None:
             f"{runner} replays a captured CUDA graph: replayed steps are not traced per module "
             "(load- and capture-time checks ran; acceptance is still recorded)"
         )
-    # Said once per runner, then counted (the count reaches the file's stats record).
+    # Said once per runner, then counted (the count reaches the file's counters record).
     rec.coverage("graph_replay", detail)
 
 
