@@ -5,8 +5,8 @@ really ran: one line per recorded call (step, module, input shapes/dtypes -> out
 shapes/dtypes) and every finding with its fix, so pytest output alone explains it.
 Shapes accept ``...`` (any number of dims) and ``None`` (one dim of any size).
 
-    >>> from spectrace.assertions import trace
-    >>> with trace({"target": target, "draft": draft}) as t:
+    >>> import spectrace
+    >>> with spectrace.trace({"target": target, "draft": draft}) as t:
     ...     draft(ids, target(ids).hidden_states)
     >>> t.assert_shape("draft.model.fc", input=(..., 3 * 64), output=(..., 64))
 
@@ -17,12 +17,13 @@ the ``spectrace`` fixture, command-line options and teardown checks.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .api import Models, Trace
-from .api import trace as _api_trace
-from .hooks.selection import ModuleFilter, glob_match
+from .hooks.selection import glob_match
 from .records import SEVERITY_RANK, Call, Finding, TensorMeta
+
+if TYPE_CHECKING:  # the Trace's methods call these functions: api imports this module, not the reverse
+    from .api import Trace
 
 ShapePattern = Sequence[Any]  # ints, None (one dim, any size) and at most one ... (any dims)
 DEFAULT_PATH_LINES = 30
@@ -467,20 +468,3 @@ def detect(trace: Trace, checks: Sequence[str] = ("nonfinite", "fc_bypass")) -> 
     if new and getattr(trace.recorder, "_closed", False):
         trace.recorder.flush()  # the trace was already closed: append them to its file
     return new
-
-
-# ----------------------------------------------------------------------------- the old names
-
-
-# The assertion methods live on Trace itself; these names stay for code written against them.
-TraceAssertions = Trace
-
-
-def as_assertions(trace: Trace) -> Trace:
-    """The same trace (every :class:`~spectrace.api.Trace` has the assertion methods)."""
-    return trace
-
-
-def trace(models: Models, modules: ModuleFilter = None, **kwargs: Any) -> Trace:
-    """:func:`spectrace.trace` (the same defaults: the EAGLE-3 modules and the layers)."""
-    return _api_trace(models, modules, **kwargs)

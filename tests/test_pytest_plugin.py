@@ -16,6 +16,12 @@ from pathlib import Path
 
 import pytest
 
+# The in-process runs below restore sys.modules afterwards: a module first imported inside
+# one (transformers' Llama pulls in triton, a nanobind extension) would be imported again by
+# a later test in this process, and triton aborts on a second registration. Import it at
+# collection, before any run.
+import transformers.models.llama.modeling_llama  # noqa: E402,F401
+
 from spectrace.assertions import format_pattern, shape_matches
 from spectrace.pytest_plugin import node_dirname
 

@@ -209,7 +209,9 @@ class OtelSink:
         """Queue spans for ``records`` (a :class:`Step` becomes a step span with its calls);
         the SDK's batch thread sends them."""
         for record in records:
-            if isinstance(record, Step):
+            # By its type tag, not its class: a reloaded module (a notebook's autoreload,
+            # an in-process test run) makes a second Step class.
+            if getattr(record, "type", None) == Step.type:
                 self.export_step(record.step, record.calls, record.start_ns, record.end_ns)
             else:
                 t_unix = getattr(record, "t_unix", None)
