@@ -41,6 +41,17 @@ def _traced(model: Any, settings: Settings | None = None) -> Any:
     return t
 
 
+def _traced_with_env(model: Any, monkeypatch: Any, env: dict[str, str]) -> OtlpReceiver:
+    """Trace two forwards with ``env`` set and the generic endpoint on a fresh receiver."""
+    with OtlpReceiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        _traced(model)
+        _wait(receiver)
+    return receiver
+
+
 def _wait(receiver: OtlpReceiver, timeout: float = 10.0) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline and receiver.requests == 0:
@@ -105,12 +116,7 @@ def test_settings_endpoint_given_in_code_reads_as_the_generic_variable(model):
     ids=["generic", "traces-wins"],
 )
 def test_headers_arrive_at_the_receiver(model, monkeypatch, env, expected):
-    with OtlpReceiver() as receiver:
-        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
-        for name, value in env.items():
-            monkeypatch.setenv(name, value)
-        _traced(model)
-        _wait(receiver)
+    receiver = _traced_with_env(model, monkeypatch, env)
     assert receiver.headers
     for headers in receiver.headers:
         assert {k: headers.get(k) for k in expected} == expected
@@ -199,12 +205,7 @@ def test_certificate_is_passed_to_the_exporter(model, monkeypatch, capfd):
     ids=["spectrace-default", "resource-attributes", "service-name-wins"],
 )
 def test_service_name_and_resource_attributes_reach_the_resource(model, monkeypatch, env, service):
-    with OtlpReceiver() as receiver:
-        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
-        for name, value in env.items():
-            monkeypatch.setenv(name, value)
-        _traced(model)
-        _wait(receiver)
+    receiver = _traced_with_env(model, monkeypatch, env)
     assert receiver.resources
     for resource in receiver.resources:
         attrs = attributes(resource)

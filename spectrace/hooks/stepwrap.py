@@ -223,8 +223,3 @@ def _release_class(cls: type) -> None:
         cls.forward = original
     else:
         delattr(cls, "forward")
-
-
-def is_step_wrapped(module: Any) -> bool:
-    """Whether a traced step runs around ``module``'s forward now."""
-    return bool(_steps_of(module))
