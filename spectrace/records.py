@@ -87,6 +87,13 @@ class Call(_Record):
         "draft.layer, draft.hidden_norm, draft.norm, draft.lm_head; None for any other module (and in traces "
         "written before roles existed)",
     )
+    forward_mode: str | None = Field(
+        None, description="the serving engine's forward mode of the step: EXTEND, DECODE, TARGET_VERIFY, DRAFT_EXTEND, ... (None outside an engine)"
+    )
+    tokens: int | None = Field(None, description="the real (unpadded) token rows of the step; statistics cover these rows only")
+    draft_step: int | None = Field(None, description="index of the draft forward within one multi-step draft (0 for the first)")
+    graph_replay: bool = Field(False, description="statistics computed inside a replayed CUDA graph (read back after the replay)")
+    graph: str | None = Field(None, description="the captured graph these statistics came from: runner and shape key")
 
 
 class Finding(_Record):

@@ -43,9 +43,17 @@ from .worker import RecordWorker
 # One tensor as a hook notes it: (arg, shape, dtype, device, statistics generation,
 # statistics index or -1, numel).
 RawTensor = tuple[str, tuple[int, ...], str, str, int, int, int]
+# The engine's view of a step, when an integration supplies one (Tracer.context_of):
+# (forward mode, real token rows, draft-step index).
+StepContext = tuple[str | None, int | None, int | None]
 # One call: (step, seq, module, module_type, root, inputs, outputs, t_unix, graph_capture,
-# role).
-RawCall = tuple[int, int, str, str, str, list[RawTensor], list[RawTensor], float, bool, str | None]
+# role, context).
+RawCall = tuple[int, int, str, str, str, list[RawTensor], list[RawTensor], float, bool, str | None, StepContext | None]
+# What a module's output view yields: (arg, tensor, tensor to add or None, column range or None).
+# A decoder layer that returns (mlp_out, residual) is seen as their sum, the residual
+# stream; a fused input as its chunks.
+ViewItem = tuple[str, torch.Tensor, torch.Tensor | None, tuple[int, int] | None]
+OutputView = Callable[[Any], list[ViewItem] | None]
 
 _DTYPE_NAMES: dict[Any, str] = {}
 _DEVICE_NAMES: dict[Any, str] = {}
@@ -95,6 +103,8 @@ class _ThreadSteps:
         self.step = step
         self.start_ns = 0
         self.capturing = False
+        self.warming = False  # an engine's eager warm-up before a capture: compile, record nothing
+        self.context: StepContext | None = None
         self.on_device = False  # any traced tensor of this step lives on an accelerator
         self.calls: list[RawCall] = []
         self.stats = StepStats()
@@ -125,6 +135,10 @@ class Tracer:
         self._hooked: dict[int, str] = {}
         self.roles: dict[str, str] = {}  # hooked name -> its role, for those that have one (kept after detach)
         self._adopted: dict[int, tuple[Any, ...]] = {}
+        # Integrations (SGLang) plug in here; the engine itself knows no engine.
+        self.context_of: Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], StepContext | None] | None = None
+        self.views: Callable[[str, nn.Module], OutputView | None] | None = None  # per hooked module, at attach
+        self.graph_slots: Any = None  # a hooks.graph_slots.GraphSlots: statistics inside captured graphs
         # Where records are built: "auto" = on the worker thread when a step touched an
         # accelerator (the host then waits on the device, and the worker uses that time),
         # inline otherwise; "always" = always on the worker (tests drive it on the CPU).
@@ -165,13 +179,23 @@ class Tracer:
             role = self._role(root, name, module, prefix)
             if role is not None:
                 self.roles[full] = role
-            pre = hookdicts.mark(self._make_pre_hook(full, owner))
-            post = hookdicts.mark(self._make_post_hook(full, type(module).__name__, root_name, owner, role))
+            view = self._view(full, module)
+            pre = hookdicts.mark(self._make_pre_hook(full, owner, type(module).__name__, role))
+            post = hookdicts.mark(self._make_post_hook(full, type(module).__name__, root_name, owner, role, view))
             self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
             self._handles.append(module.register_forward_hook(post, with_kwargs=True))
             names.append(full)
         self.wrap_forward(root)
         return names
+
+    def _view(self, name: str, module: nn.Module) -> OutputView | None:
+        if self.views is None:
+            return None
+        try:
+            return self.views(name, module)
+        except Exception as exc:
+            self.recorder.internal_error(f"output view of {name}: {type(exc).__name__}: {exc}")
+            return None
 
     def _role(self, root: nn.Module, name: str, module: nn.Module, prefix: str) -> str | None:
         try:
@@ -224,6 +248,13 @@ class Tracer:
         if self._adopted and depth == 0:
             self._attach_adopted(root)
         opened = self._open_step(depth)
+        if opened and self.context_of is not None:
+            state = self._thread()
+            try:
+                state.context = self.context_of(root, args, kwargs)
+            except Exception as exc:
+                state.context = None
+                self.recorder.internal_error(f"step context: {type(exc).__name__}: {exc}")
         stack = self._local.__dict__.setdefault("inputs", [])
         pending = len(stack)  # a hooked root's own pre-hook ran before this wrapper
         try:
@@ -372,7 +403,7 @@ class Tracer:
             self.recorder.internal_error(f"step hand-off: {type(exc).__name__}: {exc}")
 
     # ----------------------------------------------------------------- hooks
-    def _make_pre_hook(self, name: str, owner: Any = None) -> Callable[..., None]:
+    def _make_pre_hook(self, name: str, owner: Any = None, module_type: str = "", role: str | None = None) -> Callable[..., None]:
         def pre_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             if owner is not None and owner() is not module:
                 return None  # a deep copy's call: not the module this name belongs to
@@ -380,62 +411,155 @@ class Tracer:
                 return None  # nothing of ours in a compiled graph (see Tracer._compiled)
             try:
                 state = self._thread()
-                if not self._sampled(state):
+                if state.warming or not self._sampled(state):
                     return
                 local = self._local.__dict__
                 stack = local.setdefault("inputs", [])
                 stack.append([])  # the post-hook pops one entry per call, whatever happens here
                 if local.get("depth", 0) == 0:  # a hooked module called outside any wrapped root
                     state.capturing = _capturing()
-                stack[-1] = self._note(collect(args, kwargs, side="input"), state)
+                stack[-1] = self._note(collect(args, kwargs, side="input"), state, name, module_type, role)
             except Exception as exc:
                 self.recorder.internal_error(f"pre-hook {name}: {type(exc).__name__}: {exc}")
             return None
 
         return pre_hook
 
-    def _make_post_hook(self, name: str, module_type: str, root: str, owner: Any = None, role: str | None = None) -> Callable[..., None]:
+    def _make_post_hook(
+        self, name: str, module_type: str, root: str, owner: Any = None, role: str | None = None, view: OutputView | None = None
+    ) -> Callable[..., None]:
         def post_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
             if owner is not None and owner() is not module or torch.compiler.is_compiling():
                 return None
             try:
                 state = self._thread()
-                self.recorder.count("calls_seen")
-                if not self._sampled(state):
-                    return
-                with self._counter_lock:
-                    self._seq += 1
-                    seq = self._seq
-                local = self._local.__dict__
-                stack = local.get("inputs")
+                items = view(output) if view is not None else None
+                if items is None:
+                    items = [(arg, t, None, None) for arg, t in collect((), None, output, side="output")]
+                if state.warming or not self._sampled(state):
+                    self._finish_call(name, module_type, root, role, [], items)  # the pre-hook kept nothing
+                    return None
+                stack = self._local.__dict__.get("inputs")
                 inputs = stack.pop() if stack else []
-                outside = local.get("depth", 0) == 0  # a hooked module called outside any wrapped root
-                if outside:
-                    state.capturing = _capturing()
-                outputs = self._note(collect((), None, output, side="output"), state)
-                state.calls.append((state.step, seq, name, module_type, root, inputs, outputs, time.time(), state.capturing, role))
-                if state.capturing:
-                    self.recorder.coverage(
-                        "graph_replay",
-                        "modules ran under CUDA-graph capture: shapes recorded once, replays are not traced per module",
-                        step=state.step,
-                    )
-                if self.auto_step and outside:
-                    self.finish_step(wait=False)  # flush per call
+                self._finish_call(name, module_type, root, role, inputs, items)
             except Exception as exc:
                 self.recorder.internal_error(f"post-hook {name}: {type(exc).__name__}: {exc}")
             return None
 
         return post_hook
 
-    def _note(self, tensors: list[tuple[str, torch.Tensor]], state: _ThreadSteps) -> list[RawTensor]:
-        """Shapes of every tensor, and statistics enqueued for the ones that get them."""
+    def observe(self, name: str, module_type: str, role: str | None, items: list[ViewItem], root: str = "") -> None:
+        """A call the engine did not see as a module call (a function an integration
+        patched: SGLang's logits, its aux concat), recorded like one. Never raises."""
+        try:
+            self._finish_call(name, module_type, root, role, [], items)
+        except Exception as exc:
+            self.recorder.internal_error(f"observe {name}: {type(exc).__name__}: {exc}")
+
+    def _finish_call(self, name: str, module_type: str, root: str, role: str | None, inputs: list[RawTensor], items: list[ViewItem]) -> None:
+        state = self._thread()
+        if state.warming:
+            self._warm(items)  # an engine's warm-up before capture: compile now, not mid-capture
+            return
+        self.recorder.count("calls_seen")
+        if not self._sampled(state):
+            return
+        with self._counter_lock:
+            self._seq += 1
+            seq = self._seq
+        outside = self._local.__dict__.get("depth", 0) == 0  # a hooked module called outside any wrapped root
+        if outside:
+            state.capturing = _capturing()
+        outputs = self._note_items(items, state, name, module_type, role)
+        ctx = state.context
+        state.calls.append((state.step, seq, name, module_type, root, inputs, outputs, time.time(), state.capturing, role, ctx))
+        if state.capturing and self.graph_slots is None:
+            self.recorder.coverage(
+                "graph_replay",
+                "modules ran under CUDA-graph capture: shapes recorded once, replays are not traced per module",
+                step=state.step,
+            )
+        if self.auto_step and outside:
+            self.finish_step(wait=False)  # flush per call
+
+    def _warm(self, items: list[ViewItem]) -> None:
+        slots = self.graph_slots
+        if slots is None or self.stats_mode == "off":
+            return
+        for _arg, tensor, add, cols in items:
+            if isinstance(tensor, torch.Tensor) and stats_supported(tensor):
+                slots.warm(tensor, add=add, cols=cols)
+
+    def _note_items(self, items: list[ViewItem], state: _ThreadSteps, name: str, module_type: str, role: str | None) -> list[RawTensor]:
+        """An output view's tensors: plain ones as :meth:`_note` does; a sum or a column
+        range as the tensor it stands for (built eagerly, or computed inside the graph)."""
+        if all(add is None and cols is None for _a, _t, add, cols in items):
+            return self._note([(arg, t) for arg, t, _add, _cols in items], state, name, module_type, role)
         noted: list[RawTensor] = []
-        want = self.stats_mode != "off" and not state.capturing
+        for arg, tensor, add, cols in items:
+            if state.capturing and self._graph_slot(tensor, state, name, module_type, role, arg, add, cols):
+                noted.append(self._shape_only(arg, tensor, state, cols))
+                continue
+            view = tensor
+            if not state.capturing and self.stats_mode != "off":
+                if add is not None:
+                    view = tensor + add
+                if cols is not None:
+                    view = view[..., cols[0] : cols[1]].contiguous()
+            noted.extend(self._note([(arg, view)], state, name, module_type, role, budget=1))
+        return noted
+
+    def _shape_only(self, arg: str, tensor: torch.Tensor, state: _ThreadSteps, cols: tuple[int, int] | None) -> RawTensor:
+        shape = tuple(tensor.shape)
+        if cols is not None and shape:
+            shape = (*shape[:-1], cols[1] - cols[0])
+        return (arg, shape, _dtype_name(tensor.dtype), _device_name(tensor.device), state.stats.generation, -1, 0)
+
+    def _graph_slot(
+        self,
+        tensor: torch.Tensor,
+        state: _ThreadSteps,
+        name: str,
+        module_type: str,
+        role: str | None,
+        arg: str,
+        add: torch.Tensor | None = None,
+        cols: tuple[int, int] | None = None,
+    ) -> bool:
+        """Statistics of ``tensor`` as kernels inside the graph being captured (True if it took a slot)."""
+        slots = self.graph_slots
+        if slots is None or self.stats_mode == "off" or slots.capturing_table() is None:
+            return False
+        ctx = state.context
+        try:
+            return (
+                slots.record(
+                    tensor, name=name, role=role, module_type=module_type, arg=arg, draft_step=ctx[2] if ctx else None, add=add, cols=cols
+                )
+                is not None
+            )
+        except Exception as exc:
+            self.recorder.internal_error(f"graph slot {name}: {type(exc).__name__}: {exc}")
+            return False
+
+    def _note(
+        self,
+        tensors: list[tuple[str, torch.Tensor]],
+        state: _ThreadSteps,
+        name: str = "",
+        module_type: str = "",
+        role: str | None = None,
+        budget: int | None = -1,
+    ) -> list[RawTensor]:
+        """Shapes of every tensor, and statistics enqueued for the ones that get them
+        (inside a graph being captured: a slot of its statistics table)."""
+        noted: list[RawTensor] = []
+        want = self.stats_mode != "off"
         # "basic" summarises the first tensor of each side that statistics apply to (the
         # hidden states); "full" every tensor. Shapes are always recorded for all of them.
         # Rotary cos/sin, masks and ids repeat in every layer and would double the cost.
-        budget = None if self.stats_mode == "full" else 1
+        if budget == -1:
+            budget = None if self.stats_mode == "full" else 1
         for arg, tensor in tensors:
             try:
                 shape = tuple(tensor.shape)
@@ -447,11 +571,15 @@ class Tracer:
             if want and budget != 0 and dtype not in INDEX_DTYPES and stats_supported(tensor):
                 if budget is not None:
                     budget -= 1
-                try:
-                    numel = tensor.numel()
-                    index = state.stats.add(tensor)
-                except Exception as exc:
-                    self.recorder.internal_error(f"statistic on {tensor.dtype}: {type(exc).__name__}: {exc}")
+                if state.capturing:
+                    # Nothing may be read back during capture; a slot in the graph instead.
+                    self._graph_slot(tensor, state, name, module_type, role, arg)
+                else:
+                    try:
+                        numel = tensor.numel()
+                        index = state.stats.add(tensor)
+                    except Exception as exc:
+                        self.recorder.internal_error(f"statistic on {tensor.dtype}: {type(exc).__name__}: {exc}")
             device = _device_name(tensor.device)
             if device != "cpu":
                 state.on_device = True
@@ -484,8 +612,8 @@ except Exception:  # an older pydantic-core without inf_nan_mode
 
 def _call_fields(raw: RawCall, values: dict[int, list[list[float] | None]]) -> dict[str, Any]:
     """The fields of one :class:`Call` record from a hook's note (on the worker thread)."""
-    step, seq, module, module_type, root, inputs, outputs, t_unix, capture, role = raw
-    return {
+    step, seq, module, module_type, root, inputs, outputs, t_unix, capture, role, ctx = raw
+    fields = {
         "type": "call",
         "step": step,
         "seq": seq,
@@ -498,6 +626,9 @@ def _call_fields(raw: RawCall, values: dict[int, list[list[float] | None]]) -> d
         "graph_capture": capture,
         "role": role,
     }
+    fields["forward_mode"], fields["tokens"], fields["draft_step"] = ctx if ctx is not None else (None, None, None)
+    fields["graph_replay"], fields["graph"] = False, None
+    return fields
 
 
 def _meta_fields(raw: RawTensor, values: dict[int, list[list[float] | None]]) -> dict[str, Any]:
