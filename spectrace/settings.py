@@ -107,6 +107,10 @@ class Settings:
     quiet: bool = False
     otlp_endpoint: str = ""  # the OTEL_EXPORTER_OTLP(_TRACES)_ENDPOINT in effect: turns spans on
     sglang_skip: tuple[str, ...] = ()  # SGLang patch-point features left unpatched (reported once)
+    sglang_layers: str = "captured"  # target layers hooked in SGLang: those the draft reads (+ the last), or "all"
+    graph_sample: int = 8  # in-graph statistics read back after 1 in N replays of each captured graph
+    fingerprint: str = ""  # a training fingerprint (spectrace fingerprint) to compare the live draft input with
+    control: str = ""  # a file whose first word ("off"/"on") pauses or resumes per-step work at run time
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -133,6 +137,10 @@ class Settings:
             keep_argv=keep_argv,
             quiet=_flag(env, "SPECTRACE_QUIET", False),
             sglang_skip=_patterns(env, "SPECTRACE_SGLANG_SKIP"),
+            sglang_layers=_choice(env, "SPECTRACE_SGLANG_LAYERS", ("captured", "all"), "captured"),
+            graph_sample=_positive_int(env, "SPECTRACE_GRAPH_SAMPLE", 8),
+            fingerprint=env.get("SPECTRACE_FINGERPRINT", "").strip(),
+            control=env.get("SPECTRACE_CONTROL", "").strip(),
             # Only "is an endpoint set" (spans on) and what to show: the OTLP exporter reads
             # the URL and the rest from the environment itself (sinks/otel.py). The signal
             # variable wins, as in the spec.

@@ -25,7 +25,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn as nn
@@ -53,7 +53,17 @@ RawCall = tuple[int, int, str, str, str, list[RawTensor], list[RawTensor], float
 # A decoder layer that returns (mlp_out, residual) is seen as their sum, the residual
 # stream; a fused input as its chunks.
 ViewItem = tuple[str, torch.Tensor, torch.Tensor | None, tuple[int, int] | None]
-OutputView = Callable[[Any], list[ViewItem] | None]
+
+
+class ModuleView(NamedTuple):
+    """How an integration reads one module's calls (either part None: the generic walk).
+
+    ``inputs(args, kwargs)`` names the input tensors (an engine's batch metadata object is
+    not walked field by field on every call); ``outputs(output, args, kwargs)`` the output
+    tensors as :data:`ViewItem` (None: the generic walk for that call)."""
+
+    inputs: Callable[[tuple[Any, ...], dict[str, Any]], list[tuple[str, torch.Tensor]]] | None = None
+    outputs: Callable[[Any, tuple[Any, ...], dict[str, Any]], list[ViewItem] | None] | None = None
 
 _DTYPE_NAMES: dict[Any, str] = {}
 _DEVICE_NAMES: dict[Any, str] = {}
@@ -117,6 +127,9 @@ class _FinishedStep:
         self.step, self.calls, self.start_ns, self.end_ns, self.readback = step, calls, start_ns, end_ns, readback
 
 
+_GRAPH_DRAIN: Any = _FinishedStep(-1, [], 0, 0, None)  # "read the landed graph copies" (a worker item)
+
+
 class Tracer:
     """Hooks modules and produces one list of call records per step."""
 
@@ -137,7 +150,7 @@ class Tracer:
         self._adopted: dict[int, tuple[Any, ...]] = {}
         # Integrations (SGLang) plug in here; the engine itself knows no engine.
         self.context_of: Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], StepContext | None] | None = None
-        self.views: Callable[[str, nn.Module], OutputView | None] | None = None  # per hooked module, at attach
+        self.views: Callable[[str, nn.Module], ModuleView | None] | None = None  # per hooked module, at attach
         self.graph_slots: Any = None  # a hooks.graph_slots.GraphSlots: statistics inside captured graphs
         # Where records are built: "auto" = on the worker thread when a step touched an
         # accelerator (the host then waits on the device, and the worker uses that time),
@@ -180,7 +193,7 @@ class Tracer:
             if role is not None:
                 self.roles[full] = role
             view = self._view(full, module)
-            pre = hookdicts.mark(self._make_pre_hook(full, owner, type(module).__name__, role))
+            pre = hookdicts.mark(self._make_pre_hook(full, owner, type(module).__name__, role, view))
             post = hookdicts.mark(self._make_post_hook(full, type(module).__name__, root_name, owner, role, view))
             self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
             self._handles.append(module.register_forward_hook(post, with_kwargs=True))
@@ -188,7 +201,7 @@ class Tracer:
         self.wrap_forward(root)
         return names
 
-    def _view(self, name: str, module: nn.Module) -> OutputView | None:
+    def _view(self, name: str, module: nn.Module) -> ModuleView | None:
         if self.views is None:
             return None
         try:
@@ -349,12 +362,58 @@ class Tracer:
             else:
                 self._worker.submit(item, busy=_device_busy(on_device, state.capturing, readback))
         if wait:
+            if self.graph_slots is not None:
+                self._drain_graphs(final=True)
             if not self._worker.flush():
                 self.recorder.internal_error("record worker: flush timed out (records still queued)")
+
+    # ------------------------------------------------------- graph read-backs
+    def next_step(self) -> int:
+        """A step number for a graph replay (the same counter as eager steps)."""
+        with self._counter_lock:
+            self.step += 1
+            return self.step
+
+    def graph_replayed(self) -> None:
+        """A sampled replay's statistics copy was queued: the worker turns the copies that
+        have landed into records (it never waits for one; the rest wait for a later drain)."""
+        self._worker.submit(_GRAPH_DRAIN, busy=None)
+
+    def _drain_graphs(self, final: bool = False) -> None:
+        if final and not _capturing():
+            try:
+                if torch.cuda.is_available() and torch.cuda.is_initialized():
+                    torch.cuda.synchronize()  # reading the trace now: let the last copies land
+            except Exception:
+                pass
+        self._worker.submit(_GRAPH_DRAIN, busy=None)
+
+    def _build_graphs(self) -> None:
+        from .graph_records import readout_fields
+
+        slots = self.graph_slots
+        if slots is None:
+            return
+        for readout in slots.poll():
+            try:
+                with self._counter_lock:
+                    first = self._seq + 1
+                    fields = readout_fields(readout, slots, first)
+                    self._seq += len(fields)
+                texts = [_dumps(f) for f in fields]
+                calls = [Call.model_validate(f) for f in fields] if self.recorder.needs_call_objects else []
+                step = int(readout.context.get("step", -1))
+                now = time.time_ns()
+                self._emit_step(step, calls, now, now, texts)
+            except Exception as exc:
+                self.recorder.internal_error(f"graph read-back: {type(exc).__name__}: {exc}")
 
     def _build_step(self, item: _FinishedStep, on_worker: bool = True) -> None:
         """Wait for the statistics, build the records, hand them on (on the worker thread,
         or inline for a CPU-only step)."""
+        if item is _GRAPH_DRAIN:
+            self._build_graphs()
+            return
         if item.readback is not None:
             values: list[list[float] | None] = []
             if item.readback.error is not None:
@@ -389,6 +448,8 @@ class Tracer:
         self._emit_step(item.step, calls, item.start_ns, item.end_ns, texts)
 
     def _drop_step(self, item: _FinishedStep) -> None:
+        if item is _GRAPH_DRAIN:
+            return  # the copies stay in the ring: a later drain reads them
         self.recorder.count_dropped(len(item.calls), "record worker stuck")
         self.recorder.coverage("dropped", "call records dropped: the record worker was stuck for seconds (counted in records_dropped)")
 
@@ -403,7 +464,11 @@ class Tracer:
             self.recorder.internal_error(f"step hand-off: {type(exc).__name__}: {exc}")
 
     # ----------------------------------------------------------------- hooks
-    def _make_pre_hook(self, name: str, owner: Any = None, module_type: str = "", role: str | None = None) -> Callable[..., None]:
+    def _make_pre_hook(
+        self, name: str, owner: Any = None, module_type: str = "", role: str | None = None, view: ModuleView | None = None
+    ) -> Callable[..., None]:
+        inputs_of = view.inputs if view is not None else None
+
         def pre_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             if owner is not None and owner() is not module:
                 return None  # a deep copy's call: not the module this name belongs to
@@ -418,7 +483,8 @@ class Tracer:
                 stack.append([])  # the post-hook pops one entry per call, whatever happens here
                 if local.get("depth", 0) == 0:  # a hooked module called outside any wrapped root
                     state.capturing = _capturing()
-                stack[-1] = self._note(collect(args, kwargs, side="input"), state, name, module_type, role)
+                found = inputs_of(args, kwargs) if inputs_of is not None else collect(args, kwargs, side="input")
+                stack[-1] = self._note(found, state, name, module_type, role)
             except Exception as exc:
                 self.recorder.internal_error(f"pre-hook {name}: {type(exc).__name__}: {exc}")
             return None
@@ -426,14 +492,16 @@ class Tracer:
         return pre_hook
 
     def _make_post_hook(
-        self, name: str, module_type: str, root: str, owner: Any = None, role: str | None = None, view: OutputView | None = None
+        self, name: str, module_type: str, root: str, owner: Any = None, role: str | None = None, view: ModuleView | None = None
     ) -> Callable[..., None]:
+        outputs_of = view.outputs if view is not None else None
+
         def post_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
             if owner is not None and owner() is not module or torch.compiler.is_compiling():
                 return None
             try:
                 state = self._thread()
-                items = view(output) if view is not None else None
+                items = outputs_of(output, args, kwargs) if outputs_of is not None else None
                 if items is None:
                     items = [(arg, t, None, None) for arg, t in collect((), None, output, side="output")]
                 if state.warming or not self._sampled(state):

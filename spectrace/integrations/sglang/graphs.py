@@ -45,6 +45,11 @@ def _replayed(runner: str) -> None:
 def after_execute(result: Any, *args: Any, **kwargs: Any) -> None:
     """HookRegistry AFTER on a graph runner's ``execute``."""
     try:
+        from . import graph_stats
+
+        if graph_stats.covers(args[0]):
+            state.recorder().count("graph_replay_steps")  # traced per module: statistics inside the graph
+            return None
         _replayed(type(args[0]).__name__)
     except Exception as exc:
         state.internal_error("graph execute", exc)

@@ -40,6 +40,7 @@ class Point:
 
 M = "sglang.srt.models"
 S = "sglang.srt.speculative"
+B = "sglang.srt.model_executor.runner_backend"
 POINTS: tuple[Point, ...] = (
     # draft weights (bug 2)
     Point(f"{M}.llama_eagle3", "LlamaForCausalLMEagle3.load_weights", "AROUND", "weights:around_draft_load", "draft_load_weights"),
@@ -98,6 +99,42 @@ POINTS: tuple[Point, ...] = (
         "AFTER",
         "graphs:after_execute",
         "draft_extend_graph_replay",
+    ),
+    # per-module records (the tracing engine on SGLang's own model objects)
+    Point(f"{M}.llama", "LlamaForCausalLM.__init__", "AFTER", "modules:after_model_init", "modules_llama"),
+    Point(f"{M}.llama_eagle3", "LlamaForCausalLMEagle3.__init__", "AFTER", "modules:after_model_init", "modules_llama_draft"),
+    Point(f"{M}.deepseek_v2", "DeepseekV2ForCausalLM.__init__", "AFTER", "modules:after_model_init", "modules_deepseek"),
+    Point(f"{M}.kimi_k25", "KimiK25ForConditionalGeneration.__init__", "AFTER", "modules:after_model_init", "modules_kimi"),
+    Point(f"{M}.kimi_k25_eagle3", "Eagle3DeepseekV2ForCausalLM.__init__", "AFTER", "modules:after_model_init", "modules_kimi_draft"),
+    Point("sglang.srt.model_executor.model_runner", "ModelRunner.load_model", "AFTER", "modules:after_load_model", "modules_runner"),
+    Point(
+        "sglang.srt.layers.logits_processor", "LogitsProcessor._compute_lm_head", "AFTER", "modules:after_compute_lm_head", "logits"
+    ),
+    Point(
+        "sglang.srt.layers.logits_processor",
+        "LogitsProcessor._get_hidden_states_to_store",
+        "AFTER",
+        "modules:after_hidden_to_store",
+        "aux_concat",
+    ),
+    Point(f"{S}.eagle_worker_v2", "EagleDraftWorker.draft_forward", "AROUND", "modules:around_draft_forward", "draft_steps"),
+    # statistics inside captured CUDA graphs (every runner captures and replays through its backend)
+    Point(f"{B}.full_cuda_graph_backend", "FullCudaGraphBackend.__init__", "AFTER", "graph_stats:after_backend_init", "graph_stats"),
+    Point(f"{B}.full_cuda_graph_backend", "FullCudaGraphBackend.capture_one", "AROUND", "graph_stats:around_capture_one", "graph_stats"),
+    Point(f"{B}.full_cuda_graph_backend", "FullCudaGraphBackend.replay", "AROUND", "graph_stats:around_replay", "graph_stats"),
+    Point(
+        f"{B}.tc_piecewise_cuda_graph_backend",
+        "TcPiecewiseCudaGraphBackend.replay",
+        "AFTER",
+        "graph_stats:after_unsupported_replay",
+        "graph_stats_piecewise",
+    ),
+    Point(
+        f"{B}.breakable_cuda_graph_backend",
+        "BreakableCudaGraphBackend.replay",
+        "AFTER",
+        "graph_stats:after_unsupported_replay",
+        "graph_stats_breakable",
     ),
     # rank for the trace file name
     Point("sglang.srt.runtime_context", "publish", "AFTER", "rank:after_publish", "rank"),

@@ -39,6 +39,7 @@ class State:
     accept_drain_for: Any = None  # the recorder that drains accept_pending at reads and close
     rank_set: bool = False
     captures_emitted: int = 0
+    tracer: Any = None  # the tracer of a test's own recorder (a server uses runtime.tracer())
 
     @property
     def once(self) -> _Said:
@@ -81,6 +82,19 @@ def recorder() -> Any:
     from ... import runtime
 
     return runtime.recorder()
+
+
+def tracer() -> Any:
+    """The tracing engine the SGLang module hooks feed (imports torch)."""
+    if STATE.recorder is None:
+        from ... import runtime
+
+        return runtime.tracer()
+    if STATE.tracer is None or STATE.tracer.recorder is not STATE.recorder:
+        from ...hooks.engine import Tracer
+
+        STATE.tracer = Tracer(STATE.recorder)
+    return STATE.tracer
 
 
 def emit(record: Any) -> None:

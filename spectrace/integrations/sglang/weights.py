@@ -149,14 +149,4 @@ def after_draft_init(result: Any, *args: Any, **kwargs: Any) -> None:
         correlate.note_draft_config(server.config_to_dict(config), source=f"{type(model).__name__}.config")
     except Exception as exc:
         state.internal_error("draft __init__ config", exc)
-    try:
-        # Said once per process: silence about per-module data would read as "all fine".
-        state.recorder().coverage(
-            "not_covered",
-            "SGLang's own model classes get no per-module forward hooks: the draft's fc, decoder layer and "
-            "lm_head and the target's layers are checked at load, capture and fc-input time, and acceptance is "
-            "recorded per verify step, but no per-module shapes or statistics are traced",
-        )
-    except Exception as exc:
-        state.internal_error("coverage note", exc)
     return None
