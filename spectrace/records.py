@@ -88,7 +88,8 @@ class Call(_Record):
         "written before roles existed)",
     )
     forward_mode: str | None = Field(
-        None, description="the serving engine's forward mode of the step: EXTEND, DECODE, TARGET_VERIFY, DRAFT_EXTEND, ... (None outside an engine)"
+        None,
+        description="the serving engine's forward mode of the step: EXTEND, DECODE, TARGET_VERIFY, DRAFT_EXTEND, ... (None outside an engine)",
     )
     tokens: int | None = Field(None, description="the real (unpadded) token rows of the step; statistics cover these rows only")
     draft_step: int | None = Field(None, description="index of the draft forward within one multi-step draft (0 for the first)")

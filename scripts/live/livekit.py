@@ -471,6 +471,7 @@ def trace_file_facts(path: str) -> dict[str, Any]:
                 counters = rec
             last = kind
     facts = {
+        "calls": call_facts(path) if types.get("call") else {},
         "file": os.path.basename(path),
         "pid": header.get("pid"),
         "rank": header.get("rank"),
@@ -489,6 +490,138 @@ def trace_file_facts(path: str) -> dict[str, Any]:
                 for k, v in sorted((counters.get("hook_seconds_by_feature") or {}).items(), key=lambda kv: -kv[1])
             }
     return facts
+
+
+def call_facts(path: str) -> dict[str, Any]:
+    """Per role and forward mode: call records, how many from graph replays, and how many
+    distinct output means they carry (statistics that change from replay to replay)."""
+    out: dict[str, dict[str, Any]] = {}
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            if '"type":"call"' not in line:
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if rec.get("graph_capture"):
+                continue
+            key = f"{rec.get('role')}|{rec.get('forward_mode')}"
+            row = out.setdefault(key, {"records": 0, "graph_replay": 0, "means": set(), "shapes": set(), "tokens": set()})
+            row["records"] += 1
+            row["graph_replay"] += bool(rec.get("graph_replay"))
+            for t in rec.get("outputs", []) + rec.get("inputs", []):
+                if t.get("stats"):
+                    row["means"].add(round(t["stats"].get("mean") or 0.0, 9))
+                    row["shapes"].add(f"{t.get('arg')}:{t.get('shape')}")
+            row["tokens"].add(rec.get("tokens"))
+    return {
+        k: {
+            "records": v["records"],
+            "graph_replay": v["graph_replay"],
+            "distinct_means": len(v["means"]),
+            "shapes": sorted(v["shapes"])[:6],
+            "token_counts": sorted(x for x in v["tokens"] if x is not None)[:8],
+        }
+        for k, v in sorted(out.items())
+    }
+
+
+def stage_stats(path: str) -> dict[str, dict[str, float]]:
+    """Per (role, tensor, forward mode): the numel-weighted mean and std over every record."""
+    acc: dict[str, list[float]] = {}
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            if '"type":"call"' not in line:
+                continue
+            rec = json.loads(line)
+            if rec.get("graph_capture"):
+                continue
+            for t in rec.get("inputs", []) + rec.get("outputs", []):
+                st = t.get("stats") or {}
+                n, mean, std = st.get("numel") or 0, st.get("mean"), st.get("std")
+                if not n or mean is None or std is None:
+                    continue
+                key = f"{rec.get('role')}|{t.get('arg')}|{rec.get('forward_mode')}"
+                a = acc.setdefault(key, [0.0, 0.0, 0.0, 0.0])
+                a[0] += n
+                a[1] += n * mean
+                a[2] += n * (std * std + mean * mean)
+                a[3] = max(a[3], st.get("absmax") or 0.0)
+    out = {}
+    for key, (n, s1, s2, absmax) in acc.items():
+        mean = s1 / n
+        out[key] = {"numel": n, "mean": mean, "std": max(s2 / n - mean * mean, 0.0) ** 0.5, "absmax": absmax}
+    return out
+
+
+def compare_stats(a_dir: str, b_dir: str) -> dict[str, Any]:
+    """The same prompts through two servers (CUDA graphs on / off): per-stage statistics side by side."""
+
+    def merged(directory: str) -> dict[str, dict[str, float]]:
+        found: dict[str, dict[str, float]] = {}
+        for f in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
+            if f.endswith(".jsonl"):
+                found.update(stage_stats(os.path.join(directory, f)))
+        return found
+
+    a, b = merged(a_dir), merged(b_dir)
+    rows = {}
+    for key in sorted(set(a) & set(b)):
+        sa, sb = a[key], b[key]
+        rel_std = abs(sa["std"] - sb["std"]) / max(abs(sb["std"]), 1e-12)
+        rows[key] = {
+            "graph": sa,
+            "eager": sb,
+            "rel_std_diff": round(rel_std, 5),
+            "mean_diff_in_std": round(abs(sa["mean"] - sb["mean"]) / max(sb["std"], 1e-12), 5),
+        }
+    return {"stages": rows, "only_graph": sorted(set(a) - set(b)), "only_eager": sorted(set(b) - set(a))}
+
+
+def toggle_bench(port: int, control: str, windows: int, batch: int, max_new: int, warmup: int = 2) -> dict[str, Any]:
+    """Decode throughput inside ONE server, spectrace's per-step work switched on and off at run
+    time (SPECTRACE_CONTROL) in alternating windows (on off off on ...): same process, GPU and KV
+    state. The A/A spread compares windows of the same state with each other."""
+
+    def setstate(word: str) -> None:
+        with open(control, "w", encoding="ascii") as fh:
+            fh.write(word + "\n")
+        time.sleep(0.6)  # the server looks at the file every 0.25 s
+
+    for w in range(warmup):
+        _timed_batch(port, batch, max_new, offset=800 + w)
+    pattern = ["on", "off", "off", "on"]
+    runs: dict[str, list[float]] = {"on": [], "off": []}
+    order = []
+    for w in range(windows):
+        label = pattern[w % 4]
+        setstate(label)
+        res = _timed_batch(port, batch, max_new, offset=w % 4)
+        runs[label].append(res["tok_s"])
+        order.append(label)
+    setstate("on")
+
+    def med(xs: list[float]) -> float:
+        ys = sorted(xs)
+        return ys[len(ys) // 2] if len(ys) % 2 else (ys[len(ys) // 2 - 1] + ys[len(ys) // 2]) / 2
+
+    def aa(xs: list[float]) -> float | None:
+        odd, even = xs[0::2], xs[1::2]
+        return round(med(odd) / med(even), 4) if odd and even else None
+
+    return {
+        "batch": batch,
+        "max_new_tokens": max_new,
+        "windows": windows,
+        "order": order,
+        "tok_s": runs,
+        "median_on": med(runs["on"]),
+        "median_off": med(runs["off"]),
+        "on_over_off": round(med(runs["on"]) / med(runs["off"]), 4),
+        "aa_on": aa(runs["on"]),
+        "aa_off": aa(runs["off"]),
+    }
 
 
 def trace_dir_facts(directory: str) -> list[dict[str, Any]]:
@@ -693,6 +826,17 @@ def main(argv: list[str] | None = None) -> int:
     bm = sub.add_parser("bench-merge")
     bm.add_argument("--out", required=True)
     bm.add_argument("files", nargs="+")
+    tb = sub.add_parser("toggle-bench")
+    tb.add_argument("--port", type=int, required=True)
+    tb.add_argument("--control", required=True)
+    tb.add_argument("--windows", type=int, default=16)
+    tb.add_argument("--batch", type=int, default=32)
+    tb.add_argument("--max-new", type=int, default=128)
+    tb.add_argument("--out", required=True)
+    cs = sub.add_parser("compare-stats")
+    cs.add_argument("graph_dir")
+    cs.add_argument("eager_dir")
+    cs.add_argument("--out", required=True)
     s = sub.add_parser("summarize")
     s.add_argument("work")
     s.add_argument("out")
@@ -735,6 +879,19 @@ def main(argv: list[str] | None = None) -> int:
             f"pairs {merged['pair_ratios']}, A/A off {merged['aa_off']} on {merged['aa_on']}",
             flush=True,
         )
+        return 0
+    if a.cmd == "toggle-bench":
+        res = toggle_bench(a.port, a.control, a.windows, a.batch, a.max_new)
+        with open(a.out, "w", encoding="utf-8") as fh:
+            json.dump(res, fh, indent=1)
+        print(f"toggle port {a.port}: on/off {res['on_over_off']}, A/A on {res['aa_on']} off {res['aa_off']}", flush=True)
+        return 0
+    if a.cmd == "compare-stats":
+        res = compare_stats(a.graph_dir, a.eager_dir)
+        with open(a.out, "w", encoding="utf-8") as fh:
+            json.dump(res, fh, indent=1)
+        worst = max((r["rel_std_diff"] for r in res["stages"].values()), default=None)
+        print(f"graph vs eager: {len(res['stages'])} stages compared, worst relative std difference {worst}", flush=True)
         return 0
     if a.cmd == "summarize":
         summary = collect(a.work)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The live proof: SPECTRACE=1 on real SGLang 0.5.17 EAGLE-3 servers on the H200.
 # Run it ON the GPU machine, from the repository root (docs/sglang.md, "The live kit").
-# Usage: bash scripts/live/run_live_all.sh [all|variants|overhead|trained]
+# Usage: bash scripts/live/run_live_all.sh [all|variants|overhead|trained|tensors]
 #   variants  four servers at once (healthy, --speculative-algorithm EAGLE, no lm_head, layers.0 keys),
 #             each with SPECTRACE=1 and its own SPECTRACE_DIR; requests; SIGTERM; spectrace view
 #   overhead  one healthy server at a time, SPECTRACE off, on, on, off (ABBA), decode throughput of each
@@ -9,6 +9,10 @@
 #   trained   the trained tiny pair (spectrace/eagle3/data), four servers at once: as shipped (ids
 #             [-1,1,3], the embedding), ids [0,1,3], and that without lm_head / without d2t; the
 #             pair's own prompts, so SGLang's accept length means something
+#   tensors   per-module records live: the trained pair (ids [0,1,3]) with CUDA graphs (every replay read
+#             back), the same with --disable-cuda-graph, and --speculative-algorithm EAGLE (the fc bypass);
+#             their per-stage statistics compared; then the cost inside one server (SPECTRACE_CONTROL
+#             windows, on off off on ...) on the graph server and on a GPU-bound 3.4B target
 # Environment: OUT (required; what comes back), CARRY_TAR (default .carry/sgl/sglang-0.5.17-site.tar.xz),
 #   LIVE_BUDGET_S (default 480: waits, the bench and the overhead phase fit inside it), BENCH_ROUNDS (6),
 #   BENCH_BATCH (32), BENCH_MAX_NEW (256), SGL_EXTRA (extra server flags), STAGGER_S (6),
@@ -18,7 +22,7 @@
 # bootstrap (site.addsitedir) and a dist-info carrying the sglang.srt.plugins entry point.
 set -u
 mode=${1:-all}
-case $mode in all|variants|overhead|trained) ;; *) echo "usage: $0 [all|variants|overhead|trained]" >&2; exit 2 ;; esac
+case $mode in all|variants|overhead|trained|tensors) ;; *) echo "usage: $0 [all|variants|overhead|trained|tensors]" >&2; exit 2 ;; esac
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 out=${OUT:?set OUT to the folder whose files come back}
@@ -84,7 +88,11 @@ make_trained() {  # dir flags...: the trained pair, written from the repository'
   [ -f "$dir/tiny-eagle3/model.safetensors" ] && return 0
   env -u PYTHONPATH "${MODELS_PYTHON:-python3}" "$here/make_trained_models.py" "$dir" "$@" > "$dir.log" 2>&1
 }
-if [ "$mode" = trained ]; then
+if [ "$mode" = tensors ]; then
+  make_trained "$W/models/trained" --ids 0,1,3 & m1=$!
+  make_models "$W/models/big" --size big & m2=$!
+  for m in $m1 $m2; do wait "$m" || { say "making models failed"; cat "$W"/models/*.log; exit 1; }; done
+elif [ "$mode" = trained ]; then
   make_trained "$W/models/trained-embed" & m1=$!
   make_trained "$W/models/trained" --ids 0,1,3 & m2=$!
   make_trained "$W/models/trained-nolmhead" --ids 0,1,3 --no-lm-head & m3=$!
@@ -108,8 +116,9 @@ unset SPECTRACE SPECTRACE_DIR SPECTRACE_QUIET
 # --------------------------------------------------------------------------- servers
 start_server() {  # name port algorithm models spectrace(0|1) mem-fraction [extra flags]
   local name=$1 port=$2 algo=$3 models=$4 on=$5 frac=$6 flags=${7-$extra}
-  local envs=("SPECTRACE_DIR=$W/traces/$name")
+  local envs=("SPECTRACE_DIR=$W/traces/$name" "SPECTRACE_CONTROL=$W/control-$name")
   [ "$on" = 1 ] && envs+=("SPECTRACE=1")
+  [ -n "${GRAPH_SAMPLE:-}" ] && envs+=("SPECTRACE_GRAPH_SAMPLE=$GRAPH_SAMPLE")
   [ "$on" = 1 ] && [ -n "${SKIP_FEATURES:-}" ] && envs+=("SPECTRACE_SGLANG_SKIP=$SKIP_FEATURES")
   # shellcheck disable=SC2086  # flags is a word list on purpose
   env -u SPECTRACE "${envs[@]}" ${server_pin[@]+"${server_pin[@]}"} python3 -m sglang.launch_server --model-path "$models/tiny-llama" \
@@ -222,6 +231,7 @@ finish() {
     [ -f "$f" ] || continue
     { echo "===== spectrace view $(basename "$f" .txt) ====="; cat "$f"; echo; } >> "$out/views.txt"
   done
+  cp "$W"/logs/toggle-*.json "$W"/logs/compare-*.json "$out"/ 2>/dev/null
   tar -C "$W" -czf "$out/traces.tar.gz" traces views phases.json 2>/dev/null
   tar -C "$W" -czf "$out/logs.tar.gz" logs 2>/dev/null
   say "done; in \$OUT: $(cd "$out" && echo *)"
@@ -354,6 +364,50 @@ run_trained() {
   report_servers "${order[@]}"
 }
 
+# ---------------------------------------------------------------------- phase: tensors
+run_tensors() {
+  local v order=(graph eager eagle)
+  declare -A VPORT=([graph]=$port_base [eager]=$((port_base + 10)) [eagle]=$((port_base + 20)))
+  declare -A ALG=([graph]=EAGLE3 [eager]=EAGLE3 [eagle]=EAGLE)
+  declare -A FLAGS=([graph]="$extra --dtype float16" [eager]="$extra --dtype float16 --disable-cuda-graph" [eagle]="$extra --dtype float16")
+  for v in "${order[@]}"; do
+    GRAPH_SAMPLE=1 start_server "$v" "${VPORT[$v]}" "${ALG[$v]}" "$W/models/trained" 1 0.12 "${FLAGS[$v]}"
+    sleep "$stagger"
+  done
+  for v in "${order[@]}"; do wait_server "$v" || true; done
+  mark tensors_up
+  for v in "${order[@]}"; do
+    if grep -q "^port .* up after" "$W/logs/status-$v.txt" 2>/dev/null; then
+      python3 "$here/livekit.py" probe --port "${VPORT[$v]}" --prompts "$repo/spectrace/eagle3/data/demo.json" \
+        --out "$W/logs/probe-$v.json" || say "$v: probe failed"
+    fi
+  done
+  sleep "$stagger"
+  stop_servers eager eagle
+  mark tensors_requests
+  if grep -q "^port .* up after" "$W/logs/status-graph.txt" 2>/dev/null; then
+    python3 "$here/livekit.py" toggle-bench --port "${VPORT[graph]}" --control "$W/control-graph" \
+      --windows "${TOGGLE_WINDOWS:-16}" --batch 32 --max-new 128 --out "$W/logs/toggle-tiny.json" || say "toggle bench failed"
+  fi
+  stop_servers graph
+  mark tensors_toggle_tiny
+  for v in "${order[@]}"; do view "$v"; done
+  python3 "$here/livekit.py" compare-stats "$W/traces/graph" "$W/traces/eager" --out "$W/logs/compare-graph-eager.json" || true
+  if [ "$(left)" -ge 150 ]; then
+    start_server big "$((port_base + 40))" EAGLE3 "$W/models/big" 1 0.6 "--cuda-graph-max-bs-decode 64"
+    if wait_server big; then
+      python3 "$here/livekit.py" toggle-bench --port "$((port_base + 40))" --control "$W/control-big" \
+        --windows "${TOGGLE_WINDOWS:-16}" --batch 64 --max-new 64 --out "$W/logs/toggle-big.json" || say "toggle bench failed"
+    fi
+    stop_servers big
+    view big
+  else
+    say "big target skipped: $(left)s left"
+  fi
+  mark tensors_done
+}
+
+if [ "$mode" = tensors ]; then run_tensors; exit 0; fi
 if [ "$mode" = trained ]; then run_trained; exit 0; fi
 if [ "$mode" != overhead ]; then run_variants; fi
 if [ "$mode" = overhead ] || { [ "$mode" = all ] && [ "$(left)" -ge "$overhead_min" ]; }; then

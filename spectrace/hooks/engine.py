@@ -65,6 +65,7 @@ class ModuleView(NamedTuple):
     inputs: Callable[[tuple[Any, ...], dict[str, Any]], list[tuple[str, torch.Tensor]]] | None = None
     outputs: Callable[[Any, tuple[Any, ...], dict[str, Any]], list[ViewItem] | None] | None = None
 
+
 _DTYPE_NAMES: dict[Any, str] = {}
 _DEVICE_NAMES: dict[Any, str] = {}
 
@@ -524,7 +525,9 @@ class Tracer:
         except Exception as exc:
             self.recorder.internal_error(f"observe {name}: {type(exc).__name__}: {exc}")
 
-    def _finish_call(self, name: str, module_type: str, root: str, role: str | None, inputs: list[RawTensor], items: list[ViewItem]) -> None:
+    def _finish_call(
+        self, name: str, module_type: str, root: str, role: str | None, inputs: list[RawTensor], items: list[ViewItem]
+    ) -> None:
         state = self._thread()
         if state.warming:
             self._warm(items)  # an engine's warm-up before capture: compile now, not mid-capture

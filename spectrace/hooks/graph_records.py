@@ -36,6 +36,7 @@ def readout_fields(readout: Any, slots: Any, first_seq: int) -> list[dict[str, A
     context = readout.context
     groups: dict[tuple[str, Any], dict[str, Any]] = {}
     seq = first_seq
+    device = str(table.rows.device)
     for slot in table.slots:
         key = (slot.name, slot.draft_step)
         fields = groups.get(key)
@@ -61,6 +62,6 @@ def readout_fields(readout: Any, slots: Any, first_seq: int) -> list[dict[str, A
             }
             seq += 1
         stats = slots.stats_of(readout, slot) if rows else None
-        meta = {"arg": slot.arg, "shape": _shape(slot, rows), "dtype": slot.dtype, "device": slot.device, "stats": stats}
+        meta = {"arg": slot.arg, "shape": _shape(slot, rows), "dtype": slot.dtype, "device": device, "stats": stats}
         (fields["inputs"] if slot.arg.startswith("input") else fields["outputs"]).append(meta)
     return list(groups.values())

@@ -242,9 +242,7 @@ def after_hidden_to_store(result: Any, *args: Any, **kwargs: Any) -> None:
         if not count or width % count:
             return None
         step = width // count
-        items: list[tuple[str, Any, Any, Any]] = [
-            (f"output.chunk[{i}]", result, None, (i * step, (i + 1) * step)) for i in range(count)
-        ]
+        items: list[tuple[str, Any, Any, Any]] = [(f"output.chunk[{i}]", result, None, (i * step, (i + 1) * step)) for i in range(count)]
         name = owner[0].rsplit(".", 1)[0] + ".aux_concat" if "." in owner[0] else "aux_concat"
         _tracer().observe(name, "AuxConcat", R.TARGET_AUX_CONCAT, items, root=owner[0].split(".")[0])
     except Exception as exc:

@@ -107,9 +107,7 @@ POINTS: tuple[Point, ...] = (
     Point(f"{M}.kimi_k25", "KimiK25ForConditionalGeneration.__init__", "AFTER", "modules:after_model_init", "modules_kimi"),
     Point(f"{M}.kimi_k25_eagle3", "Eagle3DeepseekV2ForCausalLM.__init__", "AFTER", "modules:after_model_init", "modules_kimi_draft"),
     Point("sglang.srt.model_executor.model_runner", "ModelRunner.load_model", "AFTER", "modules:after_load_model", "modules_runner"),
-    Point(
-        "sglang.srt.layers.logits_processor", "LogitsProcessor._compute_lm_head", "AFTER", "modules:after_compute_lm_head", "logits"
-    ),
+    Point("sglang.srt.layers.logits_processor", "LogitsProcessor._compute_lm_head", "AFTER", "modules:after_compute_lm_head", "logits"),
     Point(
         "sglang.srt.layers.logits_processor",
         "LogitsProcessor._get_hidden_states_to_store",
