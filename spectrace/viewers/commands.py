@@ -23,7 +23,7 @@ from rich.text import Text
 
 from .diff import DEFAULT_RTOL, diff_traces, render_diff
 from .loader import TraceFollower, TraceSet, load_traces
-from .model import ViewFilter, build_view
+from .model import DEFAULT_WINDOW, ViewBuilder, ViewFilter, build_view
 from .render import iter_lines, make_console, render_view
 
 FOLLOW_INTERVAL_S = 0.5
@@ -33,6 +33,7 @@ VIEW_EXAMPLES = """examples:
   spectrace view traces/trace-h-42-rank0.jsonl --finding fc_bypass
   spectrace view traces/ --rank 1 --step 10:20 --modules --module '*fc'
   spectrace view traces/ --follow             re-render as the server writes
+  spectrace view traces/ --window 128         data path: recent span of 128 steps
   spectrace view traces/ --json | jq .findings
 """
 
@@ -58,6 +59,16 @@ def _step_range(text: str) -> tuple[int | None, int | None]:
         raise argparse.ArgumentTypeError(f"--step wants N or A:B, got {text!r}") from None
 
 
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"wants a whole number >= 1, got {text!r}")
+    return n
+
+
 def _view_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="spectrace view",
@@ -71,6 +82,13 @@ def _view_parser() -> argparse.ArgumentParser:
     p.add_argument("--step", type=_step_range, metavar="N|A:B", help="only these steps")
     p.add_argument("--finding", metavar="CODE", help="only findings with this code")
     p.add_argument("--modules", action="store_true", help="show the per-module table")
+    p.add_argument(
+        "--window",
+        type=_positive,
+        default=DEFAULT_WINDOW,
+        metavar="N",
+        help=f"the data path's recent span: the last N traced steps (default {DEFAULT_WINDOW})",
+    )
     p.add_argument("--follow", "-f", action="store_true", help="re-render as lines are appended (Ctrl-C quits)")
     p.add_argument("--json", action="store_true", help="print the view model as JSON")
     p.add_argument("--no-pager", action="store_true", help="never page long output")
@@ -157,7 +175,7 @@ def view_main(argv: list[str]) -> int:
 def _view(argv: list[str]) -> int:
     args = _view_parser().parse_args(argv)
     lo, hi = args.step if args.step else (None, None)
-    flt = ViewFilter(module=args.module, rank=args.rank, step_min=lo, step_max=hi, finding=args.finding)
+    flt = ViewFilter(module=args.module, rank=args.rank, step_min=lo, step_max=hi, finding=args.finding, window_steps=args.window)
     if args.follow:
         return _follow(args, flt)
     ts = load_traces(args.path)
@@ -186,8 +204,9 @@ def _follow(args: argparse.Namespace, flt: ViewFilter) -> int:
     console = make_console()
     seen: set[str] = set()
     follower.poll()
+    builder = ViewBuilder(flt)  # folds in only what was appended since the last refresh
     if args.json or not console.is_terminal:
-        return _follow_stream(args, flt, follower, console, seen)
+        return _follow_stream(args, builder, follower, console, seen)
     # On a terminal: one screen, redrawn in place, cropped at the bottom so the header and
     # the findings (the part that matters) stay visible however long the view grows.
     live = Live(console=console, screen=True, auto_refresh=False, vertical_overflow="crop")
@@ -198,7 +217,7 @@ def _follow(args: argparse.Namespace, flt: ViewFilter) -> int:
             while True:
                 if changed:
                     _warn_problems("spectrace view", follower.trace_set, seen)
-                    view = render_view(build_view(follower.trace_set, flt), modules=args.modules)
+                    view = render_view(builder.build(follower.trace_set), modules=args.modules)
                     live.update(Group(_follow_banner(args.path, follower), view), refresh=True)
                 time.sleep(max(0.05, args.interval))
                 changed = follower.poll()
@@ -209,7 +228,7 @@ def _follow(args: argparse.Namespace, flt: ViewFilter) -> int:
     return 0
 
 
-def _follow_stream(args: argparse.Namespace, flt: ViewFilter, follower: TraceFollower, console: Console, seen: set[str]) -> int:
+def _follow_stream(args: argparse.Namespace, builder: ViewBuilder, follower: TraceFollower, console: Console, seen: set[str]) -> int:
     """--follow into a pipe or with --json: print each new state, separated, never redraw."""
     changed = True
     try:
@@ -217,12 +236,13 @@ def _follow_stream(args: argparse.Namespace, flt: ViewFilter, follower: TraceFol
             if changed:
                 ts = follower.trace_set
                 _warn_problems("spectrace view", ts, seen)
+                view = builder.build(ts)
                 if args.json:
-                    sys.stdout.write(build_view(ts, flt).model_dump_json() + "\n")
+                    sys.stdout.write(view.model_dump_json() + "\n")
                     sys.stdout.flush()
                 else:
                     console.rule(f"{sum(f.lines_read for f in ts.files)} lines read")
-                    console.print(render_view(build_view(ts, flt), modules=args.modules))
+                    console.print(render_view(view, modules=args.modules))
             time.sleep(max(0.05, args.interval))
             changed = follower.poll()
     except KeyboardInterrupt:

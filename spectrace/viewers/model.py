@@ -6,15 +6,22 @@ tests can assert on data, not on pixels.
     >>> view = build_view(load_traces("traces/"))
     >>> view.datapath.fc.status
     'bypassed'
+
+The data path is aggregated, never listed: per stage and forward mode, the records, how
+many came from CUDA-graph replays, the real token rows, and the statistics of all its
+tensors combined as one (mean weighted by numel, pooled std), over the whole run and over
+the last ``window_steps`` traced steps. :class:`ViewBuilder` folds only the calls appended
+since its last build, so ``spectrace view --follow`` stays cheap on a long live trace.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 import socket
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -28,6 +35,7 @@ from spectrace.rules.globs import suffix_match
 from .loader import TraceFile, TraceSet
 
 HUGE_ABSMAX = 1e4  # a residual stream this large is overflow-bound in bf16/fp16
+DEFAULT_WINDOW = 32  # the data path's recent span: the last N traced steps
 
 
 class ViewFilter(BaseModel):
@@ -38,6 +46,7 @@ class ViewFilter(BaseModel):
     step_min: int | None = None
     step_max: int | None = None
     finding: str | None = None
+    window_steps: int = DEFAULT_WINDOW  # the data path's recent span: the last N traced steps
 
     def step_ok(self, step: int | None) -> bool:
         if step is None:
@@ -121,6 +130,69 @@ class StatsSummary(BaseModel):
     samples: int = 0
 
 
+class MomentStats(BaseModel):
+    """The statistics of many records' tensors combined as if they were one tensor: the
+    mean weighted by numel, the pooled (population) std, the largest absmax, nan/inf summed.
+
+    Records without a finite mean/std (a NaN in the tensor) add their nan/inf counts only.
+    """
+
+    mean: float | None = None
+    std: float | None = None
+    absmax: float | None = None
+    nan: int = 0
+    inf: int = 0
+    numel: int = 0  # the values mean and std cover
+    records: int = 0  # records that carried statistics (one inside a graph capture has none)
+
+
+class SpanStats(BaseModel):
+    """Records of one slice of a stage over one span of steps (the whole run, or the window)."""
+
+    records: int = 0
+    graph_replay: int = 0  # statistics computed inside a replayed CUDA graph
+    graph_capture: int = 0  # recorded while a graph was captured: shapes only
+    eager: int = 0  # the others: eager steps
+    rows: int | None = None  # real (unpadded) token rows, summed; None when no record says
+    output: MomentStats | None = None
+    input: MomentStats | None = None  # the first input (fc: the fused [T, 3H] draft input)
+
+
+class SliceView(BaseModel):
+    """One slice of a stage's records: one forward mode, one draft step, or all of them."""
+
+    label: str  # the forward mode, "draft step N", or "all"
+    forward_mode: str | None = None
+    draft_step: int | None = None
+    run: SpanStats = SpanStats()
+    window: SpanStats = SpanStats()  # the last ``DataPath.window_steps`` traced steps
+
+
+class LiveChunkView(BaseModel):
+    """One chunk of the aux concat output (``output.chunk[i]``): one captured boundary."""
+
+    index: int
+    boundary: int | None = None
+    width: int | None = None
+    total: SliceView
+    modes: list[SliceView] = []
+    flags: list[str] = []
+
+
+class FcWidths(BaseModel):
+    """What fc was handed vs what it takes: the fc-bypass bug is an fc input as wide as the
+    hidden size (the target captured no aux layers) and fc skipped."""
+
+    in_widths: list[int] = []  # last dims of the draft's fused input (see in_from)
+    in_from: str = ""  # "fc input", "fc_bypass finding", "aux concat output"
+    in_features: int | None = None
+    in_features_from: str = ""  # "fc input", "fc_bypass finding", "capture (expected)"
+    hidden: int | None = None
+    hidden_from: str = ""
+    verdict: str = "unknown"  # ok / bypass / mismatch / unknown
+    note: str = ""
+
+
 class StageView(BaseModel):
     role: str
     modules: list[str] = []
@@ -129,10 +201,28 @@ class StageView(BaseModel):
     out_shapes: list[list[int]] = []
     dtypes: list[str] = []
     last: TensorStats | None = None
+    # The whole run's output statistics combined by numel (see MomentStats); samples: the
+    # records that carried statistics.
     agg: StatsSummary | None = None
     anomalies: list[str] = []
     status: str = "not seen"  # called / bypassed / not seen / loaded / missing ...
     note: str = ""
+    total: SliceView | None = None  # every record of the stage
+    modes: list[SliceView] = []  # one per forward mode seen (one "all" when none is recorded)
+    draft_steps: list[SliceView] = []  # one per draft step of a multi-step draft, where recorded
+    chunks: list[LiveChunkView] = []  # aux concat: its output chunks
+    widths: FcWidths | None = None  # fc: its input width against in_features and hidden
+
+
+class BoundaryView(BaseModel):
+    """A captured boundary's source in the target: boundary b is ``target.layer[b-1]``'s
+    output residual stream (b = 0: the embedding output)."""
+
+    boundary: int
+    role: str
+    module: str | None = None
+    total: SliceView | None = None  # None: that layer was never recorded
+    modes: list[SliceView] = []
 
 
 class CaptureView(BaseModel):
@@ -143,6 +233,7 @@ class CaptureView(BaseModel):
     hidden_size: int
     rule: str
     enabled: bool
+    layers: list[BoundaryView] = []
 
 
 class ChunkView(BaseModel):
@@ -168,6 +259,14 @@ class DataPath(BaseModel):
     norm: StageView
     lm_head: StageView
     d2t: StageView
+    target_lm_head: StageView = StageView(role="target_lm_head")
+    window_steps: int = DEFAULT_WINDOW  # the recent span: the last N traced steps ...
+    window_first_step: int | None = None  # ... from this step
+    window_last_step: int | None = None  # ... to this one
+    steps_seen: int = 0  # traced steps (of call records) in the run
+    roles: bool = False  # the trace names each call's role (else stages are told by names)
+    draft_vocab: int | None = None  # the draft lm_head's output width
+    target_vocab: int | None = None  # the target lm_head's output width (d2t maps between them)
 
 
 class AcceptanceView(BaseModel):
@@ -201,22 +300,72 @@ class TraceView(BaseModel):
 # ------------------------------------------------------------------------------- building
 def build_view(ts: TraceSet, flt: ViewFilter | None = None) -> TraceView:
     """Derive everything the viewer shows from loaded traces, narrowed by ``flt``."""
-    flt = flt or ViewFilter()
-    files = [f for f in ts.files if flt.rank is None or f.rank == flt.rank]
-    calls = [c for f in files for c in f.calls if flt.step_ok(c.step)]
-    module_calls = [c for c in calls if flt.module_ok(c.module)]
-    return TraceView(
-        header=_header(ts, files, calls, flt),
-        findings=_findings(files, flt),
-        datapath=_datapath(files, calls),
-        acceptance=_acceptance(files, flt),
-        modules=module_table(module_calls),
-    )
+    return ViewBuilder(flt).build(ts)
 
 
-def _header(ts: TraceSet, files: list[TraceFile], calls: list[Call], flt: ViewFilter) -> HeaderSummary:
-    steps = {c.step for c in calls}
-    steps |= {a.step for f in files for a in f.acceptance if flt.step_ok(a.step)}
+class ViewBuilder:
+    """Builds the view of a growing :class:`TraceSet` again and again (``--follow``): each
+    build folds in only the calls appended since the previous one.
+
+    Per file it keeps the steps, the module table's sums and, for a trace with roles, the
+    data path's aggregates; a file that was truncated or replaced under the reader starts
+    over. Traces without roles (older writers) tell the draft by names across the whole
+    run, so their data path is folded again at each build.
+
+        >>> builder = ViewBuilder(ViewFilter(window_steps=16))
+        >>> view = builder.build(follower.trace_set)  # poll, build, poll, build ...
+    """
+
+    def __init__(self, flt: ViewFilter | None = None) -> None:
+        self.flt = flt or ViewFilter()
+        self._files: dict[str, _FileState] = {}
+        self._module_ok: dict[str, bool] = {}
+
+    def build(self, ts: TraceSet) -> TraceView:
+        flt = self.flt
+        files = [f for f in ts.files if flt.rank is None or f.rank == flt.rank]
+        states = [self._update(f) for f in files]
+        return TraceView(
+            header=_header(ts, files, states, flt),
+            findings=_findings(files, flt),
+            datapath=_datapath(files, states, flt),
+            acceptance=_acceptance(files, flt),
+            modules=_ModuleAcc.merged([s.modules for s in states]),
+        )
+
+    def _update(self, f: TraceFile) -> _FileState:
+        state = self._files.get(f.path)
+        if state is None or state.file is not f or state.done > len(f.calls):
+            state = self._files[f.path] = _FileState(f, max(1, self.flt.window_steps))
+        calls = f.calls
+        if state.done == len(calls):
+            return state
+        flt, module_ok = self.flt, self._module_ok
+        for c in calls[state.done :] if state.done else calls:
+            if not flt.step_ok(c.step):
+                continue
+            state.note_step(c)
+            ok = module_ok.get(c.module)
+            if ok is None:
+                ok = module_ok[c.module] = flt.module_ok(c.module)
+            if ok:
+                state.modules.feed(c)
+            if c.role:
+                state.roled = True
+                state.path.feed(c, c.role)
+        state.done = len(calls)
+        return state
+
+
+def _header(ts: TraceSet, files: list[TraceFile], states: list[_FileState], flt: ViewFilter) -> HeaderSummary:
+    call_steps: set[int] = states[0].steps if len(states) == 1 else set().union(*(s.steps for s in states))
+    acc_steps = {a.step for f in files for a in f.acceptance if flt.step_ok(a.step)}
+    extra = acc_steps - call_steps
+    firsts = [min(call_steps)] if call_steps else []
+    lasts = [max(call_steps)] if call_steps else []
+    if extra:
+        firsts.append(min(extra))
+        lasts.append(max(extra))
     procs = [
         ProcessInfo(
             file=f.name,
@@ -232,7 +381,7 @@ def _header(ts: TraceSet, files: list[TraceFile], calls: list[Call], flt: ViewFi
         for f in files
     ]
     starts = [f.header.started_unix for f in files if f.header]
-    stamped = [c.t_unix for c in calls if c.t_unix]
+    stamped = [s.stamp for s in states if s.stamp is not None]
     started = span = None
     if starts:
         started = datetime.fromtimestamp(min(starts), tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
@@ -245,9 +394,9 @@ def _header(ts: TraceSet, files: list[TraceFile], calls: list[Call], flt: ViewFi
         source=ts.source,
         processes=procs,
         ranks=sorted({f.rank for f in files if f.rank is not None}),
-        step_first=min(steps) if steps else None,
-        step_last=max(steps) if steps else None,
-        steps_traced=len(steps),
+        step_first=min(firsts) if firsts else None,
+        step_last=max(lasts) if lasts else None,
+        steps_traced=len(call_steps) + len(extra),
         started=started,
         span_s=span,
         records_dropped=dropped,
@@ -426,6 +575,7 @@ STAGE_ROLES: dict[str, tuple[str, ...]] = {
     "layer": ("draft.layer",),
     "norm": ("draft.norm",),
     "lm_head": ("draft.lm_head",),
+    "target_lm_head": ("target.lm_head",),
 }
 ROLE_PATTERNS: dict[str, tuple[str, ...]] = {
     "aux": ("*aux_concat*", "*aux_hidden*"),
@@ -435,12 +585,6 @@ ROLE_PATTERNS: dict[str, tuple[str, ...]] = {
     "lm_head": ("lm_head",),
 }
 _DRAFT_WORDS = ("draft", "eagle")
-
-
-def roled_calls(files: list[TraceFile]) -> set[int]:
-    """Ids of the calls whose file carries roles: for those, ``Call.role`` is the truth and
-    a call without one is no stage at all. The others come from a writer before roles."""
-    return {id(c) for f in files if any(c.role for c in f.calls) for c in f.calls}
 
 
 def _is_draftish(c: Call) -> bool:
@@ -480,67 +624,573 @@ def draft_calls(calls: list[Call], roled: set[int]) -> list[Call]:
     return [c for c in calls if id(c) in mine]
 
 
-def in_stage(stage: str, c: Call, roled: set[int]) -> bool:
-    """Whether call ``c`` is part of data-path ``stage`` (its role, or its name when the
-    trace has no roles)."""
-    if id(c) in roled:
-        return c.role in STAGE_ROLES[stage]
-    return any(name_matches(c.module, p) for p in ROLE_PATTERNS[stage])
-
-
-def _stage(role: str, calls: list[Call], roled: set[int] | None = None) -> StageView:
-    mine = [c for c in calls if in_stage(role, c, roled or set())]
-    view = StageView(role=role)
-    if not mine:
-        return view
-    view.status = "called"
-    view.calls = len(mine)
-    view.modules = _unique(c.module for c in mine)
-    view.in_shapes = _unique_shapes(m for c in mine for m in c.inputs[:1])
-    view.out_shapes = _unique_shapes(m for c in mine for m in c.outputs[:1])
-    view.dtypes = _unique(m.dtype for c in mine for m in c.outputs[:1])
-    outs = [m.stats for c in mine for m in c.outputs[:1] if m.stats is not None]
-    view.last = outs[-1] if outs else None
-    view.agg = summarize(outs) if outs else None
-    view.anomalies = anomalies(view.agg) if view.agg else []
-    return view
-
-
 def _final_norm_candidate(c: Call, roled: set[int]) -> bool:
     # Names only: a norm inside the decoder layer is not the final norm (a role says so itself).
     return id(c) in roled or (not name_matches(c.module, "layers.**") and "midlayer" not in c.module)
 
 
-def _datapath(files: list[TraceFile], calls: list[Call]) -> DataPath:
-    roled = roled_calls(files)
-    draft = draft_calls(calls, roled)
+def _legacy_role(c: Call, draft: set[int]) -> str | None:
+    """The stage of a call in a trace without roles, as the role it would have had."""
+    if any(name_matches(c.module, p) for p in ROLE_PATTERNS["aux"]):
+        return STAGE_ROLES["aux"][0]
+    if id(c) not in draft:
+        return None
+    for stage in ("fc", "layer", "norm", "lm_head"):
+        if stage == "norm" and not _final_norm_candidate(c, set()):
+            continue
+        if any(name_matches(c.module, p) for p in ROLE_PATTERNS[stage]):
+            return STAGE_ROLES[stage][0]
+    return None
+
+
+# ---------------------------------------------------------------- data path aggregation
+# Output args the hooks write: a decoder layer's residual stream (its (out, residual) pair
+# summed), an aux concat's chunks (one per captured boundary), else the tensor itself.
+RESIDUAL_ARG = "output.residual_stream"
+CHUNK_PREFIX = "output.chunk["
+# Rows in data-flow order: prefill, verify, draft extend, draft decode; others after.
+MODE_ORDER = ("EXTEND", "TARGET_VERIFY", "DRAFT_EXTEND", "DECODE")
+_Key = tuple[str, "str | None", "int | None", "int | None"]  # role, forward mode, draft step, chunk
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+class _Moments:
+    """Running numel-weighted mean and pooled M2 (Chan et al.), absmax, nan/inf counts."""
+
+    __slots__ = ("n", "mean", "m2", "absmax", "nan", "inf", "records")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.mean = 0.0
+        self.m2 = 0.0
+        self.absmax: float | None = None
+        self.nan = 0
+        self.inf = 0
+        self.records = 0
+
+    def add(self, st: TensorStats, shape: Sequence[int], count: bool = True) -> None:
+        if count:
+            self.records += 1
+        if st.nan:
+            self.nan += st.nan
+        if st.inf:
+            self.inf += st.inf
+        a = st.absmax
+        if a is not None and a == a and (self.absmax is None or a > self.absmax):
+            self.absmax = a
+        m, sd = st.mean, st.std
+        if m is None or sd is None or not (math.isfinite(m) and math.isfinite(sd)):
+            return
+        k = st.numel or _numel(shape)
+        if k <= 0:
+            return
+        n = self.n + k
+        d = m - self.mean
+        self.mean += d * (k / n)
+        self.m2 += sd * sd * k + d * d * (self.n * k / n)
+        self.n = n
+
+    def merge(self, o: _Moments) -> None:
+        self.records += o.records
+        self.nan += o.nan
+        self.inf += o.inf
+        if o.absmax is not None and (self.absmax is None or o.absmax > self.absmax):
+            self.absmax = o.absmax
+        if o.n:
+            n = self.n + o.n
+            d = o.mean - self.mean
+            self.mean += d * (o.n / n)
+            self.m2 += o.m2 + d * d * (self.n * o.n / n)
+            self.n = n
+
+    def view(self) -> MomentStats:
+        has = self.n > 0
+        return MomentStats(
+            mean=self.mean if has else None,
+            std=math.sqrt(max(self.m2 / self.n, 0.0)) if has else None,
+            absmax=self.absmax,
+            nan=self.nan,
+            inf=self.inf,
+            numel=self.n,
+            records=self.records,
+        )
+
+
+class _Span:
+    """Counts and moments of the records of one key over one span of steps."""
+
+    __slots__ = ("records", "replay", "capture", "rows", "out", "inp")
+
+    def __init__(self) -> None:
+        self.records = 0
+        self.replay = 0
+        self.capture = 0
+        self.rows: int | None = None
+        self.out: _Moments | None = None
+        self.inp: _Moments | None = None
+
+    def add(self, c: Call, outs: Sequence[TensorMeta], inp: TensorMeta | None) -> None:
+        self.records += 1
+        if c.graph_replay:
+            self.replay += 1
+        elif c.graph_capture:
+            self.capture += 1
+        if c.tokens is not None:
+            self.rows = (self.rows or 0) + c.tokens
+        first = True
+        for m in outs:
+            if m.stats is not None:
+                if self.out is None:
+                    self.out = _Moments()
+                self.out.add(m.stats, m.shape, first)
+                first = False
+        if inp is not None and inp.stats is not None:
+            if self.inp is None:
+                self.inp = _Moments()
+            self.inp.add(inp.stats, inp.shape)
+
+    def merge(self, o: _Span) -> None:
+        self.records += o.records
+        self.replay += o.replay
+        self.capture += o.capture
+        if o.rows is not None:
+            self.rows = (self.rows or 0) + o.rows
+        for name in ("out", "inp"):
+            theirs = getattr(o, name)
+            if theirs is not None:
+                mine = getattr(self, name)
+                if mine is None:
+                    mine = _Moments()
+                    setattr(self, name, mine)
+                mine.merge(theirs)
+
+    def view(self) -> SpanStats:
+        return SpanStats(
+            records=self.records,
+            graph_replay=self.replay,
+            graph_capture=self.capture,
+            eager=self.records - self.replay - self.capture,
+            rows=self.rows,
+            output=self.out.view() if self.out is not None else None,
+            input=self.inp.view() if self.inp is not None else None,
+        )
+
+
+class _RoleInfo:
+    """What a role's records look like, whatever their mode: modules, shapes, dtypes, last stats."""
+
+    __slots__ = ("calls", "modules", "in_shapes", "out_shapes", "dtypes", "last", "chunk_widths")
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.modules: dict[str, None] = {}
+        self.in_shapes: dict[tuple[int, ...], None] = {}
+        self.out_shapes: dict[tuple[int, ...], None] = {}
+        self.dtypes: dict[str, None] = {}
+        self.last: TensorStats | None = None
+        self.chunk_widths: dict[int, int] = {}
+
+    def merge(self, o: _RoleInfo) -> None:
+        self.calls += o.calls
+        for name in ("modules", "in_shapes", "out_shapes", "dtypes"):
+            getattr(self, name).update(getattr(o, name))
+        self.last = o.last or self.last
+        self.chunk_widths.update(o.chunk_widths)
+
+
+def _split_outputs(outputs: list[TensorMeta]) -> tuple[list[TensorMeta], list[tuple[int, TensorMeta]]]:
+    """The tensor a stage's output statistics describe, and its chunks (aux concat).
+
+    A residual stream wins over the layer's raw output; with chunks only, the chunks
+    together are the output (their moments combine exactly into the whole tensor's).
+    """
+    if len(outputs) == 1 and not outputs[0].arg.startswith(CHUNK_PREFIX):
+        return outputs, []
+    full: TensorMeta | None = None
+    resid: TensorMeta | None = None
+    chunks: list[tuple[int, TensorMeta]] = []
+    for m in outputs:
+        if m.arg.startswith(CHUNK_PREFIX):
+            try:
+                chunks.append((int(m.arg[len(CHUNK_PREFIX) :].split("]", 1)[0]), m))
+            except ValueError:
+                continue
+        elif m.arg == RESIDUAL_ARG:
+            resid = m
+        elif full is None:
+            full = m
+    chunks.sort(key=lambda im: im[0])
+    primary = resid or full
+    if primary is not None:
+        return [primary], chunks
+    return [m for _i, m in chunks], chunks
+
+
+class _PathAcc:
+    """The data path's aggregates over the calls fed so far: per (role, forward mode, draft
+    step, chunk) a span over the whole run and one per step of the window's steps."""
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self.info: dict[str, _RoleInfo] = {}
+        self.run: dict[_Key, _Span] = {}
+        self.by_step: dict[int, dict[_Key, _Span]] = {}
+        self.top: list[int] = []  # the largest `window` distinct steps fed, ascending
+        self.draft: list[Call] = []  # the draft's calls, for check_fc_called
+
+    def _window_bucket(self, step: int) -> dict[_Key, _Span] | None:
+        top = self.top
+        if top and step == top[-1]:
+            return self.by_step[step]
+        i = bisect.bisect_left(top, step)
+        if i < len(top) and top[i] == step:
+            return self.by_step[step]
+        if len(top) >= self.window:
+            if i == 0:
+                return None  # older than the window
+            top.insert(i, step)
+            self.by_step.pop(top.pop(0), None)
+        else:
+            top.insert(i, step)
+        bucket: dict[_Key, _Span] = {}
+        self.by_step[step] = bucket
+        return bucket
+
+    def feed(self, c: Call, role: str) -> None:
+        if role.startswith("draft."):
+            self.draft.append(c)
+        info = self.info.get(role)
+        if info is None:
+            info = self.info[role] = _RoleInfo()
+        info.calls += 1
+        info.modules[c.module] = None
+        outs, chunks = _split_outputs(c.outputs)
+        if outs:
+            first = outs[0]
+            if len(outs) == 1:
+                info.out_shapes[tuple(first.shape)] = None
+                if first.stats is not None:
+                    info.last = first.stats
+            elif first.shape:  # the chunks stand for the whole output
+                info.out_shapes[(*first.shape[:-1], sum(m.shape[-1] if m.shape else 0 for m in outs))] = None
+            info.dtypes[first.dtype] = None
+        inp = c.inputs[0] if c.inputs else None
+        if inp is not None:
+            info.in_shapes[tuple(inp.shape)] = None
+        key: _Key = (role, c.forward_mode, c.draft_step, None)
+        bucket = self._window_bucket(c.step)
+        spans = [self.run, bucket] if bucket is not None else [self.run]
+        for table in spans:
+            span = table.get(key)
+            if span is None:
+                span = table[key] = _Span()
+            span.add(c, outs, inp)
+        for i, m in chunks:
+            if m.shape:
+                info.chunk_widths[i] = m.shape[-1]
+            ckey: _Key = (role, c.forward_mode, c.draft_step, i)
+            for table in spans:
+                span = table.get(ckey)
+                if span is None:
+                    span = table[ckey] = _Span()
+                span.add(c, (m,), None)
+
+
+class _FileState:
+    """What :class:`ViewBuilder` keeps of one file between builds."""
+
+    def __init__(self, f: TraceFile, window: int) -> None:
+        self.file = f
+        self.done = 0  # calls of f folded in
+        self.roled = False  # a call of this file carried a role
+        self.steps: set[int] = set()
+        self.top: list[int] = []  # the largest `window` distinct call steps, ascending
+        self.window = window
+        self.stamp: float | None = None  # the newest call time stamp
+        self.modules = _ModuleAcc()
+        self.path = _PathAcc(window)
+
+    def note_step(self, c: Call) -> None:
+        step = c.step
+        if step not in self.steps:
+            self.steps.add(step)
+            top = self.top
+            if len(top) < self.window:
+                bisect.insort(top, step)
+            elif step > top[0]:
+                bisect.insort(top, step)
+                top.pop(0)
+        t = c.t_unix
+        if t and (self.stamp is None or t > self.stamp):
+            self.stamp = t
+
+
+def _merge_paths(accs: list[_PathAcc], floor: int | None) -> tuple[dict[str, _RoleInfo], dict[_Key, _Span], dict[_Key, _Span]]:
+    """Role infos, whole-run spans and window spans (steps >= floor) of every accumulator."""
+    info: dict[str, _RoleInfo] = {}
+    run: dict[_Key, _Span] = {}
+    win: dict[_Key, _Span] = {}
+
+    def into(table: dict[_Key, _Span], key: _Key, span: _Span) -> None:
+        mine = table.get(key)
+        if mine is None:
+            mine = table[key] = _Span()
+        mine.merge(span)
+
+    for acc in accs:
+        for role, ri in acc.info.items():
+            info.setdefault(role, _RoleInfo()).merge(ri)
+        for key, span in acc.run.items():
+            into(run, key, span)
+        if floor is None:
+            continue
+        for step, bucket in acc.by_step.items():
+            if step >= floor:
+                for key, span in bucket.items():
+                    into(win, key, span)
+    return info, run, win
+
+
+def _mode_rank(mode: str | None) -> tuple[int, str]:
+    if mode is None:
+        return (len(MODE_ORDER) + 1, "")
+    return (MODE_ORDER.index(mode), mode) if mode in MODE_ORDER else (len(MODE_ORDER), mode)
+
+
+class _Slicer:
+    """Slices of the merged spans: by role(s), grouped by forward mode or draft step."""
+
+    def __init__(self, run: dict[_Key, _Span], win: dict[_Key, _Span]) -> None:
+        self.run = run
+        self.win = win
+        self._by_role: dict[str, list[_Key]] = defaultdict(list)
+        for key in run:
+            self._by_role[key[0]].append(key)
+
+    def _keys(self, roles: Iterable[str], chunk: int | None) -> list[_Key]:
+        return [k for r in roles for k in self._by_role.get(r, ()) if k[3] == chunk]
+
+    def _slice(self, keys: list[_Key], label: str, mode: str | None = None, step: int | None = None) -> SliceView:
+        run, win = _Span(), _Span()
+        for k in keys:
+            run.merge(self.run[k])
+            w = self.win.get(k)
+            if w is not None:
+                win.merge(w)
+        return SliceView(label=label, forward_mode=mode, draft_step=step, run=run.view(), window=win.view())
+
+    def total(self, roles: Iterable[str], chunk: int | None = None) -> SliceView | None:
+        keys = self._keys(roles, chunk)
+        return self._slice(keys, "all") if keys else None
+
+    def modes(self, roles: Iterable[str], chunk: int | None = None) -> list[SliceView]:
+        groups: dict[str | None, list[_Key]] = defaultdict(list)
+        for k in self._keys(roles, chunk):
+            groups[k[1]].append(k)
+        only_none = list(groups) == [None]
+        return [
+            self._slice(groups[m], m if m is not None else ("all" if only_none else "no mode"), mode=m)
+            for m in sorted(groups, key=_mode_rank)
+        ]
+
+    def draft_steps(self, roles: Iterable[str]) -> list[SliceView]:
+        groups: dict[int, list[_Key]] = defaultdict(list)
+        for k in self._keys(roles, None):
+            if k[2] is not None:
+                groups[k[2]].append(k)
+        return [self._slice(groups[d], f"draft step {d}", step=d) for d in sorted(groups)]
+
+
+def _stage(stage: str, roles: tuple[str, ...], info: dict[str, _RoleInfo], sl: _Slicer, window: int) -> StageView:
+    view = StageView(role=stage)
+    mine = [info[r] for r in roles if r in info]
+    if not mine:
+        return view
+    ri = _RoleInfo()
+    for part in mine:
+        ri.merge(part)
+    view.status = "called"
+    view.calls = ri.calls
+    view.modules = list(ri.modules)
+    view.in_shapes = [list(s) for s in ri.in_shapes]
+    view.out_shapes = [list(s) for s in ri.out_shapes]
+    view.dtypes = list(ri.dtypes)
+    view.last = ri.last
+    view.total = sl.total(roles)
+    view.modes = sl.modes(roles)
+    view.draft_steps = sl.draft_steps(roles)
+    out = view.total.run.output if view.total else None
+    if out is not None:
+        view.agg = StatsSummary(mean=out.mean, std=out.std, absmax=out.absmax, nan=out.nan, inf=out.inf, samples=out.records)
+        view.anomalies = anomalies(view.agg)
+        recent = view.total.window.output if view.total else None
+        if recent is not None and (recent.nan or recent.inf):
+            bad = ", ".join(f"{n} x{v}" for n, v in (("nan", recent.nan), ("inf", recent.inf)) if v)
+            view.anomalies.append(f"{bad} in the last {window} steps")
+    return view
+
+
+def _live_chunks(aux: StageView, ri: _RoleInfo | None, sl: _Slicer, captures: list[CaptureView]) -> list[LiveChunkView]:
+    if ri is None or not ri.chunk_widths:
+        return []
+    bounds = next((c.boundaries for c in captures if c.boundaries), None)
+    out = []
+    for i in sorted(ri.chunk_widths):
+        total = sl.total(STAGE_ROLES["aux"], chunk=i)
+        if total is None:
+            continue
+        out.append(
+            LiveChunkView(
+                index=i,
+                boundary=bounds[i] if bounds and i < len(bounds) else None,
+                width=ri.chunk_widths[i],
+                total=total,
+                modes=sl.modes(STAGE_ROLES["aux"], chunk=i),
+            )
+        )
+    stds = [c.total.run.output.std if c.total.run.output else None for c in out]
+    for i, why in chunk_scale_outliers(stds).items():
+        out[i].flags.append(why)
+    return out
+
+
+def _boundary_layers(capture: CaptureView, info: dict[str, _RoleInfo], sl: _Slicer) -> list[BoundaryView]:
+    out = []
+    for b in capture.boundaries:
+        role = "target.embed" if b == 0 else f"target.layer[{b - 1}]"
+        ri = info.get(role)
+        out.append(
+            BoundaryView(
+                boundary=b,
+                role=role,
+                module=next(iter(ri.modules), None) if ri else None,
+                total=sl.total((role,)),
+                modes=sl.modes((role,)),
+            )
+        )
+    return out
+
+
+def _last_dims(shapes: list[list[int]]) -> list[int]:
+    return list(dict.fromkeys(s[-1] for s in shapes if s))
+
+
+def _fc_widths(dp: DataPath, findings: list[Any]) -> FcWidths:
+    """fc's input width against its in_features and the hidden size, from what was seen."""
+    w = FcWidths()
+    bypass = next((fd for fd in findings if fd.code == "fc_bypass"), None)
+    ev = bypass.evidence if bypass is not None else {}
+    cap = next((c for c in dp.captures if c.hidden_size), None)
+    fc_out = _last_dims(dp.fc.out_shapes)
+    if cap is not None:
+        w.hidden, w.hidden_from = cap.hidden_size, "capture"
+    elif fc_out:
+        w.hidden, w.hidden_from = fc_out[-1], "fc output"
+    elif _last_dims(dp.layer.out_shapes):
+        w.hidden, w.hidden_from = _last_dims(dp.layer.out_shapes)[-1], "decoder layer output"
+    elif isinstance(ev.get("embed_width"), int):
+        w.hidden, w.hidden_from = ev["embed_width"], "fc_bypass finding"
+    fc_in = _last_dims(dp.fc.in_shapes)
+    if fc_in:
+        w.in_widths, w.in_from = fc_in, "fc input"
+    elif isinstance(ev.get("seen_width"), int):
+        w.in_widths, w.in_from = [ev["seen_width"]], "fc_bypass finding"
+    elif _last_dims(dp.aux.out_shapes):
+        w.in_widths, w.in_from = _last_dims(dp.aux.out_shapes), "aux concat output"
+    ran = [x for x in fc_in if x != w.hidden]  # an fc that ran on these: its in_features
+    if isinstance(ev.get("fc_in_features"), int):
+        w.in_features, w.in_features_from = ev["fc_in_features"], "fc_bypass finding"
+    elif ran:
+        w.in_features, w.in_features_from = max(ran), "fc input"
+    elif cap is not None and cap.boundaries:
+        w.in_features, w.in_features_from = cap.hidden_size * len(cap.boundaries), "capture (expected)"
+    if w.hidden and w.hidden in w.in_widths:
+        w.verdict = "bypass"
+        w.note = f"fc input width {w.hidden} equals hidden {w.hidden}: the draft got unfused hidden states"
+        if w.in_features:
+            w.note += f", fc expects {w.in_features}"
+    elif w.in_widths and w.in_features:
+        w.verdict = "ok" if all(x == w.in_features for x in w.in_widths) else "mismatch"
+        if w.verdict == "mismatch":
+            w.note = f"fc input width {'/'.join(map(str, w.in_widths))} is not fc in_features {w.in_features}"
+    return w
+
+
+def _datapath(files: list[TraceFile], states: list[_FileState], flt: ViewFilter) -> DataPath:
+    window = max(1, flt.window_steps)
+    accs = [s.path for s in states if s.roled]
+    legacy_files = [s.file for s in states if not s.roled]
+    if legacy_files:
+        # No roles: the draft is told by names across the whole run, so fold it again.
+        legacy = [c for f in legacy_files for c in f.calls if flt.step_ok(c.step)]
+        draft = {id(c) for c in _draft_calls(legacy)} if legacy else set()
+        acc = _PathAcc(window)
+        for c in legacy:
+            role = _legacy_role(c, draft)
+            if role is not None:
+                acc.feed(c, role)
+        acc.draft = [c for c in legacy if id(c) in draft]
+        accs.append(acc)
+    top = sorted(set().union(*(s.top for s in states)))[-window:] if states else []
+    floor = top[0] if top else None
+    info, run, win = _merge_paths(accs, floor)
+    sl = _Slicer(run, win)
+    draft_list = [c for acc in accs for c in acc.draft]
+
     findings = [fd for f in files for fd in f.findings]
-    captures = [CaptureView(**c.model_dump(include=set(CaptureView.model_fields))) for f in files for c in f.captures]
+    captures = [CaptureView(**c.model_dump(include=set(CaptureView.model_fields) - {"layers"})) for f in files for c in f.captures]
     captures = _unique_models(captures)
-    fc = _stage("fc", draft, roled)
-    bypass = [fd for fd in findings if fd.code == "fc_bypass"]
-    if bypass:
-        fc.status = "bypassed"
-        fc.note = bypass[0].message
-    elif fc.calls == 0 and draft:
-        # The check decides (the decoder layer ran in steps where fc never did); shown here.
-        for found in check_fc_called(draft):
-            fc.status, fc.note = "bypassed", found.message
-    aux = _stage("aux", calls, roled)
+    roled = any(s.roled for s in states)
+    for cap in captures:
+        # Only a trace with roles can name the target's layers; an older one says nothing.
+        cap.layers = _boundary_layers(cap, info, sl) if roled else []
+
+    def stage(name: str) -> StageView:
+        return _stage(name, STAGE_ROLES[name], info, sl, window)
+
+    fc = stage("fc")
+    aux = stage("aux")
+    aux.chunks = _live_chunks(aux, info.get(STAGE_ROLES["aux"][0]), sl, captures)
     if aux.calls == 0 and any(not c.enabled for c in captures):
         aux.status = "disabled"
     elif aux.calls == 0 and any(fd.code in ("aux_capture_disabled", "logits_fallback") for fd in findings):
         aux.status = "disabled"
-    return DataPath(
+    dp = DataPath(
         captures=captures,
         aux=aux,
         fingerprints=_fingerprints(files),
         fc=fc,
-        layer=_stage("layer", draft, roled),
-        norm=_stage("norm", [c for c in draft if _final_norm_candidate(c, roled)], roled),
-        lm_head=_stage("lm_head", draft, roled),
+        layer=stage("layer"),
+        norm=stage("norm"),
+        lm_head=stage("lm_head"),
         d2t=_d2t(files, findings),
+        target_lm_head=_stage("target_lm_head", ("target.lm_head",), info, sl, window),
+        window_steps=window,
+        window_first_step=floor,
+        window_last_step=top[-1] if top else None,
+        steps_seen=len(set().union(*(s.steps for s in states))) if len(states) > 1 else len(states[0].steps) if states else 0,
+        roles=roled,
     )
+    dp.fc.widths = _fc_widths(dp, findings)
+    bypass = [fd for fd in findings if fd.code == "fc_bypass"]
+    if bypass:
+        fc.status = "bypassed"
+        fc.note = bypass[0].message
+    elif fc.calls == 0 and draft_list:
+        # The check decides (the decoder layer ran in steps where fc never did); shown here.
+        for found in check_fc_called(draft_list):
+            fc.status, fc.note = "bypassed", found.message
+    elif fc.calls and dp.fc.widths.verdict == "bypass":
+        fc.status, fc.note = "bypassed", dp.fc.widths.note + "; fc was skipped"
+    dp.draft_vocab = (_last_dims(dp.lm_head.out_shapes) or [None])[-1]
+    dp.target_vocab = (_last_dims(dp.target_lm_head.out_shapes) or [None])[-1]
+    return dp
 
 
 def _fingerprints(files: list[TraceFile]) -> list[FingerprintView]:
@@ -630,26 +1280,122 @@ def _acceptance(files: list[TraceFile], flt: ViewFilter) -> AcceptanceView:
 # ------------------------------------------------------------------------- module table
 def module_table(calls: list[Call]) -> list[ModuleRow]:
     """One row per module in first-call order: calls, output shapes, dtypes, aggregated stats."""
-    by: dict[str, list[Call]] = {}
+    acc = _ModuleAcc()
     for c in calls:
-        by.setdefault(c.module, []).append(c)
-    rows = []
-    for name, cs in by.items():
-        outs = [m.stats for c in cs for m in c.outputs[:1] if m.stats is not None]
-        agg = summarize(outs)
-        rows.append(
-            ModuleRow(
-                module=name,
-                module_type=cs[0].module_type,
-                role=next((c.role for c in cs if c.role), None),
-                calls=len(cs),
-                out_shapes=_unique_shapes(m for c in cs for m in c.outputs[:1]),
-                dtypes=_unique(m.dtype for c in cs for m in c.outputs[:1]),
-                agg=agg,
-                anomalies=anomalies(agg),
+        acc.feed(c)
+    return _ModuleAcc.merged([acc])
+
+
+class _ModRow:
+    """Running sums of one module's row: what :func:`summarize` would give over its calls."""
+
+    __slots__ = (
+        "module_type",
+        "role",
+        "calls",
+        "out_shapes",
+        "dtypes",
+        "sum_mean",
+        "n_mean",
+        "sum_std",
+        "n_std",
+        "absmax",
+        "nan",
+        "inf",
+        "samples",
+    )
+
+    def __init__(self, module_type: str) -> None:
+        self.module_type = module_type
+        self.role: str | None = None
+        self.calls = 0
+        self.out_shapes: dict[tuple[int, ...], None] = {}
+        self.dtypes: dict[str, None] = {}
+        self.sum_mean = self.sum_std = 0.0
+        self.n_mean = self.n_std = self.nan = self.inf = self.samples = 0
+        self.absmax: float | None = None
+
+    def merge(self, o: _ModRow) -> None:
+        self.role = self.role or o.role
+        self.calls += o.calls
+        self.out_shapes.update(o.out_shapes)
+        self.dtypes.update(o.dtypes)
+        self.sum_mean += o.sum_mean
+        self.n_mean += o.n_mean
+        self.sum_std += o.sum_std
+        self.n_std += o.n_std
+        self.nan += o.nan
+        self.inf += o.inf
+        self.samples += o.samples
+        if o.absmax is not None and (self.absmax is None or o.absmax > self.absmax):
+            self.absmax = o.absmax
+
+
+class _ModuleAcc:
+    """The module table, folded call by call (see :class:`ViewBuilder`)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, _ModRow] = {}
+
+    def feed(self, c: Call) -> None:
+        row = self.rows.get(c.module)
+        if row is None:
+            row = self.rows[c.module] = _ModRow(c.module_type)
+        row.calls += 1
+        if row.role is None and c.role:
+            row.role = c.role
+        if not c.outputs:
+            return
+        m = c.outputs[0]
+        row.out_shapes[tuple(m.shape)] = None
+        row.dtypes[m.dtype] = None
+        st = m.stats
+        if st is None:
+            return
+        row.samples += 1
+        if st.mean is not None and math.isfinite(st.mean):
+            row.sum_mean += st.mean
+            row.n_mean += 1
+        if st.std is not None and math.isfinite(st.std):
+            row.sum_std += st.std
+            row.n_std += 1
+        if st.absmax is not None and (row.absmax is None or st.absmax > row.absmax):
+            row.absmax = st.absmax
+        row.nan += st.nan or 0
+        row.inf += st.inf or 0
+
+    @staticmethod
+    def merged(accs: list[_ModuleAcc]) -> list[ModuleRow]:
+        rows: dict[str, _ModRow] = {}
+        for acc in accs:
+            for name, row in acc.rows.items():
+                mine = rows.get(name)
+                if mine is None:
+                    rows[name] = mine = _ModRow(row.module_type)
+                mine.merge(row)
+        out = []
+        for name, r in rows.items():
+            agg = StatsSummary(
+                mean=r.sum_mean / r.n_mean if r.n_mean else None,
+                std=r.sum_std / r.n_std if r.n_std else None,
+                absmax=r.absmax,
+                nan=r.nan,
+                inf=r.inf,
+                samples=r.samples,
             )
-        )
-    return rows
+            out.append(
+                ModuleRow(
+                    module=name,
+                    module_type=r.module_type,
+                    role=r.role,
+                    calls=r.calls,
+                    out_shapes=[list(s) for s in r.out_shapes],
+                    dtypes=list(r.dtypes),
+                    agg=agg,
+                    anomalies=anomalies(agg),
+                )
+            )
+        return out
 
 
 def summarize(stats: Iterable[TensorStats]) -> StatsSummary:
@@ -688,17 +1434,6 @@ def anomalies(s: StatsSummary) -> list[str]:
     if s.std is not None and s.std == 0 and s.samples:
         out.append("constant")
     return out
-
-
-def _unique(xs: Iterable[str]) -> list[str]:
-    return list(dict.fromkeys(xs))
-
-
-def _unique_shapes(metas: Iterable[TensorMeta]) -> list[list[int]]:
-    seen: dict[tuple[int, ...], None] = {}
-    for m in metas:
-        seen.setdefault(tuple(m.shape), None)
-    return [list(s) for s in seen]
 
 
 def _unique_models(xs: list[CaptureView]) -> list[CaptureView]:

@@ -27,9 +27,12 @@ from spectrace.records import TensorStats
 from .model import (
     AcceptanceView,
     DataPath,
+    FcWidths,
     FindingGroup,
     HeaderSummary,
     ModuleRow,
+    MomentStats,
+    SliceView,
     StageView,
     StatsSummary,
     TraceView,
@@ -216,14 +219,30 @@ class FindingsView:
 
 
 class DataPathTree:
-    """The EAGLE-3 data path as a tree: capture -> aux concat -> fc -> decoder layer -> norm -> lm_head (+d2t)."""
+    """The EAGLE-3 data path as a tree: capture -> aux concat -> fc -> decoder layer -> norm
+    -> lm_head (+ the target's logits, d2t).
+
+    Each stage is one line (calls, module, shapes, dtype) and one row per forward mode:
+    records, graph replays among them, real token rows, and mean/std/absmax over the whole
+    run, then std/absmax over the last N traced steps. Aggregates only: one screen.
+    """
 
     def __init__(self, dp: DataPath) -> None:
         self.dp = dp
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         dp = self.dp
-        tree = Tree(Text("EAGLE-3 data path", style="bold"), guide_style="dim")
+        stages = (dp.aux, dp.fc, dp.layer, dp.norm, dp.lm_head, dp.target_lm_head)
+        label = Text("EAGLE-3 data path", style="bold")
+        if any(s.total for s in stages):
+            # "whole run │ last N steps" over the columns it names (the bar lines up).
+            where = f"  window: {steps_text(dp.window_first_step, dp.window_last_step)}" if dp.window_first_step is not None else ""
+            head = "whole run │ "
+            pad = len(ROW_INDENT) + len(_row_head().split("│")[0]) - len(head) + 2
+            label.append(where.ljust(max(1, pad - len(label.plain))), style="dim")
+            label.append(f"{head}last {dp.window_steps} steps", style="dim")
+            label.append("\n" + ROW_INDENT + _row_head(), style="dim")
+        tree = Tree(label, guide_style="dim")
         if dp.captures:
             for c in dp.captures:
                 t = Text("target capture  ", style="bold")
@@ -232,7 +251,10 @@ class DataPathTree:
                 t.append(f"boundaries {c.boundaries}")
                 if c.requested_ids is not None:
                     t.append(f" from ids {c.requested_ids}")
-                node = tree.add(t)
+                for b in c.layers:
+                    name = f"b{b.boundary} " + ("embed" if b.boundary == 0 else f"layer {b.boundary - 1}")
+                    t.append("\n" + (_row(name, b.total) if b.total else f"{name:<{LABEL_W}} not seen"))
+                node = tree.add(_no_wrap(t))
                 node.add(
                     Text(
                         f"{c.module}: {c.num_layers} layers, hidden {c.hidden_size} x {len(c.boundaries)} = "
@@ -242,29 +264,120 @@ class DataPathTree:
                 )
         else:
             tree.add(Text("target capture  no capture record", style="yellow"))
-        aux = tree.add(_stage_text("aux concat", dp.aux))
+        t = _stage_text("aux concat", dp.aux)
+        for ch in dp.aux.chunks:
+            name = f"chunk {ch.index} " + (f"b{ch.boundary}" if ch.boundary is not None else "b?")
+            t.append("\n" + _row(name, ch.total), style="bold red" if ch.flags else "")
+        aux = tree.add(_no_wrap(t))
+        for ch in dp.aux.chunks:
+            if ch.flags:
+                aux.add(Text(f"chunk {ch.index}: " + "; ".join(ch.flags), style="bold red"))
         _stage_details(aux, dp.aux)
         for fp in dp.fingerprints:
             node = aux.add(Text(f"chunks of {fp.chunk_width} ({fp.module}, {fp.samples} samples)"))
-            for ch in fp.chunks:
-                t = Text(f"{ch.index}  ")
-                t.append(f"b{ch.boundary}" if ch.boundary is not None else "b?", style="bold")
-                if ch.boundary == 0:
-                    t.append(" (embedding)")
-                t.append(f"  {stats_text(ch.stats)}")
-                if ch.flags:
-                    t.append("  " + "; ".join(ch.flags), style="bold red")
-                node.add(t)
-        for label, stage in (("fc", dp.fc), ("decoder layer", dp.layer), ("norm", dp.norm), ("lm_head", dp.lm_head)):
-            _stage_details(tree.add(_stage_text(label, stage)), stage)
+            for fch in fp.chunks:
+                ft = Text(f"{fch.index}  ")
+                ft.append(f"b{fch.boundary}" if fch.boundary is not None else "b?", style="bold")
+                if fch.boundary == 0:
+                    ft.append(" (embedding)")
+                ft.append(f"  {stats_text(fch.stats)}")
+                if fch.flags:
+                    ft.append("  " + "; ".join(fch.flags), style="bold red")
+                node.add(ft)
+        fc = _stage_text("fc", dp.fc, widths=dp.fc.widths)
+        if dp.fc.total and dp.fc.total.run.input:
+            fc.append("\n" + _row("input (all)", dp.fc.total, side="input"), style="dim")
+        _stage_details(tree.add(_no_wrap(fc)), dp.fc)
+        for name, stage in (("decoder layer", dp.layer), ("norm", dp.norm), ("lm_head", dp.lm_head)):
+            _stage_details(tree.add(_no_wrap(_stage_text(name, stage))), stage)
+        if dp.target_lm_head.total or (dp.roles and dp.lm_head.total):
+            _stage_details(tree.add(_no_wrap(_stage_text("target lm_head", dp.target_lm_head))), dp.target_lm_head)
         d2t = Text("d2t  ", style="bold")
         d2t.append(dp.d2t.status, style=_status_style(dp.d2t.status))
         if dp.d2t.modules:
             d2t.append(f"  ({', '.join(dp.d2t.modules)})", style="dim")
+        if dp.draft_vocab is not None:
+            vocab = f"  draft vocab {dp.draft_vocab}"
+            if dp.target_vocab is not None:
+                vocab += f" -> target vocab {dp.target_vocab}"
+            d2t.append(vocab)
         node = tree.add(d2t)
         if dp.d2t.note:
             node.add(Text(dp.d2t.note, style="dim"))
         yield tree
+
+
+# The rows of a stage: columns that line up across stages under one heading line.
+LABEL_W = 13  # TARGET_VERIFY
+ROW_INDENT = "    "  # where a tree node's second label line starts
+
+
+def _row_head() -> str:
+    return f"{'mode':<{LABEL_W}} {'recs':>5} {'graph':>5} {'rows':>6} {'mean':>7} {'std':>7} {'absmax':>7} │ {'std':>7} {'absmax':>7}"
+
+
+def _row(label: str, sl: SliceView, side: str = "output") -> str:
+    """One slice as one row: counts, then whole-run mean/std/absmax, then the window's std/absmax."""
+    run = sl.run
+    r: MomentStats | None = getattr(run, side)
+    w: MomentStats | None = getattr(sl.window, side)
+    text = (
+        f"{label[:LABEL_W]:<{LABEL_W}} {count(run.records):>5} {count(run.graph_replay):>5} "
+        f"{count(run.rows) if run.rows is not None else '-':>6} "
+        f"{short(r.mean if r else None):>7} {short(r.std if r else None):>7} {short(r.absmax if r else None):>7} │ "
+    )
+    text += f"{short(w.std if w else None):>7} {short(w.absmax if w else None):>7}" if sl.window.records else f"{'-':>7} {'-':>7}"
+    if (r and (r.nan or r.inf)) or (w and (w.nan or w.inf)):
+        text += " !"
+    return text
+
+
+def count(n: int) -> str:
+    """A count in at most 5 characters: 12345, 123k, 1.2M."""
+    if n < 100_000:
+        return str(n)
+    if n < 1_000_000:
+        return f"{n // 1000}k"
+    return f"{n / 1e6:.1f}M" if n < 100_000_000 else f"{n // 1_000_000}M"
+
+
+def short(x: float | None, width: int = 7) -> str:
+    """A number in at most ``width`` characters: 3 significant digits, fewer when it must."""
+    if x is None:
+        return "-"
+    if not math.isfinite(x):
+        return str(x)
+    if x == 0:
+        return "0"
+    text = f"{x:.3g}"
+    if len(text) <= width and "e" not in text:
+        return text
+    for digits in (3, 2, 1):
+        mant, exp = f"{x:.{digits - 1}e}".split("e")
+        text = f"{mant}e{int(exp)}"
+        if len(text) <= width:
+            return text
+    return text
+
+
+def shape_pattern(ss: list[list[int]]) -> str:
+    """Shapes as one: a dimension that varies reads min..max (``[4..16,192]``)."""
+    if not ss:
+        return ""
+    if len({len(s) for s in ss}) != 1:
+        return shapes(ss)
+    dims = []
+    for i in range(len(ss[0])):
+        vals = [s[i] for s in ss]
+        lo, hi = min(vals), max(vals)
+        dims.append(str(lo) if lo == hi else f"{lo}..{hi}")
+    return "[" + ",".join(dims) + "]"
+
+
+def _no_wrap(t: Text) -> Text:
+    t.no_wrap = True
+    t.overflow = "ellipsis"
+    return t
 
 
 def _status_style(status: str) -> str:
@@ -275,33 +388,77 @@ def _status_style(status: str) -> str:
     return "yellow"
 
 
-def _stage_text(label: str, s: StageView) -> Text:
+def _stage_text(label: str, s: StageView, widths: FcWidths | None = None) -> Text:
+    """The stage's line (status, calls, module, shapes, dtype) and one row per forward mode."""
     t = Text(f"{label}  ", style="bold")
     if s.status == "called":
         t.append(f"x{s.calls}  ", style="green")
-        t.append(s.modules[0] if s.modules else "")
-        if len(s.modules) > 1:
-            t.append(f" +{len(s.modules) - 1}")
     else:
         t.append(s.status.upper() if s.status in ("bypassed", "disabled") else s.status, style=_status_style(s.status))
+        if s.calls:
+            t.append(f"  x{s.calls}")
         if s.modules:
-            t.append(f"  {s.modules[0]}")
+            t.append("  ")
+    io = ""
+    if s.calls:
+        io = f"{shape_pattern(s.in_shapes)} -> " if s.in_shapes else ""
+        io += f"{shape_pattern(s.out_shapes)} {' '.join(dtype(d) for d in s.dtypes)}".rstrip()
+    if s.modules:
+        room = MAX_LINE - len(t.plain) - (len(io) + 2 if io else 0) - (4 if len(s.modules) > 1 else 0)
+        name = s.modules[0]
+        if room < 12:  # the shapes go on their own line
+            room, io = MAX_LINE - len(t.plain), "\n" + ROW_INDENT[:0] + io if io else ""
+        t.append(name if len(name) <= room else "…" + name[-(room - 1) :])
+        if len(s.modules) > 1:
+            t.append(f" +{len(s.modules) - 1}")
+    if io:
+        t.append(("  " if not io.startswith("\n") else "") + io)
+    if widths is not None and (widths.in_widths or widths.in_features):
+        t.append("\n")
+        t.append(_widths_text(widths), style="bold red" if widths.verdict in ("bypass", "mismatch") else "")
+    for sl in s.modes:
+        t.append("\n" + _row(sl.label, sl))
+    if s.draft_steps:
+        t.append("\n" + _draft_steps_text(s.draft_steps), style="dim")
     return t
+
+
+MAX_LINE = 76  # 80 columns less the tree's guide
+
+
+def _widths_text(w: FcWidths) -> str:
+    """``input width 64 = hidden 64, fc in_features 192: fc skipped`` (the fc-bypass bug)."""
+    seen = "/".join(map(str, w.in_widths)) or "?"
+    feats = str(w.in_features) if w.in_features is not None else "?"
+    if w.in_features_from == "capture (expected)":
+        feats += " expected"
+    hidden = w.hidden if w.hidden is not None else "?"
+    if w.verdict == "bypass":
+        return f"input width {seen} = hidden {hidden}, fc in_features {feats}: fc BYPASSED"
+    if w.verdict == "mismatch":
+        return f"input width {seen} != fc in_features {feats} (hidden {hidden}): MISMATCH"
+    if w.verdict == "ok" and isinstance(w.hidden, int) and w.hidden and w.in_features and w.in_features % w.hidden == 0:
+        return f"input width {seen} = fc in_features {feats} (hidden {hidden} x {w.in_features // w.hidden})"
+    return f"input width {seen}, fc in_features {feats}, hidden {hidden}"
+
+
+def _draft_steps_text(steps: list[SliceView]) -> str:
+    """``draft steps std/absmax  0 x40 1.1/4.4  1 x40 ...``, as many as fit."""
+    text = "draft steps std/absmax"
+    for i, sl in enumerate(steps):
+        o = sl.run.output
+        part = f"  {sl.draft_step} x{count(sl.run.records)} {short(o.std if o else None)}/{short(o.absmax if o else None)}"
+        if len(text) + len(part) > MAX_LINE - 4 and i < len(steps) - 1:
+            return text + f"  +{len(steps) - i}"
+        text += part
+    return text
 
 
 def _stage_details(node: Tree, s: StageView) -> None:
     if s.note:
         node.add(Text(s.note, style="red" if s.status == "bypassed" else "dim"))
-    if s.calls:
-        io = f"{shapes(s.in_shapes)} -> " if s.in_shapes else "out "
-        io += f"{shapes(s.out_shapes)} {' '.join(dtype(d) for d in s.dtypes)}"
-        node.add(Text(io))
-        line = Text(f"last {stats_text(s.last)}")
-        node.add(line)
-        if s.agg and s.agg.samples > 1:
-            node.add(Text(f"all  {stats_text(s.agg)}", style="dim"))
-        if s.anomalies:
-            node.add(Text("anomaly: " + ", ".join(s.anomalies), style="bold red"))
+    if s.anomalies:
+        node.add(Text("anomaly: " + ", ".join(s.anomalies), style="bold red"))
 
 
 class AcceptancePanel:
