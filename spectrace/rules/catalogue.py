@@ -83,6 +83,25 @@ CATALOGUE: dict[str, Code] = {
             "check which target layers feed each chunk (layer ids and their convention)",
         ),
         Code(
+            "chunk_provenance",
+            "error",
+            "chunks of the fused draft input are other boundaries of the target than its capture record says: in the same "
+            "step, each chunk's statistics equal those of the residual stream at another boundary",
+            "find what changed the capture (a patched or other engine release, layers_to_capture set after load, the aux "
+            "states concatenated in another order), then write the layer ids so the boundaries really captured equal the "
+            "ones the draft was trained on",
+        ),
+        Code(
+            "chunk_unmatched",
+            "error",
+            "a chunk of the fused draft input equals no boundary of the target's residual stream traced in the same step: "
+            "it is not a captured hidden state as the engine stores it (a normed or scaled state, a layer's partial output, "
+            "rows of another step)",
+            "find what writes the aux hidden states: the draft expects the raw residual stream (hidden_states + residual) at "
+            "its trained boundaries, over the step's own rows; check a stale buffer under CUDA-graph replay and any norm or "
+            "scale applied before the concat",
+        ),
+        Code(
             "acceptance_collapse",
             # A symptom, not a cause: the error findings beside it say why; alone, it points
             # at the draft's training rather than at the wiring spectrace can check.
