@@ -194,6 +194,10 @@ class Counters(_Record):
     internal_errors: int = 0
     sink_errors: int = 0
     graph_replay_steps: int = 0
+    graph_tables: int = Field(0, description="CUDA graphs captured with a statistics table (one per runner and shape)")
+    graph_table_bytes: int = Field(0, description="device memory of those tables, all graphs together")
+    graph_readbacks: int = Field(0, description="graph replays whose statistics were read back (1 in SPECTRACE_GRAPH_SAMPLE)")
+    graph_readbacks_dropped: int = Field(0, description="read-backs lost because the pinned ring was full (counted, never waited for)")
     hook_calls: int = Field(0, description="calls of spectrace's BEFORE/AFTER hooks in a serving engine")
     hook_seconds: float = Field(0.0, description="host time inside those hooks (the engine's own work excluded)")
     hook_seconds_by_feature: dict[str, float] = Field(

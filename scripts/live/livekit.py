@@ -483,11 +483,13 @@ def trace_file_facts(path: str) -> dict[str, Any]:
     if counters.get("hook_calls"):
         # spectrace's own host time in the engine's hooks, per verify step (accounting).
         facts["hook_calls"] = counters["hook_calls"]
-        facts["hook_us_per_step"] = round(counters["hook_seconds"] / steps * 1e6, 1) if steps else None
+        by = counters.get("hook_seconds_by_feature") or {}
+        serving = sum(v for k, v in by.items() if not k.endswith("@capture"))
+        facts["hook_us_per_step"] = round(serving / steps * 1e6, 1) if steps else None
+        facts["hook_s_at_capture"] = round(sum(v for k, v in by.items() if k.endswith("@capture")), 3)
         if steps:
             facts["hook_us_per_step_by_feature"] = {
-                k: round(v / steps * 1e6, 1)
-                for k, v in sorted((counters.get("hook_seconds_by_feature") or {}).items(), key=lambda kv: -kv[1])
+                k: round(v / steps * 1e6, 1) for k, v in sorted(by.items(), key=lambda kv: -kv[1]) if not k.endswith("@capture")
             }
     return facts
 
@@ -579,7 +581,26 @@ def compare_stats(a_dir: str, b_dir: str) -> dict[str, Any]:
     return {"stages": rows, "only_graph": sorted(set(a) - set(b)), "only_eager": sorted(set(b) - set(a))}
 
 
-def toggle_bench(port: int, control: str, windows: int, batch: int, max_new: int, warmup: int = 2) -> dict[str, Any]:
+def _timed_given(port: int, given: list[list[int]], batch: int, max_new: int, offset: int) -> dict[str, Any]:
+    ids = [given[(offset + i) % len(given)] for i in range(batch)]
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}}
+    t0 = time.perf_counter()
+    out = _post(port, body, 300)
+    wall = time.perf_counter() - t0
+    tokens = sum(len(o.get("output_ids") or []) for o in out)
+    return {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall if wall > 0 else 0.0}
+
+
+def toggle_bench(
+    port: int,
+    control: str,
+    windows: int,
+    batch: int,
+    max_new: int,
+    warmup: int = 2,
+    given: list[list[int]] | None = None,
+    per_window: int = 2,
+) -> dict[str, Any]:
     """Decode throughput inside ONE server, spectrace's per-step work switched on and off at run
     time (SPECTRACE_CONTROL) in alternating windows (on off off on ...): same process, GPU and KV
     state. The A/A spread compares windows of the same state with each other."""
@@ -589,16 +610,22 @@ def toggle_bench(port: int, control: str, windows: int, batch: int, max_new: int
             fh.write(word + "\n")
         time.sleep(0.6)  # the server looks at the file every 0.25 s
 
+    def timed(offset: int) -> dict[str, Any]:
+        if given:
+            return _timed_given(port, given, batch, max_new, offset)
+        return _timed_batch(port, batch, max_new, offset=offset)
+
     for w in range(warmup):
-        _timed_batch(port, batch, max_new, offset=800 + w)
+        timed(800 + w)
     pattern = ["on", "off", "off", "on"]
     runs: dict[str, list[float]] = {"on": [], "off": []}
     order = []
     for w in range(windows):
         label = pattern[w % 4]
         setstate(label)
-        res = _timed_batch(port, batch, max_new, offset=w % 4)
-        runs[label].append(res["tok_s"])
+        # A window is `per_window` batches, the same prompts in every window.
+        parts = [timed(w % 4 + i) for i in range(per_window)]
+        runs[label].append(sum(p["tokens"] for p in parts) / sum(p["wall_s"] for p in parts))
         order.append(label)
     setstate("on")
 
@@ -833,6 +860,8 @@ def main(argv: list[str] | None = None) -> int:
     tb.add_argument("--batch", type=int, default=32)
     tb.add_argument("--max-new", type=int, default=128)
     tb.add_argument("--out", required=True)
+    tb.add_argument("--prompts", default=None, help="a JSON file of prompts (the model's own vocabulary)")
+    tb.add_argument("--per-window", type=int, default=2)
     cs = sub.add_parser("compare-stats")
     cs.add_argument("graph_dir")
     cs.add_argument("eager_dir")
@@ -881,7 +910,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     if a.cmd == "toggle-bench":
-        res = toggle_bench(a.port, a.control, a.windows, a.batch, a.max_new)
+        given = load_prompts(a.prompts)[0] if a.prompts else None
+        res = toggle_bench(a.port, a.control, a.windows, a.batch, a.max_new, given=given, per_window=a.per_window)
         with open(a.out, "w", encoding="utf-8") as fh:
             json.dump(res, fh, indent=1)
         print(f"toggle port {a.port}: on/off {res['on_over_off']}, A/A on {res['aa_on']} off {res['aa_off']}", flush=True)

@@ -387,7 +387,8 @@ run_tensors() {
   mark tensors_requests
   if grep -q "^port .* up after" "$W/logs/status-graph.txt" 2>/dev/null; then
     python3 "$here/livekit.py" toggle-bench --port "${VPORT[graph]}" --control "$W/control-graph" \
-      --windows "${TOGGLE_WINDOWS:-16}" --batch 32 --max-new 128 --out "$W/logs/toggle-tiny.json" || say "toggle bench failed"
+      --windows "${TOGGLE_WINDOWS:-16}" --batch 32 --max-new 128 --prompts "$repo/spectrace/eagle3/data/demo.json" \
+      --out "$W/logs/toggle-tiny.json" || say "toggle bench failed"
   fi
   stop_servers graph
   mark tensors_toggle_tiny
@@ -397,7 +398,7 @@ run_tensors() {
     start_server big "$((port_base + 40))" EAGLE3 "$W/models/big" 1 0.6 "--cuda-graph-max-bs-decode 64"
     if wait_server big; then
       python3 "$here/livekit.py" toggle-bench --port "$((port_base + 40))" --control "$W/control-big" \
-        --windows "${TOGGLE_WINDOWS:-16}" --batch 64 --max-new 64 --out "$W/logs/toggle-big.json" || say "toggle bench failed"
+        --windows "${TOGGLE_WINDOWS:-16}" --batch 64 --max-new 96 --out "$W/logs/toggle-big.json" || say "toggle bench failed"
     fi
     stop_servers big
     view big

@@ -395,7 +395,9 @@ class Tracer:
         slots = self.graph_slots
         if slots is None:
             return
-        for readout in slots.poll():
+        for n, readout in enumerate(slots.poll()):
+            if n:
+                self._worker.pause_point()  # the host is awake again: step aside
             try:
                 with self._counter_lock:
                     first = self._seq + 1
@@ -565,7 +567,7 @@ class Tracer:
         """An output view's tensors: plain ones as :meth:`_note` does; a sum or a column
         range as the tensor it stands for (built eagerly, or computed inside the graph)."""
         if all(add is None and cols is None for _a, _t, add, cols in items):
-            return self._note([(arg, t) for arg, t, _add, _cols in items], state, name, module_type, role)
+            return self._note([(arg, t) for arg, t, _add, _cols in items], state, name, module_type, role, reuse=False)
         noted: list[RawTensor] = []
         for arg, tensor, add, cols in items:
             if state.capturing and self._graph_slot(tensor, state, name, module_type, role, arg, add, cols):
@@ -577,7 +579,7 @@ class Tracer:
                     view = tensor + add
                 if cols is not None:
                     view = view[..., cols[0] : cols[1]].contiguous()
-            noted.extend(self._note([(arg, view)], state, name, module_type, role, budget=1))
+            noted.extend(self._note([(arg, view)], state, name, module_type, role, budget=1, reuse=False))
         return noted
 
     def _shape_only(self, arg: str, tensor: torch.Tensor, state: _ThreadSteps, cols: tuple[int, int] | None) -> RawTensor:
@@ -621,6 +623,7 @@ class Tracer:
         module_type: str = "",
         role: str | None = None,
         budget: int | None = -1,
+        reuse: bool = True,
     ) -> list[RawTensor]:
         """Shapes of every tensor, and statistics enqueued for the ones that get them
         (inside a graph being captured: a slot of its statistics table)."""
@@ -648,7 +651,7 @@ class Tracer:
                 else:
                     try:
                         numel = tensor.numel()
-                        index = state.stats.add(tensor)
+                        index = state.stats.add(tensor, reuse)
                     except Exception as exc:
                         self.recorder.internal_error(f"statistic on {tensor.dtype}: {type(exc).__name__}: {exc}")
             device = _device_name(tensor.device)

@@ -125,10 +125,15 @@ class StepStats:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def add(self, tensor: torch.Tensor) -> int:
-        """Enqueue ``tensor``'s statistics; returns its index in this step."""
+    def add(self, tensor: torch.Tensor, reuse: bool = True) -> int:
+        """Enqueue ``tensor``'s statistics; returns its index in this step.
+
+        ``reuse``: a tensor already summarised this step (same object, same version) keeps
+        its row. A module's outputs pass False: a custom kernel that writes its input in
+        place (SGLang's fused add + RMSNorm) does not bump ``_version``, and the output
+        would show the input's statistics."""
         key = id(tensor)
-        hit = self._seen.get(key)
+        hit = self._seen.get(key) if reuse else None
         if hit is not None and hit[0]() is tensor and tensor._version == hit[1]:
             return hit[2]
         x = tensor.detach()

@@ -33,6 +33,7 @@ _runners: dict[int, Any] = {}  # id(backend) -> weakref to its runner
 _clock = time.perf_counter
 _slots: list[Any] = []  # the process's GraphSlots, once a graph was captured on a device
 FEATURE = "graph_stats"
+RING = 128  # read-backs in flight: 128 x 64 slots x 40 B of pinned memory (328 KB)
 
 
 def after_backend_init(result: Any, *args: Any, **kwargs: Any) -> None:
@@ -57,7 +58,7 @@ def slots_for(tracer: Any, device: Any) -> Any:
         from ... import runtime
         from ...hooks.graph_slots import GraphSlots
 
-        tracer.graph_slots = GraphSlots(device, sample=runtime.settings().graph_sample)
+        tracer.graph_slots = GraphSlots(device, sample=runtime.settings().graph_sample, ring=RING)
         _slots.append(tracer.graph_slots)
     return tracer.graph_slots
 
@@ -71,7 +72,11 @@ def around_capture_one(original: Any, backend: Any, shape_key: Any, *args: Any, 
             kwargs["forward_fn"] = _traced(backend, shape_key, kwargs["forward_fn"])
     except Exception as exc:
         state.internal_error("graph capture", exc)
-    return original(backend, shape_key, *args, **kwargs)
+    state.STATE.in_capture += 1
+    try:
+        return original(backend, shape_key, *args, **kwargs)
+    finally:
+        state.STATE.in_capture -= 1
 
 
 def _traced(backend: Any, shape_key: Any, forward_fn: Any) -> Any:
@@ -110,6 +115,9 @@ def _captured(table: Any) -> None:
     if table is None:
         return
     rec = state.recorder()
+    if id(rec) not in _drains:  # replay costs and read-back counts reach the file at close
+        _drains.add(id(rec))
+        rec.add_drain(_flush_cost)
     rec.count("graph_tables")
     rec.count("graph_table_bytes", table.memory_bytes())
 
@@ -126,6 +134,31 @@ def _units(runner: Any, shape_key: Any) -> int | None:
     return int(raw_bs) if isinstance(raw_bs, int) else None
 
 
+class _Cost:
+    """Host time of the replay hook, summed here and handed to the recorder in batches
+    (a lock per replay was a third of the hook's cost)."""
+
+    __slots__ = ("seconds", "calls")
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.calls = 0
+
+    def flush(self) -> None:
+        seconds, calls = self.seconds, self.calls
+        if not calls:
+            return
+        self.seconds, self.calls = 0.0, 0
+        rec = state.recorder()
+        rec.account_hook(seconds, FEATURE)
+        if calls > 1:
+            rec.count("hook_calls", calls - 1)
+
+
+_cost = _Cost()
+_drains: set[int] = set()
+
+
 def around_replay(original: Any, backend: Any, shape_key: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND ``replay``: the real count before a sampled replay, the copy after it."""
     if not _slots:
@@ -135,11 +168,12 @@ def around_replay(original: Any, backend: Any, shape_key: Any, *args: Any, **kwa
     key = (id(backend), shape_key)
     sampled = False
     try:
-        if not control.paused():
-            units = _units(_runner(backend), shape_key)
-            sampled = units is not None and slots.before_replay(key, units)
-        else:
+        if control.paused():
             slots.pause(key)
+        else:
+            ref = _runners.get(id(backend))
+            units = _units(ref() if ref is not None else None, shape_key)
+            sampled = units is not None and slots.before_replay(key, units)
     except Exception as exc:
         state.internal_error("graph replay", exc)
     spent = _clock() - start
@@ -155,11 +189,32 @@ def around_replay(original: Any, backend: Any, shape_key: Any, *args: Any, **kwa
         except Exception as exc:
             state.internal_error("graph replay read-back", exc)
         spent += _clock() - start
-    try:
-        state.recorder().account_hook(spent, FEATURE)
-    except Exception:
-        pass
+    cost = _cost
+    cost.seconds += spent
+    cost.calls += 1
+    if cost.calls >= 256:
+        _flush_cost()
     return out
+
+
+def _flush_cost() -> None:
+    try:
+        rec = state.recorder()
+        if id(rec) not in _drains:  # the rest reaches the file at close (and before any read)
+            _drains.add(id(rec))
+            rec.add_drain(_flush_cost)
+        slots = _slots[0] if _slots else None
+        if slots is not None:
+            readbacks, dropped = slots.sampled, slots.dropped_ring
+            rec.count("graph_readbacks", readbacks - _seen_counts[0])
+            rec.count("graph_readbacks_dropped", dropped - _seen_counts[1])
+            _seen_counts[:] = [readbacks, dropped]
+        _cost.flush()
+    except Exception as exc:
+        state.internal_error("graph replay cost", exc)
+
+
+_seen_counts = [0, 0]
 
 
 def covers(runner: Any) -> bool:

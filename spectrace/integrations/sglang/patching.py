@@ -97,7 +97,8 @@ def guarded(point: Point) -> Callable[..., Any]:
                 # Accounting for the overhead budget: what spectrace itself costs the host per
                 # step, independent of how noisy a throughput comparison is. An AROUND hook
                 # runs the engine's function inside, so it cannot be timed apart from it.
-                _account(clock() - start, feature)
+                # Time during graph warm-up and capture is start-up cost, kept apart.
+                _account(clock() - start, feature if not state.STATE.in_capture else f"{feature}@capture")
 
     adapter.__spectrace_hook__ = point.key  # type: ignore[attr-defined]
     return adapter

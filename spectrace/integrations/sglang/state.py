@@ -40,6 +40,7 @@ class State:
     rank_set: bool = False
     captures_emitted: int = 0
     tracer: Any = None  # the tracer of a test's own recorder (a server uses runtime.tracer())
+    in_capture: int = 0  # > 0 while a CUDA-graph runner warms up and captures (hook time there is start-up cost)
 
     @property
     def once(self) -> _Said:
