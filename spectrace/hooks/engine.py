@@ -153,6 +153,8 @@ class Tracer:
         self.context_of: Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], StepContext | None] | None = None
         self.views: Callable[[str, nn.Module], ModuleView | None] | None = None  # per hooked module, at attach
         self.graph_slots: Any = None  # a hooks.graph_slots.GraphSlots: statistics inside captured graphs
+        # Called with each call record's fields on the thread that builds them (live checks).
+        self.observers: list[Callable[[dict[str, Any]], None]] = []
         # Where records are built: "auto" = on the worker thread when a step touched an
         # accelerator (the host then waits on the device, and the worker uses that time),
         # inline otherwise; "always" = always on the worker (tests drive it on the CPU).
@@ -404,12 +406,22 @@ class Tracer:
                     fields = readout_fields(readout, slots, first)
                     self._seq += len(fields)
                 texts = [_dumps(f) for f in fields]
+                if self.observers:
+                    for f in fields:
+                        self._observe(f)
                 calls = [Call.model_validate(f) for f in fields] if self.recorder.needs_call_objects else []
                 step = int(readout.context.get("step", -1))
                 now = time.time_ns()
                 self._emit_step(step, calls, now, now, texts)
             except Exception as exc:
                 self.recorder.internal_error(f"graph read-back: {type(exc).__name__}: {exc}")
+
+    def _observe(self, fields: dict[str, Any]) -> None:
+        for observer in self.observers:
+            try:
+                observer(fields)
+            except Exception as exc:
+                self.recorder.internal_error(f"call observer: {type(exc).__name__}: {exc}")
 
     def _build_step(self, item: _FinishedStep, on_worker: bool = True) -> None:
         """Wait for the statistics, build the records, hand them on (on the worker thread,
@@ -440,6 +452,8 @@ class Tracer:
             for n, raw in enumerate(item.calls, 1):
                 fields = _call_fields(raw, self._values)
                 texts.append(_dumps(fields))
+                if self.observers:
+                    self._observe(fields)
                 if objects:
                     calls.append(Call.model_validate(fields))
                 if on_worker and n % 4 == 0:

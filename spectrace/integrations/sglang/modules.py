@@ -52,7 +52,33 @@ def _tracer() -> Any:
     tracer.context_of = context_of
     tracer.views = view_of
     tracer._sglang_ready = True
+    try:
+        _live_checks(tracer)
+    except Exception as exc:
+        state.internal_error("live checks", exc)
     return tracer
+
+
+def _live_checks(tracer: Any) -> None:
+    """Provenance and feature skew from the live records (checks/live.py), on the worker thread."""
+    import os
+
+    from ...checks.live import LiveChecks, fingerprint_from_env
+
+    rec = state.recorder()
+    fingerprint, problem = fingerprint_from_env(os.environ)
+    if problem:
+        rec.coverage("not_covered", problem)
+    live = LiveChecks(rec.once, fingerprint, on_error=lambda message: rec.internal_error(f"live checks: {message}"))
+
+    def observe(fields: dict[str, Any]) -> None:
+        capture = state.STATE.capture
+        if capture is not None and live.expected != list(capture.boundaries):
+            live.set_expected_boundaries(capture.boundaries)
+        live.observe(fields)
+
+    tracer.observers.append(observe)
+    rec.add_drain(live.finish)
 
 
 def adopt(model: Any, side: str | None = None) -> None:
