@@ -366,12 +366,15 @@ run_trained() {
 
 # ---------------------------------------------------------------------- phase: tensors
 run_tensors() {
-  local v order=(graph eager eagle)
-  declare -A VPORT=([graph]=$port_base [eager]=$((port_base + 10)) [eagle]=$((port_base + 20)))
-  declare -A ALG=([graph]=EAGLE3 [eager]=EAGLE3 [eagle]=EAGLE)
-  declare -A FLAGS=([graph]="$extra --dtype float16" [eager]="$extra --dtype float16 --disable-cuda-graph" [eagle]="$extra --dtype float16")
+  local v order=(graph eager eagle sampled)
+  declare -A VPORT=([graph]=$port_base [eager]=$((port_base + 10)) [eagle]=$((port_base + 20)) [sampled]=$((port_base + 30)))
+  declare -A ALG=([graph]=EAGLE3 [eager]=EAGLE3 [eagle]=EAGLE [sampled]=EAGLE3)
+  declare -A FLAGS=([graph]="$extra --dtype float16" [eager]="$extra --dtype float16 --disable-cuda-graph" [eagle]="$extra --dtype float16" [sampled]="$extra --dtype float16")
+  # graph, eager and eagle read back every replay (the same steps as the eager server);
+  # "sampled" is the default (SPECTRACE_GRAPH_SAMPLE unset), for the cost.
+  declare -A SAMPLE=([graph]=1 [eager]=1 [eagle]=1 [sampled]=)
   for v in "${order[@]}"; do
-    GRAPH_SAMPLE=1 start_server "$v" "${VPORT[$v]}" "${ALG[$v]}" "$W/models/trained" 1 0.12 "${FLAGS[$v]}"
+    GRAPH_SAMPLE=${SAMPLE[$v]} start_server "$v" "${VPORT[$v]}" "${ALG[$v]}" "$W/models/trained" 1 0.1 "${FLAGS[$v]}"
     sleep "$stagger"
   done
   for v in "${order[@]}"; do wait_server "$v" || true; done
@@ -391,10 +394,16 @@ run_tensors() {
       --out "$W/logs/toggle-tiny.json" || say "toggle bench failed"
   fi
   stop_servers graph
+  if grep -q "^port .* up after" "$W/logs/status-sampled.txt" 2>/dev/null; then
+    python3 "$here/livekit.py" toggle-bench --port "${VPORT[sampled]}" --control "$W/control-sampled" \
+      --windows "${TOGGLE_WINDOWS:-16}" --batch 32 --max-new 128 --prompts "$repo/spectrace/eagle3/data/demo.json" \
+      --out "$W/logs/toggle-tiny-sampled.json" || say "toggle bench failed"
+  fi
+  stop_servers sampled
   mark tensors_toggle_tiny
   for v in "${order[@]}"; do view "$v"; done
   python3 "$here/livekit.py" compare-stats "$W/traces/graph" "$W/traces/eager" --out "$W/logs/compare-graph-eager.json" || true
-  if [ "$(left)" -ge 150 ]; then
+  if [ "$(left)" -ge 170 ]; then
     start_server big "$((port_base + 40))" EAGLE3 "$W/models/big" 1 0.6 "--cuda-graph-max-bs-decode 64"
     if wait_server big; then
       python3 "$here/livekit.py" toggle-bench --port "$((port_base + 40))" --control "$W/control-big" \
