@@ -41,6 +41,11 @@ VARIANTS: dict[str, str] = {
     "trained": "trained pair, ids [0, 1, 3] (0.5.17 captures boundaries [1, 2, 4]: slot 0 one block late)",
     "trained-nolmhead": "as `trained`, draft without `lm_head.weight` (config keeps `draft_vocab_size`)",
     "trained-nod2t": "as `trained`, draft without `d2t`",
+    # mode `tensors`: per-module records live (the trained pair, ids [0, 1, 3])
+    "graph": "trained pair, CUDA graphs, every replay's in-graph statistics read back",
+    "eager": "trained pair, --disable-cuda-graph (the same prompts: per-module statistics to compare)",
+    "sampled": "trained pair, CUDA graphs, default read-back sampling (the cost windows ran here)",
+    "big": "GPU-bound 3.4B random target (hidden 4096, 16 layers) with a random draft, default sampling",
 }
 # The overhead phase: one healthy server at a time, without / with SPECTRACE=1, ABBA order.
 OVERHEAD_SERVERS = ("overhead-off-1", "overhead-on-1", "overhead-on-2", "overhead-off-2", "overhead-skip-1", "overhead-skip-2")
@@ -637,7 +642,14 @@ def toggle_bench(
         odd, even = xs[0::2], xs[1::2]
         return round(med(odd) / med(even), 4) if odd and even else None
 
+    # Per on-off-off-on quad: (on + on) / (off + off); a linear drift within a quad cancels.
+    quads = [
+        (runs["on"][2 * q] + runs["on"][2 * q + 1]) / (runs["off"][2 * q] + runs["off"][2 * q + 1])
+        for q in range(min(len(runs["on"]), len(runs["off"])) // 2)
+    ]
     return {
+        "quad_ratios": [round(x, 4) for x in quads],
+        "median_quad_ratio": round(med(quads), 4) if quads else None,
         "batch": batch,
         "max_new_tokens": max_new,
         "windows": windows,
@@ -693,6 +705,10 @@ def collect(work: str) -> dict[str, Any]:
         entry["trace"] = view_facts(view) if isinstance(view, dict) else None
         entry["trace_files"] = trace_dir_facts(os.path.join(work, "traces", name))
         summary["variants"][name] = entry
+    for extra in ("toggle-tiny", "toggle-tiny-sampled", "toggle-big", "compare-graph-eager"):
+        found = _load_json(os.path.join(work, "logs", f"{extra}.json"))
+        if found is not None:
+            summary[extra] = found
     bench_res = _load_json(os.path.join(work, "logs", "bench.json"))
     if bench_res is not None:
         ov: dict[str, Any] = dict(bench_res)

@@ -231,7 +231,6 @@ finish() {
     [ -f "$f" ] || continue
     { echo "===== spectrace view $(basename "$f" .txt) ====="; cat "$f"; echo; } >> "$out/views.txt"
   done
-  cp "$W"/logs/toggle-*.json "$W"/logs/compare-*.json "$out"/ 2>/dev/null
   tar -C "$W" -czf "$out/traces.tar.gz" traces views phases.json 2>/dev/null
   tar -C "$W" -czf "$out/logs.tar.gz" logs 2>/dev/null
   say "done; in \$OUT: $(cd "$out" && echo *)"
@@ -386,14 +385,10 @@ run_tensors() {
     fi
   done
   sleep "$stagger"
-  stop_servers eager eagle
+  stop_servers eager eagle graph
   mark tensors_requests
-  if grep -q "^port .* up after" "$W/logs/status-graph.txt" 2>/dev/null; then
-    python3 "$here/livekit.py" toggle-bench --port "${VPORT[graph]}" --control "$W/control-graph" \
-      --windows "${TOGGLE_WINDOWS:-16}" --batch 32 --max-new 128 --prompts "$repo/spectrace/eagle3/data/demo.json" \
-      --out "$W/logs/toggle-tiny.json" || say "toggle bench failed"
-  fi
-  stop_servers graph
+  # The graph and eager servers saw the same prompts and nothing else: their statistics compare.
+  python3 "$here/livekit.py" compare-stats "$W/traces/graph" "$W/traces/eager" --out "$W/logs/compare-graph-eager.json" || true
   if grep -q "^port .* up after" "$W/logs/status-sampled.txt" 2>/dev/null; then
     python3 "$here/livekit.py" toggle-bench --port "${VPORT[sampled]}" --control "$W/control-sampled" \
       --windows "${TOGGLE_WINDOWS:-16}" --batch 32 --max-new 128 --prompts "$repo/spectrace/eagle3/data/demo.json" \
@@ -402,7 +397,6 @@ run_tensors() {
   stop_servers sampled
   mark tensors_toggle_tiny
   for v in "${order[@]}"; do view "$v"; done
-  python3 "$here/livekit.py" compare-stats "$W/traces/graph" "$W/traces/eager" --out "$W/logs/compare-graph-eager.json" || true
   if [ "$(left)" -ge 170 ]; then
     start_server big "$((port_base + 40))" EAGLE3 "$W/models/big" 1 0.6 "--cuda-graph-max-bs-decode 64"
     if wait_server big; then

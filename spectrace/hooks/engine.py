@@ -128,6 +128,8 @@ class _FinishedStep:
         self.step, self.calls, self.start_ns, self.end_ns, self.readback = step, calls, start_ns, end_ns, readback
 
 
+GRAPH_DRAIN_EVERY = 8  # sampled replays per hand-off to the record worker (the ring holds 128)
+GRAPH_OBSERVE_EVERY = 4  # graph read-backs per one the live checks see
 _GRAPH_DRAIN: Any = _FinishedStep(-1, [], 0, 0, None)  # "read the landed graph copies" (a worker item)
 
 
@@ -155,6 +157,8 @@ class Tracer:
         self.graph_slots: Any = None  # a hooks.graph_slots.GraphSlots: statistics inside captured graphs
         # Called with each call record's fields on the thread that builds them (live checks).
         self.observers: list[Callable[[dict[str, Any]], None]] = []
+        self._graph_pending = 0
+        self._graph_readouts = 0
         # Where records are built: "auto" = on the worker thread when a step touched an
         # accelerator (the host then waits on the device, and the worker uses that time),
         # inline otherwise; "always" = always on the worker (tests drive it on the CPU).
@@ -378,9 +382,13 @@ class Tracer:
             return self.step
 
     def graph_replayed(self) -> None:
-        """A sampled replay's statistics copy was queued: the worker turns the copies that
-        have landed into records (it never waits for one; the rest wait for a later drain)."""
-        self._worker.submit(_GRAPH_DRAIN, busy=None)
+        """A sampled replay's statistics copy was queued. Every few of them the worker turns
+        the copies that have landed into records (it never waits for one; the rest wait for
+        a later drain). One hand-off per copy cost the host a thread wake-up each."""
+        self._graph_pending += 1
+        if self._graph_pending >= GRAPH_DRAIN_EVERY:
+            self._graph_pending = 0
+            self._worker.submit(_GRAPH_DRAIN, busy=None)
 
     def _drain_graphs(self, final: bool = False) -> None:
         if final and not _capturing():
@@ -406,7 +414,10 @@ class Tracer:
                     fields = readout_fields(readout, slots, first)
                     self._seq += len(fields)
                 texts = [_dumps(f) for f in fields]
-                if self.observers:
+                self._graph_readouts += 1
+                # Live checks see one read-back in GRAPH_OBSERVE_EVERY: they vote over many
+                # steps, and the worker's time is the host's GIL.
+                if self.observers and self._graph_readouts % GRAPH_OBSERVE_EVERY == 1:
                     for f in fields:
                         self._observe(f)
                 calls = [Call.model_validate(f) for f in fields] if self.recorder.needs_call_objects else []
