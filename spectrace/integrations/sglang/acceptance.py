@@ -5,14 +5,17 @@ batch_size)`` once the accept counts are on the host; an accept length is the co
 drafts plus the bonus token. Older SGLang (``speculative/eagle_worker.py``, EAGLEWorker v1)
 returns ``accept_length_per_req_cpu`` from ``verify``; that reader is best effort.
 A rolling window feeds the core's ``check_acceptance`` (acceptance_collapse, once).
+
+The hook only holds each step's raw counts; records are built ``ACCEPT_BATCH`` steps at a
+time (:func:`drain`), and before anything reads the recorder or closes it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from ...checks.calls import COLLAPSE_WINDOW, check_acceptance
+from ...checks.calls import COLLAPSE_MEAN, COLLAPSE_WINDOW, check_acceptance
 from ...records import Acceptance
 from . import state
 
@@ -20,73 +23,206 @@ ACCEPT_BATCH = 16  # verify steps held before their records are built (two colla
 
 
 def _proposed(worker: Any) -> int:
-    for attr in ("speculative_num_steps",):
-        value = getattr(worker, attr, None)
-        if isinstance(value, int) and value > 0:
-            return value
+    value = getattr(worker, "speculative_num_steps", None)
+    if isinstance(value, int) and value > 0:
+        return value
     value = getattr(worker, "speculative_num_draft_tokens", None)
     return max(int(value) - 1, 1) if isinstance(value, int) else 1
 
 
-def record_step(correct: Sequence[int], k: int) -> Acceptance:
-    correct = list(map(int, correct))
-    # accepted_per_position[i] = requests with more than i correct drafts: the batch less
-    # those with at most i, counted by list.count (C speed; a Python loop over the batch
-    # was half of this hook's time). Counts outside 0..k are clamped, as a step can't
-    # accept fewer than none or more than it proposed.
-    at_most = 0
-    per_position = [0] * k
-    clamped = min(correct, default=0) < 0 or max(correct, default=0) > k
-    values = [min(max(c, 0), k) for c in correct] if clamped else correct
+def _record_maker() -> Callable[[int, list[int], int, list[int]], Acceptance]:
+    """How an Acceptance record is made: pydantic's ``model_construct`` or the same thing inline.
+
+    Every field is computed here from ints, so records are built without validation.
+    ``model_construct`` still walks every field's aliases and defaults in Python (2.7 us
+    a record, over a quarter of the batch build); setting the four slots it sets, through
+    their own setters, costs a fifth of that. The inline maker is used only if its record comes out exactly as
+    ``model_construct``'s does, every slot included (a pydantic that sets something else
+    gets the real one).
+    """
+    new = Acceptance.__new__
+
+    def slot(name: str) -> Any:
+        # The slot's own setter, as model_construct's object.__setattr__ would find it
+        # (looked up once here, not per record).
+        return next(cls.__dict__[name] for cls in Acceptance.__mro__ if name in cls.__dict__).__set__
+
+    try:
+        set_dict, set_fields, set_extra, set_private = map(
+            slot, ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__", "__pydantic_private__")
+        )
+    except Exception:  # a pydantic without these slots: model_construct it is
+        set_dict = None
+
+    def inline(step: int, accept_lengths: list[int], draft_tokens: int, per_position: list[int]) -> Acceptance:
+        record = new(Acceptance)
+        set_dict(
+            record,
+            {
+                "type": "acceptance",
+                "step": step,
+                "accept_lengths": accept_lengths,
+                "draft_tokens": draft_tokens,
+                "accepted_per_position": per_position,
+            },
+        )
+        set_fields(record, {"step", "accept_lengths", "draft_tokens", "accepted_per_position"})
+        set_extra(record, {})
+        set_private(record, None)
+        return record
+
+    def construct(step: int, accept_lengths: list[int], draft_tokens: int, per_position: list[int]) -> Acceptance:
+        return Acceptance.model_construct(
+            step=step, accept_lengths=accept_lengths, draft_tokens=draft_tokens, accepted_per_position=per_position
+        )
+
+    if set_dict is None:
+        return construct
+    try:
+        a, b = inline(3, [2, 1], 2, [1, 0]), construct(3, [2, 1], 2, [1, 0])
+        slots = {"__dict__", *(name for cls in Acceptance.__mro__ for name in getattr(cls, "__slots__", ()))}
+        same = (
+            not Acceptance.__pydantic_post_init__
+            and list(a.__dict__.items()) == list(b.__dict__.items())
+            and all(getattr(a, s) == getattr(b, s) and type(getattr(a, s)) is type(getattr(b, s)) for s in slots)
+            and a.model_dump_json() == b.model_dump_json()
+            and a == b
+        )
+    except Exception:
+        same = False
+    return inline if same else construct
+
+
+_make_record = _record_maker()
+_PLUS_ONE = bytes((i + 1) % 256 for i in range(256))  # bytes.translate table: count -> accept length
+
+
+def _clamped_positions(correct: list[int], k: int) -> list[int]:
+    # Counts outside 0..k are clamped, as a step can't accept fewer than none or more
+    # than it proposed.
+    values = [min(max(c, 0), k) for c in correct]
+    per_position, at_most = [0] * k, 0
     for i in range(k):
         at_most += values.count(i)
         per_position[i] = len(values) - at_most
-    # Built without validation: every field is computed right here from ints (once per
-    # verify step of a server, validation was a third of the hook's time).
-    record = Acceptance.model_construct(
-        step=state.STATE.accept_step,
-        accept_lengths=[c + 1 for c in correct],
-        draft_tokens=k,
-        accepted_per_position=per_position,
-    )
-    state.STATE.accept_step += 1
-    state.emit(record)
-    window = state.STATE.accept_window
-    window.append(record)
-    # Checked once per full window of verify steps, not on every step's sliding window:
-    # a collapse lasts far longer than one window, and this runs on every step of a server.
-    if len(window) >= COLLAPSE_WINDOW:
-        if "acceptance_collapse" not in state.STATE.once:
-            for found in check_acceptance(list(window)):
-                state.emit_once(found.code, lambda found=found: found)
-        window.clear()
+    return per_position
+
+
+def _build(st: state.State, held: list[tuple[Any, int]], rec: Any) -> Acceptance | None:
+    """Build, emit and window the records of ``held`` steps, in order (under the state lock).
+
+    Returns the last record built. A step whose counts are not numbers is counted as an
+    internal error and skipped; the others still get their records.
+    """
+    emit, make = rec.emit, _make_record
+    window = st.accept_window
+    check = not rec.said("acceptance_collapse")
+    step = st.accept_step
+    record = None
+    try:
+        for correct, k in held:
+            try:
+                # sum() is int only if every count is (or is a bool): the lists SGLang builds
+                # with .tolist() pass as they are; numpy or torch scalars and floats become
+                # ints, as the record holds ints (list(map(int)) on every step cost as
+                # much as the rest of the counting).
+                try:
+                    total = sum(correct)
+                    plain = type(total) is int
+                except TypeError:
+                    plain = False
+                if not plain:
+                    correct = list(map(int, correct))
+                    total = sum(correct)
+                n = len(correct)
+                # accepted_per_position[i] = requests with more than i correct drafts: the
+                # batch less those with at most i. Counted on the counts as bytes (a Python
+                # loop over the batch was half of this hook's time; list.count on the list
+                # is twice bytes() and bytes.count): bytes() takes ints in 0..255 only, and
+                # when the counts of 0..k don't add up to the batch, some fall outside and
+                # are clamped.
+                fast = k < 255
+                if fast:
+                    try:
+                        as_bytes = bytes(correct)
+                    except (ValueError, TypeError):
+                        fast = False
+                if fast:
+                    per_position, at_most = [0] * k, 0
+                    for i in range(k):
+                        at_most += as_bytes.count(i)
+                        per_position[i] = n - at_most
+                    fast = at_most + as_bytes.count(k) == n
+                if fast:
+                    accept_lengths = list(as_bytes.translate(_PLUS_ONE))  # every count is at most k < 255
+                else:
+                    per_position = _clamped_positions(correct, k)
+                    accept_lengths = [c + 1 for c in correct]
+                record = make(step, accept_lengths, k, per_position)
+            except Exception as exc:
+                state.internal_error("accept lengths", exc)
+                continue
+            step += 1
+            emit(record)
+            # The step's mean accept length, as check_acceptance computes it (an empty step
+            # counts toward the window but has no mean).
+            window.append((record, (total + n) / n if n else None))
+            # Checked once per full window of verify steps, not on every step's sliding
+            # window: a collapse lasts far longer than one window.
+            if len(window) >= COLLAPSE_WINDOW:
+                if check:
+                    means = [m for _, m in window if m is not None]
+                    # check_acceptance decides and words the finding; the window's mean, the
+                    # same sum it takes, only spares calling it on the steps of a healthy
+                    # draft (most of them).
+                    if len(means) >= COLLAPSE_WINDOW and sum(means) / len(means) <= COLLAPSE_MEAN + 1e-9:
+                        for found in check_acceptance([r for r, _ in window]):
+                            state.emit_once(found.code, lambda found=found: found)
+                        check = not rec.said("acceptance_collapse")
+                window.clear()
+    finally:
+        st.accept_step = step
     return record
+
+
+def _take_held(st: state.State) -> list[tuple[Any, int]]:
+    # The list is never replaced, so the hook appends to it without a lock: what is here
+    # now is taken from the front, and a step appended meanwhile (on the engine's thread)
+    # lands past it and stays for the next build, in order. Callers hold the state lock,
+    # so one build at a time numbers the steps.
+    pending = st.accept_pending
+    n = len(pending)
+    held = pending[:n]
+    del pending[:n]
+    return held
 
 
 def drain() -> None:
     """Build the records of the verify steps held by ``hold_step``, in order."""
     # One drain at a time: a read on another thread (records(), close at exit) and the
-    # hook's own drain would otherwise number their steps interleaved.
+    # hook's own build would otherwise number their steps interleaved.
     with state.lock():
         st = state.STATE
-        pending, st.accept_pending = st.accept_pending, []
-        for correct, k in pending:
-            record_step(correct, k)
+        if st.accept_pending:
+            rec = state.recorder()
+            _build(st, _take_held(st), rec)
 
 
-def hold_step(correct: list[int], k: int) -> None:
-    """Keep one verify step's raw counts; build records a batch at a time.
+def record_step(correct: Sequence[int], k: int) -> Acceptance:
+    """Build and emit one verify step's record now (after the steps still held)."""
+    with state.lock():
+        st = state.STATE
+        rec = state.recorder()
+        if st.accept_pending:
+            _build(st, _take_held(st), rec)
+        record = _build(st, [(correct, k)], rec)
+    if record is None:
+        raise ValueError(f"accept counts are not numbers: {correct!r}")
+    return record
 
-    On a live server this hook runs once per verify step between the engine's own work,
-    with its code and data cold in the caches: measured there, building and writing a
-    record cost 54-68 us per step, against 19 us in a loop. Appending two values is the
-    per-step cost; the batch of records is built warm, every ``ACCEPT_BATCH`` steps, and
-    before anything reads the recorder or closes it (a SIGKILL loses at most one batch).
-    """
-    st = state.STATE
-    with state.lock():  # a drain on another thread swaps the list: never append to the old one
-        st.accept_pending.append((correct, k))
-        held = len(st.accept_pending)
+
+def _batch_point(st: state.State, held: int) -> None:
+    """The calls of :func:`hold_step` that do more than append (one in ``ACCEPT_BATCH``)."""
     if held == 1:
         # A new batch: the recorder it will reach drains it before reads and at close
         # (looked up once per batch, not on every step).
@@ -95,14 +231,44 @@ def hold_step(correct: list[int], k: int) -> None:
             rec.add_drain(drain)
             st.accept_drain_for = rec
     if held >= ACCEPT_BATCH:
-        drain()
+        lock = state.lock()
+        # A drain on another thread (a read) is building the held steps right now: the
+        # engine's thread leaves it to that one rather than wait; what it appends
+        # meanwhile is built by the next call.
+        if lock.acquire(blocking=False):
+            try:
+                rec = state.recorder()
+                _build(st, _take_held(st), rec)
+            finally:
+                lock.release()
+
+
+def hold_step(correct: list[int], k: int) -> None:
+    """Keep one verify step's raw counts; build records a batch at a time.
+
+    On a live server this hook runs once per verify step between the engine's own work,
+    with its code and data cold in the caches: measured there, building and writing a
+    record cost 54-68 us per step, against 19 us in a loop. Appending the counts is the
+    per-step cost (no lock: see :func:`_take_held`); the batch of records is built warm,
+    every ``ACCEPT_BATCH`` steps, and before anything reads the recorder or closes it (a
+    SIGKILL loses at most one batch). ``correct`` must be the hook's own copy.
+    """
+    st = state.STATE
+    pending = st.accept_pending
+    pending.append((correct, k))
+    held = len(pending)
+    if held == 1 or held >= ACCEPT_BATCH:
+        _batch_point(st, held)
 
 
 def after_verify_complete_cpu(result: Any, *args: Any, **kwargs: Any) -> None:
     """HookRegistry AFTER: ``(result, self, num_correct_drafts_per_req, batch_size=0)``."""
     try:
-        correct = kwargs.get("num_correct_drafts_per_req", args[1] if len(args) > 1 else None)
+        # SGLang passes the counts by position and batch_size by name.
+        correct = args[1] if len(args) > 1 else kwargs.get("num_correct_drafts_per_req")
         if correct:
+            # A copy: the list is SGLang's (the adaptive controller gets it too). The
+            # proposed count is read now, as an adaptive controller may change it.
             hold_step(list(correct), _proposed(args[0]))
     except Exception as exc:
         state.internal_error("accept lengths", exc)
