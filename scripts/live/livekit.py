@@ -489,12 +489,12 @@ def trace_file_facts(path: str) -> dict[str, Any]:
         # spectrace's own host time in the engine's hooks, per verify step (accounting).
         facts["hook_calls"] = counters["hook_calls"]
         by = counters.get("hook_seconds_by_feature") or {}
-        serving = sum(v for k, v in by.items() if not k.endswith("@capture"))
+        serving = sum(v for k, v in by.items() if not k.endswith("@startup"))
         facts["hook_us_per_step"] = round(serving / steps * 1e6, 1) if steps else None
-        facts["hook_s_at_capture"] = round(sum(v for k, v in by.items() if k.endswith("@capture")), 3)
+        facts["hook_s_at_capture"] = round(sum(v for k, v in by.items() if k.endswith("@startup")), 3)
         if steps:
             facts["hook_us_per_step_by_feature"] = {
-                k: round(v / steps * 1e6, 1) for k, v in sorted(by.items(), key=lambda kv: -kv[1]) if not k.endswith("@capture")
+                k: round(v / steps * 1e6, 1) for k, v in sorted(by.items(), key=lambda kv: -kv[1]) if not k.endswith("@startup")
             }
     return facts
 

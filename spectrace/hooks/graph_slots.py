@@ -269,6 +269,7 @@ class GraphSlots:
             fused = usable and not _capturing() and check_kernel(self.device)
         self.fused = bool(fused and usable)
         self.tables: dict[Any, SlotTable] = {}
+        self._owners: set[Any] = set()
         self._local = threading.local()
         self._lock = threading.Lock()  # ring bookkeeping: after_replay and poll may run on different threads
         self._host: torch.Tensor | None = None  # (ring, capacity, 5), pinned on CUDA
@@ -295,6 +296,8 @@ class GraphSlots:
             real_bs = torch.full((1,), capture_bs, dtype=torch.int64, device=self.device)
         table = SlotTable(key=key, label=label, capture_bs=capture_bs, rows=rows, real_bs=real_bs, meta=dict(meta or {}))
         self.tables[key] = table  # the old graph is gone with its recapture: drop its table
+        if isinstance(key, tuple) and key:
+            self._owners.add(key[0])
         self._local.table = table
 
     def end_capture(self) -> SlotTable | None:
@@ -518,7 +521,7 @@ class GraphSlots:
 
     def has_owner(self, owner: Any) -> bool:
         """Whether a table's key starts with ``owner`` (an engine's graph backend)."""
-        return any(isinstance(k, tuple) and k and k[0] == owner for k in self.tables)
+        return owner in self._owners  # asked on every replay of every runner: a set, not a scan
 
     def poll(self) -> list[Readout]:
         """The read-backs that have landed (never waits); their ring entries become free."""

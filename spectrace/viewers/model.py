@@ -432,8 +432,15 @@ def _hook_cost(files: list[TraceFile]) -> tuple[int, float | None, float | None,
             by_feature[feature] = by_feature.get(feature, 0.0) + spent
     if not calls:
         return 0, None, None, {}
+    # Start-up time (graph capture, a hook's first calls: imports, kernel compiles) is no
+    # per-step cost; it stays in the split under "<feature>@startup" but not in the total.
+    startup = sum(v for k, v in by_feature.items() if k.endswith(STARTUP_SUFFIX))
+    serving = seconds - startup
     per_step = {k: round(v / steps * 1e6, 1) for k, v in sorted(by_feature.items(), key=lambda kv: -kv[1])} if steps else {}
-    return calls, round(seconds / calls * 1e6, 2), round(seconds / steps * 1e6, 1) if steps else None, per_step
+    return calls, round(seconds / calls * 1e6, 2), round(serving / steps * 1e6, 1) if steps else None, per_step
+
+
+STARTUP_SUFFIX = "@startup"
 
 
 def _iso(unix: float | None) -> str | None:
