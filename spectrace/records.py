@@ -194,6 +194,7 @@ class Counters(_Record):
     internal_errors: int = 0
     sink_errors: int = 0
     graph_replay_steps: int = 0
+    graph_replays_traced: int = Field(0, description="CUDA-graph replays whose graph carries statistics kernels (traced per module)")
     graph_tables: int = Field(0, description="CUDA graphs captured with a statistics table (one per runner and shape)")
     graph_table_bytes: int = Field(0, description="device memory of those tables, all graphs together")
     graph_readbacks: int = Field(0, description="graph replays whose statistics were read back (1 in SPECTRACE_GRAPH_SAMPLE)")

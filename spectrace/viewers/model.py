@@ -102,6 +102,7 @@ class HeaderSummary(BaseModel):
     hook_us_per_verify_step: float | None = None
     hook_us_per_verify_step_by_feature: dict[str, float] = {}  # largest first
     coverage_gaps: list[str] = []
+    graph_traced: str | None = None  # how replayed CUDA graphs were traced (in-graph statistics), if they were
     load_problems: list[str] = []
 
 
@@ -405,7 +406,8 @@ def _header(ts: TraceSet, files: list[TraceFile], states: list[_FileState], flt:
         hook_us_per_call=hook_us,
         hook_us_per_verify_step=hook_us_step,
         hook_us_per_verify_step_by_feature=hook_us_by_feature,
-        coverage_gaps=gaps,
+        coverage_gaps=[g for g in gaps if not g.startswith(GRAPH_TRACED)],
+        graph_traced=next((g[len(GRAPH_TRACED) :] for g in gaps if g.startswith(GRAPH_TRACED)), None),
         load_problems=[p.message for p in ts.problems],
     )
 
@@ -441,6 +443,7 @@ def _hook_cost(files: list[TraceFile]) -> tuple[int, float | None, float | None,
 
 
 STARTUP_SUFFIX = "@startup"
+GRAPH_TRACED = "\0traced:"  # marks the in-graph tracing line among _coverage's lines
 
 
 def _iso(unix: float | None) -> str | None:
@@ -517,6 +520,16 @@ def _coverage(files: list[TraceFile]) -> tuple[int, list[str]]:
     gaps: list[str] = []
     if replay:
         gaps.append(f"{replay} steps ran under CUDA-graph replay and were not traced per module")
+    traced = sum(max((s.graph_replays_traced for s in f.counters), default=0) for f in files)
+    readbacks = sum(max((s.graph_readbacks for s in f.counters), default=0) for f in files)
+    lost = sum(max((s.graph_readbacks_dropped for s in f.counters), default=0) for f in files)
+    if traced:
+        # Not a blind spot, but what the per-module figures of replayed steps rest on.
+        gaps.append(
+            GRAPH_TRACED
+            + f"{traced} CUDA-graph replays carried statistics kernels; {readbacks} read back"
+            + (f", {lost} read-backs lost (pinned ring full)" if lost else "")
+        )
     words = {
         "not_covered": "not covered",
         "unhooked": "modules not hooked",

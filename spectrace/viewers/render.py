@@ -170,6 +170,9 @@ class HeaderPanel:
             if h.hook_us_per_verify_step_by_feature:
                 split = ", ".join(f"{name} {us}" for name, us in h.hook_us_per_verify_step_by_feature.items())
                 lines.append(f"\n  us per verify step by hook: {split}")
+        if h.graph_traced:
+            lines.append("\ngraph replays: ", style="green")
+            lines.append(h.graph_traced)
         for gap in h.coverage_gaps:
             lines.append("\nnot seen: ", style="yellow")
             lines.append(gap)

@@ -48,7 +48,7 @@ def after_execute(result: Any, *args: Any, **kwargs: Any) -> None:
         from . import graph_stats
 
         if graph_stats.covers(args[0]):
-            state.recorder().count("graph_replay_steps")  # traced per module: statistics inside the graph
+            state.recorder().count("graph_replays_traced")  # traced per module: statistics inside the graph
             return None
         _replayed(type(args[0]).__name__)
     except Exception as exc:
