@@ -39,7 +39,7 @@ def test_a_read_back_becomes_call_records_of_the_real_rows():
     gs.record(logits, name="target.logits_processor", role="target.lm_head", module_type="LogitsProcessor", arg="output.logits")
     gs.end_capture()
     hidden[12:] = float("nan")  # rows of requests this replay does not have: stale data
-    for n in range(GRAPH_DRAIN_EVERY):
+    for _ in range(GRAPH_DRAIN_EVERY):
         _replay(gs, key, 3, [hidden, logits], {"step": tracer.next_step(), "mode": "TARGET_VERIFY", "t_unix": 1.0})
         tracer.graph_replayed()
     tracer.finish_step()  # a reader: the worker drains what landed
