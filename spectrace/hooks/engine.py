@@ -413,7 +413,11 @@ class Tracer:
                     first = self._seq + 1
                     fields = readout_fields(readout, slots, first)
                     self._seq += len(fields)
-                texts = [_dumps(f) for f in fields]
+                texts = []
+                for i, f in enumerate(fields, 1):
+                    texts.append(_dumps(f))
+                    if i % 4 == 0:
+                        self._worker.pause_point()  # the host is awake again: step aside
                 self._graph_readouts += 1
                 # Live checks see one read-back in GRAPH_OBSERVE_EVERY: they vote over many
                 # steps, and the worker's time is the host's GIL.

@@ -209,12 +209,21 @@ def _flush_cost() -> None:
             rec.count("graph_readbacks", readbacks - _seen_counts[0])
             rec.count("graph_readbacks_dropped", dropped - _seen_counts[1])
             _seen_counts[:] = [readbacks, dropped]
+        traced, _traced_replays[0] = _traced_replays[0], 0
+        if traced:
+            rec.count("graph_replays_traced", traced)
         _cost.flush()
     except Exception as exc:
         state.internal_error("graph replay cost", exc)
 
 
 _seen_counts = [0, 0]
+_traced_replays = [0]
+
+
+def count_traced_replay() -> None:
+    """One more replay of a runner whose graphs carry statistics kernels (a plain add)."""
+    _traced_replays[0] += 1
 
 
 def covers(runner: Any) -> bool:
