@@ -30,6 +30,12 @@ SCRIPT = textwrap.dedent(
     import sglang_harness as sh
     sh.setup()
     cfg, hf = sh.tiny_hf_llama({VOCAB}, {HIDDEN}, {LAYERS})
+    if sys.argv[1] == "deepseek":  # Kimi-K2.5's language model: MLA + MoE, 0.5.23's owed-output layers
+        target = sh.build_sglang_deepseek_target(sh.tiny_deepseek_v3_config(), None, layer_ids=[1, 2, 3])
+        ids = torch.randint(0, 100, (10,), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            sh.run_target(target, ids)
+        sys.exit(0)
     bypass = sys.argv[1] == "bypass"
     target = sh.build_sglang_llama_target(cfg, hf, layer_ids=sh.NO_CAPTURE if bypass else [0, 1, 2])
     draft_cfg = dict(architectures=["LlamaForCausalLMEagle3"], vocab_size={VOCAB}, hidden_size={HIDDEN},
@@ -148,3 +154,14 @@ def test_feature_skew_live_against_a_training_fingerprint(tmp_path, healthy):
     records = _run(tmp_path, "healthy", SPECTRACE_FINGERPRINT=str(fp))
     codes = [r["code"] for r in records if r["type"] == "finding"]
     assert "feature_skew" in codes
+
+
+def test_deepseek_target_layers_are_residual_streams_and_equal_the_chunks(tmp_path):
+    """DeepSeek-V3 (0.5.23) layers return their contribution and keep the residual in the
+    batch's stream: the record is their sum. ids [1, 2, 3] capture boundaries [2, 3, 4]."""
+    calls = _calls(_run(tmp_path, "deepseek"))
+    aux = calls["target.aux_concat"][0]
+    for i, layer in enumerate((1, 2, 3)):
+        boundary = _out(calls[f"target.layer[{layer}]"][0], "output.residual_stream")["stats"]
+        chunk = _out(aux, f"output.chunk[{i}]")["stats"]
+        assert chunk["std"] == pytest.approx(boundary["std"], rel=1e-6)

@@ -229,7 +229,9 @@ def layer_output(output: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
         hidden, residual = output[0], output[1]
         if isinstance(hidden, torch.Tensor) and isinstance(residual, torch.Tensor) and hidden.shape == residual.shape:
             return [("output.residual_stream", hidden, residual, None)]
-        return None
+        if residual is not None:
+            return None
+        output = hidden  # (contribution, None): the residual lives in the batch's stream (0.5.23 DeepSeek)
     value = output if isinstance(output, torch.Tensor) else getattr(getattr(output, "contribution", None), "value", None)
     if not isinstance(value, torch.Tensor):
         return None
