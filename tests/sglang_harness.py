@@ -121,6 +121,31 @@ def setup() -> None:
     _STATE["ready"] = True
 
 
+def setup_tp(rank: int, world_size: int, port: int) -> None:
+    """`setup()` for one rank of a tensor-parallel group on gloo (one process per rank):
+    SGLang's own parallel state at `tp_size=world_size`, so its linear layers shard and its
+    loaders narrow the checkpoint's full tensors."""
+    if _STATE["ready"]:
+        return
+    stub_torchvision_meta_registrations()
+    import sglang.srt.layers.rotary_embedding.base as rope_base
+
+    rope_base._is_cpu = True
+    from sglang.srt.distributed import parallel_state
+    from sglang.srt.runtime_context import SpawnRanks, get_parallel, publish, reset_context
+    from sglang.srt.server_args import ServerArgs
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world_size), RANK=str(rank), LOCAL_RANK=str(rank))
+    reset_context()
+    publish(ServerArgs(model_path="dummy", device="cpu", tp_size=world_size), role="test", ranks=SpawnRanks(world_rank=rank))
+    parallel_state.init_distributed_environment(
+        world_size=world_size, rank=rank, local_rank=rank, distributed_init_method=f"tcp://127.0.0.1:{port}", backend="gloo"
+    )
+    get_parallel().override_permanently(world_group=parallel_state._WORLD)
+    parallel_state.initialize_model_parallel(backend="gloo")
+    _STATE["ready"] = True
+
+
 # --------------------------------------------------------------------------------------
 # attention backend (plain torch) and the per-forward context
 # --------------------------------------------------------------------------------------

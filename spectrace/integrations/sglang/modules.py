@@ -237,7 +237,13 @@ def layer_output(output: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
         return None
     stream = getattr(_forward_batch(args, kwargs), "residual_stream", None)
     residual = getattr(stream, "residual", None)
-    if getattr(stream, "pending", None) is not None and isinstance(residual, torch.Tensor) and residual.shape == value.shape:
+    pending = getattr(stream, "pending", None)
+    if pending is not None and getattr(pending, "owed", None) is not None:
+        # Tensor parallelism: the contribution still owes its all-reduce (done at the next
+        # boundary). This rank holds a partial sum, not the residual stream: say so, so no
+        # check compares it with the captured (reduced) states.
+        return [("output.unreduced_partial", value, None, None)]
+    if pending is not None and isinstance(residual, torch.Tensor) and residual.shape == value.shape:
         return [("output.residual_stream", value, residual, None)]
     return [("output.contribution", value, None, None)]  # the residual was already added in place
 
