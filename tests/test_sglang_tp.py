@@ -125,3 +125,21 @@ def test_partial_sums_are_labelled_and_raise_no_provenance_finding(traces):
         assert "output.unreduced_partial" in args
         codes = {r["code"] for r in records if r["type"] == "finding"}
         assert not codes & {"chunk_unmatched", "chunk_provenance"}
+
+
+def test_diff_compares_rank_by_rank(traces, tmp_path):
+    """The same TP=2 run against itself agrees; against a copy whose rank 1 lacks a finding,
+    the difference names rank 1."""
+    import shutil
+
+    from spectrace.viewers.diff import diff_traces
+    from spectrace.viewers.loader import load_traces
+
+    assert diff_traces(load_traces(str(traces)), load_traces(str(traces))).differences == []
+    other = tmp_path / "other"
+    shutil.copytree(traces, other)
+    (rank1,) = other.glob("*-rank1.jsonl")
+    lines = [line for line in rank1.read_text().splitlines() if '"code":"weights_missing"' not in line]
+    rank1.write_text("\n".join(lines) + "\n")
+    result = diff_traces(load_traces(str(traces)), load_traces(str(other)))
+    assert result.differences and all(d.where.startswith("rank 1: ") for d in result.differences)

@@ -589,3 +589,18 @@ def test_tmux_follow_redraws_the_data_path(tmp_path: Path) -> None:
         t.send("C-c")
         assert "EXIT=0" in t.wait_for(r"EXIT=\d")
         assert "Traceback" not in t.screen(history=True)
+
+
+def test_tensor_parallel_ranks_count_each_verify_step_once(tmp_path: Path) -> None:
+    """Every TP rank records the same verify steps: the merged view counts them once; two
+    servers on one host (both rank 0) both count."""
+    from spectrace.records import Acceptance
+
+    steps = [Acceptance(step=s, accept_lengths=[3, 2], draft_tokens=3, accepted_per_position=[2, 2, 1]) for s in range(4)]
+    for rank in (0, 1):
+        write_trace(tmp_path / "tp" / f"trace-node1-{10 + rank}-rank{rank}.jsonl", [live_header(pid=10 + rank, rank=rank), *steps])
+    view = build_view(load_traces(str(tmp_path / "tp")), ViewFilter())
+    assert view.acceptance.requests == 8 and view.acceptance.steps == [0, 1, 2, 3]
+    write_trace(tmp_path / "two" / "trace-node1-20-rank0.jsonl", [live_header(pid=20, rank=0), *steps])
+    write_trace(tmp_path / "two" / "trace-node1-21-rank0.jsonl", [live_header(pid=21, rank=0), *steps])
+    assert build_view(load_traces(str(tmp_path / "two")), ViewFilter()).acceptance.requests == 16

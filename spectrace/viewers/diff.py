@@ -77,14 +77,38 @@ def _stats_drift(where: str, sa: StatsSummary, sb: StatsSummary, rtol: float, ki
     return out
 
 
+def _ranks(ts: TraceSet) -> list[int]:
+    return sorted({f.rank for f in ts.files if f.rank is not None})
+
+
+def _of_rank(ts: TraceSet, rank: int) -> TraceSet:
+    return TraceSet(source=ts.source, files=[f for f in ts.files if f.rank == rank])
+
+
+def _diff_sets(a: TraceSet, b: TraceSet, rtol: float) -> list[Difference]:
+    return (
+        _diff_modules(a, b, rtol)
+        + _diff_captures(a, b)
+        + _diff_fingerprints(a, b, rtol)
+        + _diff_acceptance(a, b, rtol)
+        + _diff_findings(a, b)
+    )
+
+
 def diff_traces(a: TraceSet, b: TraceSet, *, rtol: float = DEFAULT_RTOL) -> DiffResult:
-    """Every difference between two traces that could explain an acceptance change."""
+    """Every difference between two traces that could explain an acceptance change.
+
+    Two tensor-parallel runs with the same ranks are compared rank by rank (a shard is
+    compared with the same shard), each difference naming its rank."""
     diffs: list[Difference] = []
-    diffs += _diff_modules(a, b, rtol)
-    diffs += _diff_captures(a, b)
-    diffs += _diff_fingerprints(a, b, rtol)
-    diffs += _diff_acceptance(a, b, rtol)
-    diffs += _diff_findings(a, b)
+    ranks = _ranks(a)
+    if len(ranks) > 1 and ranks == _ranks(b):
+        for rank in ranks:
+            for d in _diff_sets(_of_rank(a, rank), _of_rank(b, rank), rtol):
+                d.where = f"rank {rank}: {d.where}"
+                diffs.append(d)
+    else:
+        diffs = _diff_sets(a, b, rtol)
     result = DiffResult(
         a=a.source,
         b=b.source,

@@ -1270,7 +1270,20 @@ def _names_d2t(names: list[str]) -> bool:
 
 
 # -------------------------------------------------------------------------- acceptance
+def acceptance_files(files: list[TraceFile]) -> list[TraceFile]:
+    """The files whose acceptance records count: under tensor parallelism every rank of a
+    server records the same verify steps, so of the ranks of one host only the lowest one's
+    count (a verify step is one step, not one per rank)."""
+    lowest: dict[str, int] = {}
+    for f in files:
+        host = f.header.host if f.header else ""
+        if f.rank is not None and f.acceptance:
+            lowest[host] = min(lowest.get(host, f.rank), f.rank)
+    return [f for f in files if f.rank is None or lowest.get(f.header.host if f.header else "") in (None, f.rank)]
+
+
 def _acceptance(files: list[TraceFile], flt: ViewFilter) -> AcceptanceView:
+    files = acceptance_files(files)
     recs = sorted((a for f in files for a in f.acceptance if flt.step_ok(a.step)), key=lambda a: a.step)
     view = AcceptanceView()
     if not recs:
