@@ -125,6 +125,8 @@ def test_partial_sums_are_labelled_and_raise_no_provenance_finding(traces):
         assert "output.unreduced_partial" in args
         codes = {r["code"] for r in records if r["type"] == "finding"}
         assert not codes & {"chunk_unmatched", "chunk_provenance"}
+        (logits,) = [r for r in records if r["type"] == "call" and r["role"] == "target.lm_head"]
+        assert [(t["arg"], t["shape"]) for t in logits["outputs"]] == [("output.logits_shard", [1, 64])]  # half of 128
 
 
 def test_diff_compares_rank_by_rank(traces, tmp_path):

@@ -256,7 +256,11 @@ def after_compute_lm_head(result: Any, *args: Any, **kwargs: Any) -> None:
             return None
         name, side = owner
         role = R.DRAFT_LM_HEAD if side == "draft" else R.TARGET_LM_HEAD
-        _tracer().observe(name, "LogitsProcessor", role, [("output.logits", result, None, None)], root=name.split(".")[0])
+        head = args[2] if len(args) > 2 else kwargs.get("lm_head")
+        full = getattr(head, "num_embeddings", None)
+        # Tensor parallelism: a vocab-parallel head gives each rank its slice of the vocabulary.
+        arg = "output.logits_shard" if isinstance(full, int) and int(result.shape[-1]) < full else "output.logits"
+        _tracer().observe(name, "LogitsProcessor", role, [(arg, result, None, None)], root=name.split(".")[0])
     except Exception as exc:
         state.internal_error("logits", exc)
     return None
