@@ -708,3 +708,23 @@ def test_import_hook_targets_come_from_the_point_table():
     assert targets["transformers.modeling_utils"] == "spectrace.integrations.transformers:patch"
     runtime_source = open(os.path.join(REPO, "spectrace", "runtime.py")).read()
     assert "sglang" not in runtime_source
+
+
+def test_two_batch_overlap_is_said_once_as_not_covered(rec, hf_llama):
+    """A runner serving with two-batch overlap: its micro-batches are not traced per module."""
+    import types
+
+    from sglang.srt.server_args import ServerArgs
+
+    from spectrace.integrations.sglang import modules as st_modules
+
+    cfg, hf = hf_llama
+    runner = types.SimpleNamespace(
+        server_args=ServerArgs(model_path="dummy", device="cpu", enable_two_batch_overlap=True),
+        model=sh.build_sglang_llama_target(cfg, hf),
+        is_draft_worker=False,
+    )
+    for _ in range(2):
+        st_modules.after_load_model(None, runner)
+    notes = [c for c in _of(rec, Coverage) if "two-batch-overlap" in c.detail]
+    assert len(notes) == 1

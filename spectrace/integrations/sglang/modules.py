@@ -308,6 +308,14 @@ def after_load_model(result: Any, *args: Any, **kwargs: Any) -> None:
     """AFTER ``ModelRunner.load_model``: adopt whatever model the runner built."""
     try:
         runner = args[0]
+        server_args = getattr(runner, "server_args", None)
+        for flag in ("enable_two_batch_overlap", "enable_single_batch_overlap"):
+            if getattr(server_args, flag, False):
+                state.recorder().coverage(
+                    "not_covered",
+                    f"--{flag.replace('_', '-')}: the overlapped micro-batches run outside the traced forwards; "
+                    "their per-module records are missing or mixed",
+                )
         model = getattr(runner, "model", None)
         if model is not None:
             adopt(model, "draft" if getattr(runner, "is_draft_worker", False) else None)
