@@ -58,7 +58,9 @@ def slots_for(tracer: Any, device: Any) -> Any:
         from ... import runtime
         from ...hooks.graph_slots import GraphSlots
 
-        tracer.graph_slots = GraphSlots(device, sample=runtime.settings().graph_sample, ring=RING)
+        settings = runtime.settings()
+        # SPECTRACE_SAMPLE thins the read-back too: 1 in graph_sample x sample replays.
+        tracer.graph_slots = GraphSlots(device, sample=settings.graph_sample * settings.sample, ring=RING)
         _slots.append(tracer.graph_slots)
     return tracer.graph_slots
 
