@@ -80,44 +80,13 @@ def setup() -> None:
     if _STATE["ready"]:
         return
     stub_torchvision_meta_registrations()
-
-    import sglang.srt.layers.rotary_embedding.base as rope_base
-
-    rope_base._is_cpu = True
-
     import torch.distributed as dist
-    from sglang.srt.distributed import parallel_state
-    from sglang.srt.runtime_context import (
-        SpawnRanks,
-        get_parallel,
-        publish,
-        reset_context,
-    )
-    from sglang.srt.server_args import ServerArgs
 
     if not dist.is_initialized():
-        os.environ["MASTER_ADDR"] = "127.0.0.1"
-        os.environ["MASTER_PORT"] = str(_free_port())
         os.environ.setdefault("WORLD_SIZE", "1")
         os.environ.setdefault("RANK", "0")
         os.environ.setdefault("LOCAL_RANK", "0")
-    reset_context()
-    publish(
-        ServerArgs(model_path="dummy", device="cpu", tp_size=1),
-        role="test",
-        ranks=SpawnRanks(world_rank=0),
-    )
-    if parallel_state._WORLD is None:
-        parallel_state.init_distributed_environment(
-            world_size=1,
-            rank=0,
-            local_rank=0,
-            distributed_init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
-            backend="gloo",
-        )
-    get_parallel().override_permanently(world_group=parallel_state._WORLD)
-    if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(backend="gloo")
+    _init_parallel(0, 1, _free_port())
     _STATE["ready"] = True
 
 
@@ -128,6 +97,14 @@ def setup_tp(rank: int, world_size: int, port: int) -> None:
     if _STATE["ready"]:
         return
     stub_torchvision_meta_registrations()
+    os.environ.update(WORLD_SIZE=str(world_size), RANK=str(rank), LOCAL_RANK=str(rank))
+    _init_parallel(rank, world_size, port)
+    _STATE["ready"] = True
+
+
+def _init_parallel(rank: int, world_size: int, port: int) -> None:
+    """The `_is_cpu` patch, a published `ServerArgs(device="cpu", tp_size=world_size)` and
+    SGLang's parallel state on gloo (both set-ups share it)."""
     import sglang.srt.layers.rotary_embedding.base as rope_base
 
     rope_base._is_cpu = True
@@ -135,15 +112,18 @@ def setup_tp(rank: int, world_size: int, port: int) -> None:
     from sglang.srt.runtime_context import SpawnRanks, get_parallel, publish, reset_context
     from sglang.srt.server_args import ServerArgs
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world_size), RANK=str(rank), LOCAL_RANK=str(rank))
+    if parallel_state._WORLD is None:
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = str(port)
     reset_context()
     publish(ServerArgs(model_path="dummy", device="cpu", tp_size=world_size), role="test", ranks=SpawnRanks(world_rank=rank))
-    parallel_state.init_distributed_environment(
-        world_size=world_size, rank=rank, local_rank=rank, distributed_init_method=f"tcp://127.0.0.1:{port}", backend="gloo"
-    )
+    if parallel_state._WORLD is None:
+        parallel_state.init_distributed_environment(
+            world_size=world_size, rank=rank, local_rank=rank, distributed_init_method=f"tcp://127.0.0.1:{port}", backend="gloo"
+        )
     get_parallel().override_permanently(world_group=parallel_state._WORLD)
-    parallel_state.initialize_model_parallel(backend="gloo")
-    _STATE["ready"] = True
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(backend="gloo")
 
 
 # --------------------------------------------------------------------------------------

@@ -241,11 +241,10 @@ def mean_accept(results: list[dict[str, Any]]) -> float | None:
     return round(num / den, 4) if den else None
 
 
-def _timed_batch(port: int, batch: int, max_new: int, offset: int) -> dict[str, Any]:
-    body = {
-        "input_ids": prompts(batch, 32, offset=offset),
-        "sampling_params": {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True},
-    }
+def _timed_batch(port: int, batch: int, max_new: int, offset: int, given: list[list[int]] | None = None) -> dict[str, Any]:
+    """One timed batch: synthetic prompts, or ``given`` ones (the model's own vocabulary) cycled."""
+    ids = [given[(offset + i) % len(given)] for i in range(batch)] if given else prompts(batch, 32, offset=offset)
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}}
     t0 = time.perf_counter()
     out = _post(port, body, 300)
     wall = time.perf_counter() - t0
@@ -586,16 +585,6 @@ def compare_stats(a_dir: str, b_dir: str) -> dict[str, Any]:
     return {"stages": rows, "only_graph": sorted(set(a) - set(b)), "only_eager": sorted(set(b) - set(a))}
 
 
-def _timed_given(port: int, given: list[list[int]], batch: int, max_new: int, offset: int) -> dict[str, Any]:
-    ids = [given[(offset + i) % len(given)] for i in range(batch)]
-    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}}
-    t0 = time.perf_counter()
-    out = _post(port, body, 300)
-    wall = time.perf_counter() - t0
-    tokens = sum(len(o.get("output_ids") or []) for o in out)
-    return {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall if wall > 0 else 0.0}
-
-
 def toggle_bench(
     port: int,
     control: str,
@@ -616,9 +605,7 @@ def toggle_bench(
         time.sleep(0.6)  # the server looks at the file every 0.25 s
 
     def timed(offset: int) -> dict[str, Any]:
-        if given:
-            return _timed_given(port, given, batch, max_new, offset)
-        return _timed_batch(port, batch, max_new, offset=offset)
+        return _timed_batch(port, batch, max_new, offset, given)
 
     for w in range(warmup):
         timed(800 + w)

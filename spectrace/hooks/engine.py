@@ -533,11 +533,14 @@ class Tracer:
                 return None
             try:
                 state = self._thread()
+                if not state.warming and not self._sampled(state):
+                    self.recorder.count("calls_seen")  # an unsampled step: counted, nothing collected
+                    return None
                 items = outputs_of(output, args, kwargs) if outputs_of is not None else None
                 if items is None:
                     items = [(arg, t, None, None) for arg, t in collect((), None, output, side="output")]
-                if state.warming or not self._sampled(state):
-                    self._finish_call(name, module_type, root, role, [], items)  # the pre-hook kept nothing
+                if state.warming:
+                    self._warm(items)  # the pre-hook kept nothing
                     return None
                 stack = self._local.__dict__.get("inputs")
                 inputs = stack.pop() if stack else []
