@@ -200,15 +200,23 @@ class Recorder:
             self.counters.bump("records_dropped", n)
             self._dropped_by[reason] = self._dropped_by.get(reason, 0) + n
 
-    def account_hook(self, seconds: float, feature: str) -> None:
-        """One call of a serving engine's hook and the host time it took, split by feature
-        (``hook_calls``, ``hook_seconds``, ``hook_seconds_by_feature``): the overhead budget."""
+    def account_hook(self, seconds: float, feature: str, *, calls: int = 1, slow_calls: int = 0, slow_seconds: float = 0.0) -> None:
+        """``calls`` calls of a serving engine's hook and the host time they took, split by
+        feature (``hook_calls``, ``hook_seconds``, ``hook_*_by_feature``): the overhead budget.
+        ``slow_*``: the part of it in calls over the stall threshold."""
         with self._count_lock:
             counters = self.counters
-            counters.bump("hook_calls")
+            counters.bump("hook_calls", calls)
             counters.bump("hook_seconds", seconds)
             by_feature = counters.hook_seconds_by_feature
             by_feature[feature] = by_feature.get(feature, 0.0) + seconds
+            calls_by = counters.hook_calls_by_feature
+            calls_by[feature] = calls_by.get(feature, 0) + calls
+            if slow_calls:
+                slow = counters.hook_slow_calls_by_feature
+                slow[feature] = slow.get(feature, 0) + slow_calls
+                slow_s = counters.hook_slow_seconds_by_feature
+                slow_s[feature] = slow_s.get(feature, 0.0) + slow_seconds
 
     # ----------------------------------------------------------------- intake
     def emit(self, record: Any) -> None:

@@ -204,6 +204,14 @@ class Counters(_Record):
     hook_seconds_by_feature: dict[str, float] = Field(
         default_factory=dict, description="hook_seconds split by patch-point feature (acceptance, graph_replay, ...)"
     )
+    hook_calls_by_feature: dict[str, int] = Field(default_factory=dict, description="hook_calls split by feature")
+    hook_slow_calls_by_feature: dict[str, int] = Field(
+        default_factory=dict,
+        description="calls over 100 us, by feature: the hook's thread lost the CPU or waited for the GIL",
+    )
+    hook_slow_seconds_by_feature: dict[str, float] = Field(
+        default_factory=dict, description="the host time of those slow calls, by feature (part of hook_seconds_by_feature)"
+    )
     once_counts: dict[str, int] = Field(
         default_factory=dict, description="occurrences of each record said once (its once_key), for keys seen more than once"
     )

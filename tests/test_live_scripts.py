@@ -472,3 +472,44 @@ def test_probe_prompts_file_is_the_pairs_own_language():
     given, max_new = lk.load_prompts(os.path.join(ROOT, "spectrace", "eagle3", "data", "demo.json"))
     assert len(given) == 6 and max_new == 40
     assert all(0 <= t < 128 for p in given for t in p)
+
+
+def test_decode_samples_read_sglangs_decode_lines():
+    got = lk._decode_samples(SERVER_LOG)
+    assert got[-1] == (7, 1.0, 2000.0) and got[-2] == (32, 1.0, 10400.0)
+    assert len(got) == sum("#running-req" in ln and "gen throughput" in ln for ln in SERVER_LOG.splitlines())
+
+
+def test_quad_ratios_cancel_a_linear_drift_and_show_the_aa_spread():
+    # on off off on, twice: 1 % cost on top of a steady drift of +1 per window.
+    rates = []
+    for w in range(8):
+        base = 100.0 + w
+        rates.append(base * (0.99 if ["on", "off", "off", "on"][w % 4] == "on" else 1.0))
+    per_window = [{"r": r} for r in rates]
+    got = lk.quad_ratios(per_window, "r")
+    assert got["quads"] == 2
+    assert abs(got["on_over_off"] - 0.99) < 1e-3  # the drift cancels inside a quad
+    assert got["ci95"][0] <= got["on_over_off"] <= got["ci95"][1]
+    # A/A: the two on windows differ by the drift of 3 windows (about 3 %), the off ones by 1.
+    assert 0.95 < got["aa_on_per_quad"][0] < 0.98 and 0.98 < got["aa_off_per_quad"][0] < 1.0
+    # A window with no decode lines (NaN) leaves its quad out instead of poisoning the mean.
+    per_window[1]["r"] = float("nan")
+    assert lk.quad_ratios(per_window, "r")["quads"] == 1
+
+
+def test_pyspy_digest_shares_by_thread_and_spectrace_frames():
+    raw = "\n".join(
+        [
+            'Thread 0x1 (active): "MainThread";event_loop (scheduler.py:10);replay (cuda_graph_runner.py:5) 70',
+            'Thread 0x1 (active): "MainThread";event_loop (scheduler.py:10);around_replay (spectrace/integrations/sglang/graph_stats.py:160) 10',
+            'Thread 0x2 (active): "spectrace-records";_loop (spectrace/hooks/worker.py:170);readout_fields (spectrace/hooks/graph_records.py:30) 20',
+            "not a stack line",
+        ]
+    )
+    got = lk.pyspy_digest(raw)
+    main = next(v for k, v in got.items() if "MainThread" in k)
+    worker = next(v for k, v in got.items() if "spectrace-records" in k)
+    assert main["samples"] == 80 and main["share_of_samples"] == 0.8 and main["in_spectrace"] == 0.125
+    assert worker["in_spectrace"] == 1.0 and list(worker["top_spectrace_frames"].values()) == [20]
+    assert "readout_fields" in next(iter(worker["top_spectrace_frames"]))

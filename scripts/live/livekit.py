@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
 import statistics
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -495,7 +497,52 @@ def trace_file_facts(path: str) -> dict[str, Any]:
             facts["hook_us_per_step_by_feature"] = {
                 k: round(v / steps * 1e6, 1) for k, v in sorted(by.items(), key=lambda kv: -kv[1]) if not k.endswith("@startup")
             }
+            # Per call, and the part of it in calls over 100 us (a lost CPU or a GIL wait).
+            calls_by = counters.get("hook_calls_by_feature") or {}
+            slow_n = counters.get("hook_slow_calls_by_feature") or {}
+            slow_s = counters.get("hook_slow_seconds_by_feature") or {}
+            facts["hook_per_feature"] = {
+                k: {
+                    "calls_per_step": round(calls_by[k] / steps, 2),
+                    "us_per_call": round(by.get(k, 0.0) / calls_by[k] * 1e6, 2),
+                    "slow_calls": slow_n.get(k, 0),
+                    "slow_us_per_step": round(slow_s.get(k, 0.0) / steps * 1e6, 1),
+                }
+                for k in sorted(calls_by)
+                if calls_by[k] and not k.endswith("@startup")
+            }
+            facts["hook_us_per_step_without_slow_calls"] = round((serving - sum(slow_s.values())) / steps * 1e6, 1)
     return facts
+
+
+def pyspy_digest(text: str, top: int = 12) -> dict[str, Any]:
+    """py-spy's raw output (``--threads --format raw``: one line per stack, frames ';'-joined,
+    then a sample count) as shares: samples per thread, and for each thread the share whose
+    stack holds a spectrace frame, with the spectrace frames seen most."""
+    threads: dict[str, dict[str, Any]] = {}
+    for line in text.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = stack.split(";")
+        name = frames[0]
+        row = threads.setdefault(name, {"samples": 0, "in_spectrace": 0, "frames": {}})
+        n = int(count)
+        row["samples"] += n
+        ours = [f for f in frames[1:] if "spectrace" in f]
+        if ours:
+            row["in_spectrace"] += n
+            row["frames"][ours[-1]] = row["frames"].get(ours[-1], 0) + n
+    total = sum(r["samples"] for r in threads.values()) or 1
+    return {
+        name: {
+            "share_of_samples": round(r["samples"] / total, 4),
+            "samples": r["samples"],
+            "in_spectrace": round(r["in_spectrace"] / r["samples"], 4) if r["samples"] else 0.0,
+            "top_spectrace_frames": dict(sorted(r["frames"].items(), key=lambda kv: -kv[1])[:top]),
+        }
+        for name, r in sorted(threads.items(), key=lambda kv: -kv[1]["samples"])
+    }
 
 
 def call_facts(path: str) -> dict[str, Any]:
@@ -585,68 +632,143 @@ def compare_stats(a_dir: str, b_dir: str) -> dict[str, Any]:
     return {"stages": rows, "only_graph": sorted(set(a) - set(b)), "only_eager": sorted(set(b) - set(a))}
 
 
-def toggle_bench(
+_DECODE_LINE = re.compile(r"#running-req: (\d+),.*?accept len: ([0-9.]+),.*gen throughput \(token/s\): ([0-9.]+)")
+
+
+def _decode_samples(text: str) -> list[tuple[int, float, float]]:
+    """(running requests, accept length, tokens/s) of each decode log line SGLang printed."""
+    out = []
+    for m in (_DECODE_LINE.search(ln) for ln in text.splitlines()):
+        if m:
+            out.append((int(m.group(1)), float(m.group(2)), float(m.group(3))))
+    return out
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def _ci95(logs: list[float]) -> tuple[float, float, float]:
+    """Mean of log-ratios and its 95 % interval (t, two-sided), as ratios."""
+    n = len(logs)
+    mean = statistics.fmean(logs)
+    if n < 2:
+        return math.exp(mean), float("nan"), float("nan")
+    t = {2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78, 6: 2.57, 7: 2.45, 8: 2.36, 9: 2.31, 10: 2.26}.get(n, 2.0 if n > 30 else 2.1)
+    half = t * statistics.stdev(logs) / math.sqrt(n)
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+def quad_ratios(per_window: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """On/off per on-off-off-on quad of windows, with a 95 % interval, and the A/A ratios
+    (the two on windows of a quad, the two off windows): what the design can resolve."""
+    on_off, aa_on, aa_off = [], [], []
+    for q in range(len(per_window) // 4):
+        a, b, c, d = (per_window[4 * q + i][key] for i in range(4))
+        if all(x == x and x > 0 for x in (a, b, c, d)):
+            on_off.append(math.log((a + d) / (b + c)))
+            aa_on.append(math.log(a / d))
+            aa_off.append(math.log(b / c))
+    if not on_off:
+        return {"quads": 0}
+    r, lo, hi = _ci95(on_off)
+    return {
+        "quads": len(on_off),
+        "on_over_off": round(r, 4),
+        "ci95": [round(lo, 4), round(hi, 4)],
+        "per_quad": [round(math.exp(x), 4) for x in on_off],
+        "aa_on_per_quad": [round(math.exp(x), 4) for x in aa_on],
+        "aa_off_per_quad": [round(math.exp(x), 4) for x in aa_off],
+        "aa_spread_median_abs": round(math.exp(_median([abs(x) for x in aa_on + aa_off])) - 1, 4),
+    }
+
+
+def steady_bench(
     port: int,
     control: str,
-    windows: int,
-    batch: int,
+    log_path: str,
+    clients: int,
     max_new: int,
-    warmup: int = 2,
+    windows: int,
+    window_s: float,
+    settle_s: float = 1.0,
+    warmup_s: float = 8.0,
     given: list[list[int]] | None = None,
-    per_window: int = 2,
+    pattern: tuple[str, ...] = ("on", "off", "off", "on"),
 ) -> dict[str, Any]:
-    """Decode throughput inside ONE server, spectrace's per-step work switched on and off at run
-    time (SPECTRACE_CONTROL) in alternating windows (on off off on ...): same process, GPU and KV
-    state. The A/A spread compares windows of the same state with each other."""
+    """Decode cost inside ONE server under a steady load, spectrace's per-step work switched
+    on and off at run time (SPECTRACE_CONTROL) in windows on off off on ...
+
+    ``clients`` threads keep ``clients`` requests running at all times, so the batch holds
+    steady. The measure is SGLang's own decode log line (``--decode-log-interval``): its
+    tokens/s over the last few steps, and the step rate tokens/s / (running x accept length),
+    which sets aside how many requests ran and how many tokens each step accepted. The lines
+    of the first ``settle_s`` after a switch are left out. Per quad (on off off on) the ratio
+    on/off cancels a linear drift; the A/A ratios (on/on, off/off inside a quad) show what
+    the design resolves."""
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def client(i: int) -> None:
+        n = 0
+        while not stop.is_set():
+            ids = given[(i + n * clients) % len(given)] if given else prompts(1, 32, offset=i * 131 + n)[0]
+            body = {"input_ids": ids, "sampling_params": {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}}
+            try:
+                _post(port, body, 300)
+            except Exception as exc:  # a failed request is said, the load goes on
+                if len(errors) < 5:
+                    errors.append(f"{type(exc).__name__}: {exc}")
+                time.sleep(0.2)
+            n += 1
 
     def setstate(word: str) -> None:
         with open(control, "w", encoding="ascii") as fh:
             fh.write(word + "\n")
-        time.sleep(0.6)  # the server looks at the file every 0.25 s
 
-    def timed(offset: int) -> dict[str, Any]:
-        return _timed_batch(port, batch, max_new, offset, given)
-
-    for w in range(warmup):
-        timed(800 + w)
-    pattern = ["on", "off", "off", "on"]
-    runs: dict[str, list[float]] = {"on": [], "off": []}
-    order = []
-    for w in range(windows):
-        label = pattern[w % 4]
-        setstate(label)
-        # A window is `per_window` batches, the same prompts in every window.
-        parts = [timed(w % 4 + i) for i in range(per_window)]
-        runs[label].append(sum(p["tokens"] for p in parts) / sum(p["wall_s"] for p in parts))
-        order.append(label)
+    log = open(log_path, encoding="utf-8", errors="replace")
+    log.seek(0, os.SEEK_END)
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
     setstate("on")
+    for t in threads:
+        t.start()
+    time.sleep(warmup_s)
+    log.read()
+    per_window: list[dict[str, Any]] = []
+    for w in range(windows):
+        label = pattern[w % len(pattern)]
+        setstate(label)
+        time.sleep(settle_s)  # the server looks at the file every 0.25 s; then a full log interval
+        log.read()
+        time.sleep(window_s)
+        samples = _decode_samples(log.read())
+        full = max((r for r, _, _ in samples), default=0)
+        # Lines at the steady batch only: a line during a request's prefill or finish ran fewer.
+        steady = [(r, a, tps) for r, a, tps in samples if r >= max(1, int(0.9 * full))]
+        per_window.append(
+            {
+                "state": label,
+                "lines": len(steady),
+                "running": full,
+                "tok_s": _median([tps for _, _, tps in steady]),
+                "steps_s": _median([tps / (r * a) for r, a, tps in steady if r and a]),
+                "accept": _median([a for _, a, _ in steady]),
+            }
+        )
+    setstate("on")
+    stop.set()
+    log.close()
 
-    def med(xs: list[float]) -> float:
-        ys = sorted(xs)
-        return ys[len(ys) // 2] if len(ys) % 2 else (ys[len(ys) // 2 - 1] + ys[len(ys) // 2]) / 2
-
-    def aa(xs: list[float]) -> float | None:
-        odd, even = xs[0::2], xs[1::2]
-        return round(med(odd) / med(even), 4) if odd and even else None
-
-    # Per on-off-off-on quad: (on + on) / (off + off); a linear drift within a quad cancels.
-    quads = [
-        (runs["on"][2 * q] + runs["on"][2 * q + 1]) / (runs["off"][2 * q] + runs["off"][2 * q + 1])
-        for q in range(min(len(runs["on"]), len(runs["off"])) // 2)
-    ]
     return {
-        "quad_ratios": [round(x, 4) for x in quads],
-        "median_quad_ratio": round(med(quads), 4) if quads else None,
-        "batch": batch,
+        "design": "steady load of `clients` requests, windows on off off on ..., SGLang's decode log lines",
+        "clients": clients,
         "max_new_tokens": max_new,
-        "windows": windows,
-        "order": order,
-        "tok_s": runs,
-        "median_on": med(runs["on"]),
-        "median_off": med(runs["off"]),
-        "on_over_off": round(med(runs["on"]) / med(runs["off"]), 4),
-        "aa_on": aa(runs["on"]),
-        "aa_off": aa(runs["off"]),
+        "window_s": window_s,
+        "settle_s": settle_s,
+        "windows": per_window,
+        "tokens_per_s": quad_ratios(per_window, "tok_s"),
+        "steps_per_s": quad_ratios(per_window, "steps_s"),
+        "client_errors": errors,
     }
 
 
@@ -692,10 +814,17 @@ def collect(work: str) -> dict[str, Any]:
         entry["trace"] = view_facts(view) if isinstance(view, dict) else None
         entry["trace_files"] = trace_dir_facts(os.path.join(work, "traces", name))
         summary["variants"][name] = entry
-    for extra in ("toggle-tiny", "toggle-tiny-sampled", "toggle-big", "compare-graph-eager"):
+    for extra in ("steady-tiny", "steady-big", "compare-graph-eager"):
         found = _load_json(os.path.join(work, "logs", f"{extra}.json"))
         if found is not None:
             summary[extra] = found
+    for label in ("tiny", "big"):
+        raw = _read(os.path.join(work, "logs", f"pyspy-{label}.txt"))
+        if raw:
+            summary[f"pyspy-{label}"] = pyspy_digest(raw)
+    host = _read(os.path.join(work, "logs", "host.txt"))
+    if host:
+        summary["host"] = host.strip().splitlines()[:40]
     bench_res = _load_json(os.path.join(work, "logs", "bench.json"))
     if bench_res is not None:
         ov: dict[str, Any] = dict(bench_res)
@@ -856,15 +985,18 @@ def main(argv: list[str] | None = None) -> int:
     bm = sub.add_parser("bench-merge")
     bm.add_argument("--out", required=True)
     bm.add_argument("files", nargs="+")
-    tb = sub.add_parser("toggle-bench")
-    tb.add_argument("--port", type=int, required=True)
-    tb.add_argument("--control", required=True)
-    tb.add_argument("--windows", type=int, default=16)
-    tb.add_argument("--batch", type=int, default=32)
-    tb.add_argument("--max-new", type=int, default=128)
-    tb.add_argument("--out", required=True)
-    tb.add_argument("--prompts", default=None, help="a JSON file of prompts (the model's own vocabulary)")
-    tb.add_argument("--per-window", type=int, default=2)
+    sb = sub.add_parser("steady-bench")
+    sb.add_argument("--port", type=int, required=True)
+    sb.add_argument("--control", required=True)
+    sb.add_argument("--log", required=True, help="the server's log file (its decode lines are the measure)")
+    sb.add_argument("--clients", type=int, default=32)
+    sb.add_argument("--max-new", type=int, default=256)
+    sb.add_argument("--windows", type=int, default=24)
+    sb.add_argument("--window-s", type=float, default=3.0)
+    sb.add_argument("--settle-s", type=float, default=1.0)
+    sb.add_argument("--prompts", default=None)
+    sb.add_argument("--pattern", default="on,off,off,on", help="the states of the windows, repeated (on alone: a load for a profile)")
+    sb.add_argument("--out", required=True)
     cs = sub.add_parser("compare-stats")
     cs.add_argument("graph_dir")
     cs.add_argument("eager_dir")
@@ -912,12 +1044,29 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         return 0
-    if a.cmd == "toggle-bench":
+    if a.cmd == "steady-bench":
         given = load_prompts(a.prompts)[0] if a.prompts else None
-        res = toggle_bench(a.port, a.control, a.windows, a.batch, a.max_new, given=given, per_window=a.per_window)
+        res = steady_bench(
+            a.port,
+            a.control,
+            a.log,
+            a.clients,
+            a.max_new,
+            a.windows,
+            a.window_s,
+            a.settle_s,
+            given=given,
+            pattern=tuple(a.pattern.split(",")),
+        )
         with open(a.out, "w", encoding="utf-8") as fh:
             json.dump(res, fh, indent=1)
-        print(f"toggle port {a.port}: on/off {res['on_over_off']}, A/A on {res['aa_on']} off {res['aa_off']}", flush=True)
+        for key in ("steps_per_s", "tokens_per_s"):
+            r = res[key]
+            print(
+                f"steady port {a.port} {key}: on/off {r.get('on_over_off')} ci95 {r.get('ci95')} over {r.get('quads')} quads, "
+                f"A/A median |spread| {r.get('aa_spread_median_abs')}",
+                flush=True,
+            )
         return 0
     if a.cmd == "compare-stats":
         res = compare_stats(a.graph_dir, a.eager_dir)

@@ -13,6 +13,9 @@
 #             back), the same with --disable-cuda-graph, and --speculative-algorithm EAGLE (the fc bypass);
 #             their per-stage statistics compared; then the cost inside one server (SPECTRACE_CONTROL
 #             windows, on off off on ...) on the graph server and on a GPU-bound 3.4B target
+#   cost      that cost part alone, under a steady load (SGLang's decode log lines are the measure),
+#             with py-spy profiles of the scheduler when py-spy is on the PATH, and the host's own
+#             per-hook floor (bench/serving_hooks.py away from any server)
 # Environment: OUT (required; what comes back), CARRY_TAR (default .carry/sgl/sglang-0.5.17-site.tar.xz),
 #   LIVE_BUDGET_S (default 480: waits, the bench and the overhead phase fit inside it), BENCH_ROUNDS (6),
 #   BENCH_BATCH (32), BENCH_MAX_NEW (256), SGL_EXTRA (extra server flags), STAGGER_S (6),
@@ -22,7 +25,7 @@
 # bootstrap (site.addsitedir) and a dist-info carrying the sglang.srt.plugins entry point.
 set -u
 mode=${1:-all}
-case $mode in all|variants|overhead|trained|tensors) ;; *) echo "usage: $0 [all|variants|overhead|trained|tensors]" >&2; exit 2 ;; esac
+case $mode in all|variants|overhead|trained|tensors|cost) ;; *) echo "usage: $0 [all|variants|overhead|trained|tensors|cost]" >&2; exit 2 ;; esac
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 out=${OUT:?set OUT to the folder whose files come back}
@@ -88,7 +91,7 @@ make_trained() {  # dir flags...: the trained pair, written from the repository'
   [ -f "$dir/tiny-eagle3/model.safetensors" ] && return 0
   env -u PYTHONPATH "${MODELS_PYTHON:-python3}" "$here/make_trained_models.py" "$dir" "$@" > "$dir.log" 2>&1
 }
-if [ "$mode" = tensors ]; then
+if [ "$mode" = tensors ] || [ "$mode" = cost ]; then
   make_trained "$W/models/trained" --ids 0,1,3 & m1=$!
   make_models "$W/models/big" --size big & m2=$!
   for m in $m1 $m2; do wait "$m" || { say "making models failed"; cat "$W"/models/*.log; exit 1; }; done
@@ -363,6 +366,28 @@ run_trained() {
   report_servers "${order[@]}"
 }
 
+# ------------------------------------------------------------------------ the cost
+cost_on() {  # name port clients max-new label: spectrace on/off inside one server, then a profile
+  local name=$1 port=$2 clients=$3 max_new=$4 label=$5 prompts=() sched
+  grep -q "^port .* up after" "$W/logs/status-$name.txt" 2>/dev/null || return 0
+  [ "$label" = tiny ] && prompts=(--prompts "$repo/spectrace/eagle3/data/demo.json")
+  ${client_pin[@]+"${client_pin[@]}"} python3 "$here/livekit.py" steady-bench --port "$port" --control "$W/control-$name" \
+    --log "$W/logs/server-$name.log" --clients "$clients" --max-new "$max_new" --windows "${COST_WINDOWS:-24}" \
+    --window-s "${COST_WINDOW_S:-3}" "${prompts[@]}" --out "$W/logs/steady-$label.json" || say "steady bench failed"
+  # Where the scheduler's time goes with spectrace on, thread by thread (py-spy, when carried).
+  sched=$(pgrep -f "sglang::scheduler" | head -1)
+  if [ -n "$sched" ] && command -v py-spy >/dev/null; then
+    ${client_pin[@]+"${client_pin[@]}"} python3 "$here/livekit.py" steady-bench --port "$port" --control "$W/control-$name" \
+      --log "$W/logs/server-$name.log" --clients "$clients" --max-new "$max_new" --windows 3 --window-s 4 --pattern on \
+      "${prompts[@]}" --out "$W/logs/steady-$label-profile-load.json" > /dev/null 2>&1 &
+    local load=$!
+    sleep 10
+    py-spy record --pid "$sched" --duration 8 --rate 250 --threads --nonblocking --format raw \
+      --output "$W/logs/pyspy-$label.txt" > "$W/logs/pyspy-$label.log" 2>&1 || say "py-spy failed"
+    wait "$load"
+  fi
+}
+
 # ---------------------------------------------------------------------- phase: tensors
 run_tensors() {
   local v order=(graph eager eagle sampled)
@@ -389,20 +414,13 @@ run_tensors() {
   mark tensors_requests
   # The graph and eager servers saw the same prompts and nothing else: their statistics compare.
   python3 "$here/livekit.py" compare-stats "$W/traces/graph" "$W/traces/eager" --out "$W/logs/compare-graph-eager.json" || true
-  if grep -q "^port .* up after" "$W/logs/status-sampled.txt" 2>/dev/null; then
-    python3 "$here/livekit.py" toggle-bench --port "${VPORT[sampled]}" --control "$W/control-sampled" \
-      --windows "${TOGGLE_WINDOWS:-16}" --batch 32 --max-new 128 --prompts "$repo/spectrace/eagle3/data/demo.json" \
-      --out "$W/logs/toggle-tiny-sampled.json" || say "toggle bench failed"
-  fi
+  cost_on sampled "${VPORT[sampled]}" 32 256 tiny
   stop_servers sampled
-  mark tensors_toggle_tiny
+  mark tensors_cost_tiny
   for v in "${order[@]}"; do view "$v"; done
-  if [ "$(left)" -ge 170 ]; then
+  if [ "$(left)" -ge 200 ]; then
     start_server big "$((port_base + 40))" EAGLE3 "$W/models/big" 1 0.6 "--cuda-graph-max-bs-decode 64"
-    if wait_server big; then
-      python3 "$here/livekit.py" toggle-bench --port "$((port_base + 40))" --control "$W/control-big" \
-        --windows "${TOGGLE_WINDOWS:-16}" --batch 64 --max-new 96 --out "$W/logs/toggle-big.json" || say "toggle bench failed"
-    fi
+    wait_server big && cost_on big "$((port_base + 40))" 64 128 big
     stop_servers big
     view big
   else
@@ -411,7 +429,32 @@ run_tensors() {
   mark tensors_done
 }
 
+# ------------------------------------------------------------------------ phase: cost
+host_facts() {  # what one hook call costs on this host's CPU, away from any server (the live figure's floor)
+  {
+    echo "clocksource: $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>/dev/null)"
+    echo "cpu: $(lscpu 2>/dev/null | grep -m1 'Model name' | sed 's/.*: *//')"
+    python3 -c "import timeit,time; n=200000; print('perf_counter ns per call:', round(timeit.timeit(time.perf_counter, number=n)/n*1e9, 1))"
+    ${server_pin[@]+"${server_pin[@]}"} python3 "$repo/bench/serving_hooks.py" --steps 5000 2>&1 | tail -3
+  } > "$W/logs/host.txt" 2>&1
+}
+
+run_cost() {  # the cost part of tensors alone: the trained pair (default sampling), then the 3.4B target
+  host_facts
+  GRAPH_SAMPLE= start_server sampled "$port_base" EAGLE3 "$W/models/trained" 1 0.1 "$extra --dtype float16"
+  wait_server sampled && cost_on sampled "$port_base" 32 256 tiny
+  stop_servers sampled
+  view sampled
+  mark cost_tiny
+  start_server big "$((port_base + 40))" EAGLE3 "$W/models/big" 1 0.6 "--cuda-graph-max-bs-decode 64"
+  wait_server big && cost_on big "$((port_base + 40))" 64 128 big
+  stop_servers big
+  view big
+  mark cost_big
+}
+
 if [ "$mode" = tensors ]; then run_tensors; exit 0; fi
+if [ "$mode" = cost ]; then run_cost; exit 0; fi
 if [ "$mode" = trained ]; then run_trained; exit 0; fi
 if [ "$mode" != overhead ]; then run_variants; fi
 if [ "$mode" = overhead ] || { [ "$mode" = all ] && [ "$(left)" -ge "$overhead_min" ]; }; then

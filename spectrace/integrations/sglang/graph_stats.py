@@ -27,7 +27,7 @@ import weakref
 from typing import Any
 
 from ... import control
-from . import graphs, modules, state
+from . import cost, graphs, modules, state
 
 _runners: dict[int, Any] = {}  # id(backend) -> weakref to its runner
 _clock = time.perf_counter
@@ -136,28 +136,7 @@ def _units(runner: Any, shape_key: Any) -> int | None:
     return int(raw_bs) if isinstance(raw_bs, int) else None
 
 
-class _Cost:
-    """Host time of the replay hook, summed here and handed to the recorder in batches
-    (a lock per replay was a third of the hook's cost)."""
-
-    __slots__ = ("seconds", "calls")
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self.calls = 0
-
-    def flush(self) -> None:
-        seconds, calls = self.seconds, self.calls
-        if not calls:
-            return
-        self.seconds, self.calls = 0.0, 0
-        rec = state.recorder()
-        rec.account_hook(seconds, FEATURE)
-        if calls > 1:
-            rec.count("hook_calls", calls - 1)
-
-
-_cost = _Cost()
+_cost = cost.of(FEATURE)
 _drains: set[int] = set()
 
 
@@ -191,10 +170,8 @@ def around_replay(original: Any, backend: Any, shape_key: Any, *args: Any, **kwa
         except Exception as exc:
             state.internal_error("graph replay read-back", exc)
         spent += _clock() - start
-    cost = _cost
-    cost.seconds += spent
-    cost.calls += 1
-    if cost.calls >= 256:
+    _cost.add(spent)
+    if _cost.calls == 0:  # just handed over: the read-back counts go with it
         _flush_cost()
     return out
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from . import state
+from . import cost, state
 from .points import POINTS, Point, alternatives, points_for
 
 MARK = "__spectrace_sglang__"
@@ -78,6 +78,7 @@ def guarded(point: Point) -> Callable[..., Any]:
     feature = point.feature
     clock = time.perf_counter
     calls = [0]
+    spent_on = cost.of(feature)  # summed here, handed to the recorder in batches
 
     @functools.wraps(hook)
     def adapter(*args: Any, **kwargs: Any) -> Any:
@@ -109,7 +110,7 @@ def guarded(point: Point) -> Callable[..., Any]:
                     calls[0] += 1
                     _account(spent, f"{feature}@startup")
                 else:
-                    _account(spent, feature)
+                    spent_on.add(spent)
 
     adapter.__spectrace_hook__ = point.key  # type: ignore[attr-defined]
     return adapter
