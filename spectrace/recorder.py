@@ -130,6 +130,14 @@ class Recorder:
         self._dropped_by: dict[str, int] = {}
         self._pending: collections.deque[str] = collections.deque()
         self._lock = threading.RLock()
+        # Writing to the sinks has its own lock, taken before ``_lock`` and never by a hook:
+        # a flush swaps the queue under ``_lock`` and writes under this one alone, so the
+        # host thread never waits on a file or a network to emit a record.
+        self._write_lock = threading.RLock()
+        self._flusher: threading.Thread | None = None
+        self._flusher_pid = 0
+        self._flush_wanted = threading.Event()
+        self._drain_wanted = False
         # Counters are bumped from hooks, the record worker and the OpenTelemetry export
         # thread: their own small lock, never held while calling out, so no thread waits
         # on a flush to count.
@@ -163,7 +171,7 @@ class Recorder:
         on its first write, and only what is emitted from then on)."""
         if not isinstance(sink, Sink):
             raise TypeError(f"{type(sink).__name__} is not a spectrace Sink (needs_objects, write, flush, shutdown)")
-        with self._lock:
+        with self._write_lock, self._lock:
             if any(s is sink for s in self._sinks):
                 return
             self._sinks.append(sink)
@@ -255,10 +263,34 @@ class Recorder:
             # coverage note is on disk before the engine's next action, so a server that
             # crashes or is SIGKILLed a moment later still leaves it. Per-step records wait
             # for the flush interval (a SIGKILL loses at most that much of them).
-            if not per_step or time.monotonic() - self._last_flush >= self.settings.flush_seconds:
+            if not per_step:
                 self.flush()
+            elif time.monotonic() - self._last_flush >= self.settings.flush_seconds:
+                self._flush_soon()
         except Exception as exc:  # never into the host
             self.internal_error(f"emit failed: {type(exc).__name__}: {exc}")
+
+    def emit_lines(self, lines: list[str]) -> None:
+        """Keep per-step records given as their JSON lines (an integration's hot path writes
+        them directly; each line must be what ``model_dump_json`` of its record gives).
+        Only when no sink needs objects (:attr:`needs_call_objects`): the caller checks."""
+        if not lines:
+            return
+        try:
+            with self._lock:
+                writes = self._writes_lines()
+                for text in lines:
+                    if len(self.important) < IMPORTANT_CAP:
+                        self.important.append(text)
+                    elif not writes:
+                        self.count_dropped(1, "memory cap")
+                        continue
+                    if writes:
+                        self._queue_text(text)
+            if time.monotonic() - self._last_flush >= self.settings.flush_seconds:
+                self._flush_soon()
+        except Exception as exc:  # never into the host
+            self.internal_error(f"emit_lines failed: {type(exc).__name__}: {exc}")
 
     def emit_step(self, step: int, calls: list[Call], start_ns: int, end_ns: int, texts: list[str] | None = None) -> None:
         """Keep the call records of one step; object sinks get them as one :class:`Step`.
@@ -285,7 +317,7 @@ class Recorder:
             if self._object_sinks and calls:
                 self._to_objects([Step(step, calls, start_ns, end_ns)])
             if time.monotonic() - self._last_flush >= self.settings.flush_seconds:
-                self.flush()
+                self._flush_soon()
         except Exception as exc:
             self.internal_error(f"emit_step failed: {type(exc).__name__}: {exc}")
 
@@ -423,7 +455,7 @@ class Recorder:
 
     def set_rank(self, rank: int) -> None:
         """Name the rank before the first flush (it goes in the file name and header)."""
-        with self._lock:
+        with self._write_lock, self._lock:
             if self.rank == rank:
                 return
             self.rank = rank
@@ -448,11 +480,15 @@ class Recorder:
         ``flush(timeout_s)`` (an OTLP collector is waited for); without it nothing here
         waits on a network.
         """
-        with self._lock:
-            self._last_flush = time.monotonic()
-            if self._pending and self._writes_lines():
-                lines = list(self._pending)
-                self._pending.clear()
+        with self._write_lock:
+            with self._lock:
+                self._last_flush = time.monotonic()
+                lines: list[str] = []
+                if self._pending and self._writes_lines():
+                    lines = list(self._pending)
+                    self._pending.clear()
+            # Written outside ``_lock``: records emitted meanwhile queue up for the next flush.
+            if lines:
                 for n, sink in enumerate(self._line_outputs()):
                     batch = lines if id(sink) in self._started else [self.header.model_dump_json(), *lines]
                     try:
@@ -470,6 +506,42 @@ class Recorder:
                     sink.flush(timeout_s)
                 except Exception as exc:
                     self._sink_failed(sink, exc)
+
+    def _flush_soon(self) -> None:
+        """A flush on a daemon thread of the recorder's own: a per-step hook only queues."""
+        try:
+            if self._flusher is None or self._flusher_pid != os.getpid() or not self._flusher.is_alive():
+                with self._count_lock:
+                    if self._flusher is None or self._flusher_pid != os.getpid() or not self._flusher.is_alive():
+                        # A forked child inherits no thread: it starts its own here.
+                        self._flush_wanted = threading.Event()
+                        self._flusher_pid = os.getpid()
+                        self._flusher = threading.Thread(target=self._flush_loop, name="spectrace-flush", daemon=True)
+                        self._flusher.start()
+            self._flush_wanted.set()
+        except Exception:  # no thread to be had: flush here, as before
+            self.flush()
+
+    def drain_soon(self) -> None:
+        """Run the drains (:meth:`add_drain`) on the flush thread, then flush if due: a
+        producer on a hot path hands its batch over instead of building it there."""
+        self._drain_wanted = True
+        self._flush_soon()
+
+    def _flush_loop(self) -> None:
+        wanted = self._flush_wanted
+        while not self._closed:
+            wanted.wait()
+            wanted.clear()
+            if self._closed:
+                return
+            try:
+                if self._drain_wanted:
+                    self._drain_wanted = False
+                    self._drain()
+                self.flush()
+            except Exception as exc:
+                self.internal_error(f"flush failed: {type(exc).__name__}: {exc}")
 
     def _outputs(self) -> list[Any]:
         return ([self._file] if self._file is not None else []) + list(self._sinks)
@@ -505,10 +577,11 @@ class Recorder:
         """Flush, append the counters (the ``counters`` record), shut every sink down (each bounded)."""
         if not self._closed:
             self._drain()
-        with self._lock:
+        with self._write_lock, self._lock:
             if self._closed:
                 return
             self._closed = True
+            self._flush_wanted.set()  # the flush thread sees the close and ends
             self.flush()
             self._final_counts()
             if self._writes_lines():

@@ -108,7 +108,7 @@ class Settings:
     otlp_endpoint: str = ""  # the OTEL_EXPORTER_OTLP(_TRACES)_ENDPOINT in effect: turns spans on
     sglang_skip: tuple[str, ...] = ()  # SGLang patch-point features left unpatched (reported once)
     sglang_layers: str = "captured"  # target layers hooked in SGLang: those the draft reads (+ the last), or "all"
-    graph_sample: int = 16  # in-graph statistics read back after 1 in N replays of each captured graph
+    graph_sample: int = 64  # in-graph statistics read back after 1 in N replays of each captured graph
     fingerprint: str = ""  # a training fingerprint (spectrace fingerprint) to compare the live draft input with
     control: str = ""  # a file whose first word ("off"/"on") pauses or resumes per-step work at run time
 
@@ -138,7 +138,7 @@ class Settings:
             quiet=_flag(env, "SPECTRACE_QUIET", False),
             sglang_skip=_patterns(env, "SPECTRACE_SGLANG_SKIP"),
             sglang_layers=_choice(env, "SPECTRACE_SGLANG_LAYERS", ("captured", "all"), "captured"),
-            graph_sample=_positive_int(env, "SPECTRACE_GRAPH_SAMPLE", 16),
+            graph_sample=_positive_int(env, "SPECTRACE_GRAPH_SAMPLE", 64),
             fingerprint=env.get("SPECTRACE_FINGERPRINT", "").strip(),
             control=env.get("SPECTRACE_CONTROL", "").strip(),
             # Only "is an endpoint set" (spans on) and what to show: the OTLP exporter reads

@@ -8,6 +8,7 @@ Nothing of torch or of the OpenTelemetry SDK is mocked.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -175,14 +176,52 @@ def test_capture_is_on_disk_before_emit_returns_acceptance_only_after_the_interv
     rec.emit(_acceptance(1))
     assert _types(path) == ["header", "capture"] and len(lines.got) == 2  # per-step: waits
     time.sleep(1.1)
-    rec.emit(_acceptance(2))  # the interval has passed: the queue goes out
-    assert _types(path) == ["header", "capture", "acceptance", "acceptance", "acceptance"]
+    rec.emit(_acceptance(2))  # the interval has passed: the queue goes out, on the flush thread
+    want = ["header", "capture", "acceptance", "acceptance", "acceptance"]
+    deadline = time.monotonic() + 10
+    while _types(path) != want and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _types(path) == want
     assert [json.loads(line)["type"] for line in lines.got] == _types(path)
     rec.emit(_acceptance(3))
     rec.emit(finding("fc_bypass", "64-wide input, fc expects 192"))  # a finding takes the queue with it
     assert _types(path)[-2:] == ["acceptance", "finding"]
     rec.close()
     assert _types(path)[-1] == "counters"
+
+
+class BlockingSink(ListSink):
+    """A line sink whose writes wait until released (a stuck disk or collector)."""
+
+    def __init__(self) -> None:
+        super().__init__(needs_objects=False)
+        self.release = threading.Event()
+        self.writing = threading.Event()
+
+    def write(self, records: Sequence[Any]) -> None:
+        self.writing.set()
+        self.release.wait(10)
+        super().write(records)
+
+
+def test_a_per_step_record_never_waits_for_a_write_in_progress(tmp_path: Path) -> None:
+    # The host thread emits one acceptance record per verify step. A flush that is stuck
+    # in a sink (here: until released) must not hold it: the write runs on the flush
+    # thread, outside the lock that emit takes.
+    stuck = BlockingSink()
+    rec = Recorder(_quiet(flush_seconds=0.0), directory=str(tmp_path), name="t.jsonl", sinks=[stuck])
+    rec.emit(_acceptance(0))  # due at once (interval 0): handed to the flush thread
+    assert stuck.writing.wait(10)  # the flush thread is inside the sink now, and stays there
+    start = time.monotonic()
+    for step in range(1, 200):
+        rec.emit(_acceptance(step))
+    took = time.monotonic() - start
+    assert not stuck.release.is_set() and took < 5  # 199 emits while the write was stuck
+    stuck.release.set()
+    rec.close()
+    steps = [json.loads(line)["step"] for line in (tmp_path / "t.jsonl").read_text().splitlines() if '"acceptance"' in line]
+    assert steps == list(range(200))  # nothing lost, in order
+    assert [json.loads(x)["step"] for x in stuck.got if '"acceptance"' in x] == list(range(200))
 
 
 def test_the_record_cap_bounds_the_queue_and_counts_what_it_drops(tmp_path: Path) -> None:

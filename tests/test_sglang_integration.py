@@ -14,9 +14,12 @@ import json
 import multiprocessing as mp
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("sglang", reason="needs scripts/install-sglang-cpu.sh")
 torch = pytest.importorskip("torch")
@@ -404,7 +407,12 @@ def test_acceptance_steps_are_built_in_batches_and_none_is_lost_at_close(verifie
     steps = st_acceptance.ACCEPT_BATCH + 4
     for i in range(steps):
         worker.on_verify_complete_cpu([i % 4, 1], batch_size=2)
-    assert len(st_state.STATE.accept_pending) == 4  # one batch built, four steps held
+    # A full batch is handed to the recorder's flush thread and built there (with whatever
+    # was appended by the time it ran); nothing read the recorder meanwhile.
+    deadline = time.monotonic() + 10
+    while len(st_state.STATE.accept_pending) > 4 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert len(st_state.STATE.accept_pending) <= 4
     on_file.close()
     kept = acceptance_lines()
     assert [x["step"] for x in kept] == list(range(steps))
@@ -438,6 +446,36 @@ def test_acceptance_reads_on_another_thread_lose_and_reorder_no_step(verifier_on
     kept = acceptance_lines()
     assert [x["step"] for x in kept] == list(range(steps))
     assert [x["accept_lengths"][0] for x in kept] == [i % 4 + 1 for i in range(steps)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    step=st.integers(0, 2**40),
+    lengths=st.lists(st.integers(0, 300), max_size=64),
+    k=st.integers(0, 255),
+    per_position=st.lists(st.integers(0, 2**20), max_size=8),
+)
+def test_acceptance_line_is_what_pydantic_writes(step, lengths, k, per_position):
+    # The hot path writes the record's JSON itself; a reader must see the very same line.
+    line = st_acceptance.acceptance_line(step, lengths, k, per_position)
+    record = Acceptance(step=step, accept_lengths=lengths, draft_tokens=k, accepted_per_position=per_position)
+    assert line == record.model_dump_json()
+    assert Acceptance.model_validate_json(line) == record
+
+
+def test_acceptance_collapse_from_batched_lines_comes_after_its_steps(verifier_on_file):
+    # Batched steps go to the file as lines; a collapse among them is checked on records
+    # built only then, and the finding follows the steps that show it.
+    worker, on_file, acceptance_lines = verifier_on_file
+    for _ in range(st_acceptance.ACCEPT_BATCH):
+        worker.on_verify_complete_cpu([0, 0, 0], batch_size=3)
+    on_file.close()
+    lines = [json.loads(x) for x in Path(on_file.path).read_text().splitlines()]
+    types = [x["type"] for x in lines]
+    found = [x for x in lines if x["type"] == "finding" and x["code"] == "acceptance_collapse"]
+    assert len(found) == 1 and found[0]["step"] == 0
+    assert types.index("finding") > types.index("acceptance")
+    assert [x["step"] for x in acceptance_lines()] == list(range(st_acceptance.ACCEPT_BATCH))
 
 
 def test_acceptance_collapse_once(rec):
@@ -526,6 +564,34 @@ def test_graph_replay_coverage_once(rec):
         after_execute(None, DecodeCudaGraphRunner())
     (cov,) = [r for r in _of(rec, Coverage) if r.kind == "graph_replay"]
     assert cov.count == 3 and rec.counters.graph_replay_steps == 3
+
+
+def test_replays_through_the_backend_are_counted_there_and_the_runner_hooks_stand_down(rec):
+    """SGLang 0.5.23's runners replay through FullCudaGraphBackend: its replay hook counts
+    every replay (here of a graph with no statistics table: said once, then counted), so
+    the runner-level counting hooks, a wrapper on every step, are not patched at all."""
+    import weakref
+
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+    from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import FullCudaGraphBackend
+
+    from spectrace.integrations.sglang import graph_stats
+
+    point = next(p for p in st_sglang.POINTS if p.feature == "graph_replay" and p.qualname == "DecodeCudaGraphRunner.execute")
+    assert point.unless and st_install.superseded(point)
+    assert not st_install.hooked(DecodeCudaGraphRunner.execute, point)
+    assert st_install.hooked(FullCudaGraphBackend.replay, next(p for p in st_sglang.POINTS if p.qualname == "FullCudaGraphBackend.replay"))
+
+    backend = object.__new__(FullCudaGraphBackend)
+    runner = object.__new__(DecodeCudaGraphRunner)
+    graph_stats._runners[id(backend)] = weakref.ref(runner)
+    try:
+        out = [graph_stats.around_replay(lambda b, key, batch: ("replayed", key), backend, "bs=4", None) for _ in range(5)]
+    finally:
+        graph_stats._runners.pop(id(backend), None)
+    assert out == [("replayed", "bs=4")] * 5  # the engine's own result, untouched
+    (cov,) = [r for r in _of(rec, Coverage) if r.kind == "graph_replay"]
+    assert "DecodeCudaGraphRunner" in cov.detail and cov.count == 5 and rec.counters.graph_replay_steps == 5
 
 
 def test_draft_extend_graph_on_stale_hidden_states_is_found_once_and_sampled_after(rec):

@@ -451,16 +451,27 @@ class GraphSlots:
     def before_replay(self, key: Any, real_bs: int) -> bool:
         """Whether this replay of ``key`` is read back; if so, write ``real_bs`` for its kernels (no sync)."""
         table = self.tables.get(key)
-        if table is None:
+        if table is None or not self.due(table):
             return False
+        return self.arm(table, real_bs)
+
+    def due(self, table: SlotTable) -> bool:
+        """Count one replay of ``table``: whether it is the one in ``sample`` read back.
+
+        This runs on every replay of every graph, so it is the whole cost of the replays
+        in between (a few attribute updates)."""
         self.replays += 1
-        table.paused = False
         n = table.replays
         table.replays = n + 1
         if n % self.sample:
             table.armed = None
             return False
-        # A fill with a scalar argument, enqueued on the current stream ahead of the replay.
+        return True
+
+    def arm(self, table: SlotTable, real_bs: int) -> bool:
+        """Write the replay's real row count for ``table``'s kernels (a fill with a scalar,
+        enqueued on the current stream ahead of the replay); :meth:`after_replay` copies."""
+        table.paused = False
         table.real_bs.fill_(int(real_bs))
         table.armed = int(real_bs)
         self.sampled += 1
@@ -501,7 +512,7 @@ class GraphSlots:
         if event is not None:
             # Ordered after the replay on this stream, and before the next replay's memset.
             host.copy_(table.rows[:count], non_blocking=True)
-            event.record(torch.cuda.current_stream(self.device))
+            event.record()  # the current stream: the one the graph replayed on
         else:
             host.copy_(table.rows[:count])
         # Until the next sampled replay the kernels read no rows: an unsampled replay pays

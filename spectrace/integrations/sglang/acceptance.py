@@ -20,6 +20,7 @@ from ...records import Acceptance
 from . import state
 
 ACCEPT_BATCH = 16  # verify steps held before their records are built (two collapse windows)
+HELD_MAX = 64 * ACCEPT_BATCH  # past this the engine's thread builds them itself (bounded memory)
 
 
 def _proposed(worker: Any) -> int:
@@ -108,13 +109,31 @@ def _clamped_positions(correct: list[int], k: int) -> list[int]:
     return per_position
 
 
-def _build(st: state.State, held: list[tuple[Any, int]], rec: Any) -> Acceptance | None:
+def _ints(values: list[int]) -> str:
+    # A list of plain ints as JSON: its repr without the spaces (C code, no per-item Python).
+    return repr(values).replace(" ", "")
+
+
+def acceptance_line(step: int, accept_lengths: list[int], draft_tokens: int, per_position: list[int]) -> str:
+    """The JSON line of an Acceptance record, written directly (a fifth of pydantic's cost).
+    Plain ints only; ``tests/test_sglang_integration.py`` holds it to ``model_dump_json``."""
+    return (
+        f'{{"type":"acceptance","step":{step},"accept_lengths":{_ints(accept_lengths)},'
+        f'"draft_tokens":{draft_tokens},"accepted_per_position":{_ints(per_position)}}}'
+    )
+
+
+def _build(st: state.State, held: list[tuple[Any, int]], rec: Any, as_lines: bool = False) -> Acceptance | None:
     """Build, emit and window the records of ``held`` steps, in order (under the state lock).
 
-    Returns the last record built. A step whose counts are not numbers is counted as an
-    internal error and skipped; the others still get their records.
+    Returns the last record built (None with ``as_lines``: the records then go to the
+    recorder as their JSON lines, and objects are built only if a collapse is checked). A
+    step whose counts are not numbers is counted as an internal error and skipped; the
+    others still get their records.
     """
+    as_lines = as_lines and not rec.needs_call_objects
     emit, make = rec.emit, _make_record
+    lines: list[str] = []
     window = st.accept_window
     check = not rec.said("acceptance_collapse")
     step = st.accept_step
@@ -158,15 +177,20 @@ def _build(st: state.State, held: list[tuple[Any, int]], rec: Any) -> Acceptance
                 else:
                     per_position = _clamped_positions(correct, k)
                     accept_lengths = [c + 1 for c in correct]
-                record = make(step, accept_lengths, k, per_position)
+                if as_lines:
+                    lines.append(acceptance_line(step, accept_lengths, k, per_position))
+                    kept: Any = (step, accept_lengths, k)
+                else:
+                    kept = record = make(step, accept_lengths, k, per_position)
             except Exception as exc:
                 state.internal_error("accept lengths", exc)
                 continue
             step += 1
-            emit(record)
+            if not as_lines:
+                emit(record)
             # The step's mean accept length, as check_acceptance computes it (an empty step
             # counts toward the window but has no mean).
-            window.append((record, (total + n) / n if n else None))
+            window.append((kept, (total + n) / n if n else None))
             # Checked once per full window of verify steps, not on every step's sliding
             # window: a collapse lasts far longer than one window.
             if len(window) >= COLLAPSE_WINDOW:
@@ -176,12 +200,17 @@ def _build(st: state.State, held: list[tuple[Any, int]], rec: Any) -> Acceptance
                     # same sum it takes, only spares calling it on the steps of a healthy
                     # draft (most of them).
                     if len(means) >= COLLAPSE_WINDOW and sum(means) / len(means) <= COLLAPSE_MEAN + 1e-9:
-                        for found in check_acceptance([r for r, _ in window]):
+                        rec.emit_lines(lines)  # the steps go before the finding they show
+                        lines = []
+                        records = [r if isinstance(r, Acceptance) else make(r[0], r[1], r[2], []) for r, _ in window]
+                        for found in check_acceptance(records):
                             state.emit_once(found.code, lambda found=found: found)
                         check = not rec.said("acceptance_collapse")
                 window.clear()
     finally:
         st.accept_step = step
+        if lines:
+            rec.emit_lines(lines)
     return record
 
 
@@ -205,7 +234,7 @@ def drain() -> None:
         st = state.STATE
         if st.accept_pending:
             rec = state.recorder()
-            _build(st, _take_held(st), rec)
+            _build(st, _take_held(st), rec, as_lines=True)
 
 
 def record_step(correct: Sequence[int], k: int) -> Acceptance:
@@ -231,14 +260,20 @@ def _batch_point(st: state.State, held: int) -> None:
             rec.add_drain(drain)
             st.accept_drain_for = rec
     if held >= ACCEPT_BATCH:
+        rec = state.recorder()
+        if held < HELD_MAX and hasattr(rec, "drain_soon"):
+            # The recorder's flush thread builds the batch (the drain registered above):
+            # the engine's thread only appended. Once per batch, so the wake-up is rare.
+            if held == ACCEPT_BATCH:
+                rec.drain_soon()
+            return
         lock = state.lock()
-        # A drain on another thread (a read) is building the held steps right now: the
-        # engine's thread leaves it to that one rather than wait; what it appends
-        # meanwhile is built by the next call.
+        # Too many held (the flush thread is behind): build here. A drain on another thread
+        # (a read) is building the held steps right now: the engine's thread leaves it to
+        # that one rather than wait; what it appends meanwhile is built by the next call.
         if lock.acquire(blocking=False):
             try:
-                rec = state.recorder()
-                _build(st, _take_held(st), rec)
+                _build(st, _take_held(st), rec, as_lines=True)
             finally:
                 lock.release()
 

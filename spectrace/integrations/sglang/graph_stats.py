@@ -141,20 +141,25 @@ _drains: set[int] = set()
 
 
 def around_replay(original: Any, backend: Any, shape_key: Any, *args: Any, **kwargs: Any) -> Any:
-    """AROUND ``replay``: the real count before a sampled replay, the copy after it."""
-    if not _slots:
-        return original(backend, shape_key, *args, **kwargs)
+    """AROUND ``replay``: the real count before a sampled replay, the copy after it.
+
+    Every full-graph replay of every runner passes here, so this also counts them: traced
+    (its graph holds a statistics table) or not (said once per runner, then counted)."""
     start = _clock()
-    slots = _slots[0]
+    slots = _slots[0] if _slots else None
     key = (id(backend), shape_key)
+    table = slots.tables.get(key) if slots is not None else None
     sampled = False
     try:
-        if control.paused():
-            slots.pause(key)
+        if table is None:
+            runner = _runner(backend)
+            graphs._replayed(type(runner if runner is not None else backend).__name__)
         else:
-            ref = _runners.get(id(backend))
-            units = _units(ref() if ref is not None else None, shape_key)
-            sampled = units is not None and slots.before_replay(key, units)
+            _traced_replays[0] += 1
+            # The replays between two read-backs do only this count: their kernels read no
+            # rows (the count on the device stays 0), so nothing else is needed for them.
+            if slots.due(table):  # type: ignore[union-attr]
+                sampled = _arm(slots, key, table, backend, shape_key)
     except Exception as exc:
         state.internal_error("graph replay", exc)
     spent = _clock() - start
@@ -165,7 +170,7 @@ def around_replay(original: Any, backend: Any, shape_key: Any, *args: Any, **kwa
             batch = args[0] if args else kwargs.get("static_forward_batch")
             mode = getattr(getattr(batch, "forward_mode", None), "name", None)
             tracer = modules._tracer()
-            if slots.after_replay(key, {"step": tracer.next_step(), "mode": mode, "t_unix": time.time()}):
+            if slots.after_replay(key, {"step": tracer.next_step(), "mode": mode, "t_unix": time.time()}):  # type: ignore[union-attr]
                 tracer.graph_replayed()
         except Exception as exc:
             state.internal_error("graph replay read-back", exc)
@@ -174,6 +179,16 @@ def around_replay(original: Any, backend: Any, shape_key: Any, *args: Any, **kwa
     if _cost.calls == 0:  # just handed over: the read-back counts go with it
         _flush_cost()
     return out
+
+
+def _arm(slots: Any, key: Any, table: Any, backend: Any, shape_key: Any) -> bool:
+    """A replay due for a read-back: its real count for the kernels, unless paused."""
+    if control.paused():  # looked at here only: between read-backs there is nothing to pause
+        slots.pause(key)
+        return False
+    ref = _runners.get(id(backend))
+    units = _units(ref() if ref is not None else None, shape_key)
+    return units is not None and slots.arm(table, units)
 
 
 def _flush_cost() -> None:
@@ -198,17 +213,6 @@ def _flush_cost() -> None:
 
 _seen_counts = [0, 0]
 _traced_replays = [0]
-
-
-def count_traced_replay() -> None:
-    """One more replay of a runner whose graphs carry statistics kernels (a plain add)."""
-    _traced_replays[0] += 1
-
-
-def covers(runner: Any) -> bool:
-    """Whether ``runner``'s replays are traced per module (its backend holds a table)."""
-    backend = getattr(runner, "backend", None)
-    return bool(_slots) and backend is not None and _slots[0].has_owner(id(backend))
 
 
 def after_unsupported_replay(result: Any, *args: Any, **kwargs: Any) -> None:

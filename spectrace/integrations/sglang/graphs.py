@@ -43,13 +43,9 @@ def _replayed(runner: str) -> None:
 
 
 def after_execute(result: Any, *args: Any, **kwargs: Any) -> None:
-    """HookRegistry AFTER on a graph runner's ``execute``."""
+    """HookRegistry AFTER on a graph runner's ``execute``: an SGLang whose runners do not
+    replay through ``runner_backend`` (where they do, ``graph_stats.around_replay`` counts)."""
     try:
-        from . import graph_stats
-
-        if graph_stats.covers(args[0]):
-            graph_stats.count_traced_replay()  # summed there, handed to the recorder in batches
-            return None
         _replayed(type(args[0]).__name__)
     except Exception as exc:
         state.internal_error("graph execute", exc)

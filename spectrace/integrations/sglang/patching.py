@@ -194,9 +194,14 @@ def skipped(point: Point) -> bool:
     return True
 
 
+def superseded(point: Point) -> bool:
+    """A fallback point whose job a cheaper point does in this SGLang (``Point.unless``)."""
+    return bool(point.unless) and module_exists(point.unless)
+
+
 def patch_point(module: ModuleType, point: Point) -> bool:
     """Patch one point on an imported module; False if it is missing, skipped or already patched."""
-    if point.key in _claimed or skipped(point):
+    if point.key in _claimed or superseded(point) or skipped(point):
         return False
     owner = _owner(module, point.qualname)
     if owner is None:
@@ -271,6 +276,8 @@ def install_direct() -> list[str]:
 def _missing_module(point: Point) -> None:
     # Absent modules are normal for the other version's alternatives; report a feature
     # only when none of its alternatives' modules exists either.
+    if superseded(point):
+        return
     if any(module_exists(alt.module) for alt in alternatives(point)):
         return
     not_covered(point, "module not present")
@@ -321,7 +328,9 @@ def register_with_hook_registry() -> list[str]:
     # Claim first: the import hook (runtime.activate, or the .pth bootstrap) must leave
     # these points to HookRegistry.
     candidates = [
-        p for p in POINTS if p.module in sys.modules and p.key not in _claimed and _applied.get(p.key) != "direct" and not skipped(p)
+        p
+        for p in POINTS
+        if p.module in sys.modules and p.key not in _claimed and _applied.get(p.key) != "direct" and not superseded(p) and not skipped(p)
     ]
     pending = []
     for point in candidates:

@@ -24,6 +24,9 @@ class Point:
     kind: str  # "BEFORE" | "AFTER" | "AROUND" (HookType names)
     hook: str  # "submodule:function" inside this package
     feature: str
+    # A fallback: left unpatched (and unreported) where this module exists, because a point
+    # there does the same job more cheaply (a hook that runs on every step costs each time).
+    unless: str = ""
 
     @property
     def target(self) -> str:
@@ -75,17 +78,41 @@ POINTS: tuple[Point, ...] = (
     # accept lengths (CPU lists)
     Point(f"{S}.eagle_worker_v2", "EAGLEWorkerV2.on_verify_complete_cpu", "AFTER", "acceptance:after_verify_complete_cpu", "acceptance"),
     Point(f"{S}.eagle_worker", "EAGLEWorker.verify", "AFTER", "acceptance:after_v1_verify", "acceptance"),
-    # CUDA graphs: replay coverage, stale draft-extend input
+    # CUDA graphs: replay coverage, stale draft-extend input. Where the runners replay through
+    # runner_backend (0.5.17+), graph_stats:around_replay sees every replay and counts it, so
+    # the runner-level counting hooks are only the fallback for older versions.
     Point(
         "sglang.srt.model_executor.runner.decode_cuda_graph_runner",
         "DecodeCudaGraphRunner.execute",
         "AFTER",
         "graphs:after_execute",
         "graph_replay",
+        unless=f"{B}.full_cuda_graph_backend",
     ),
-    Point("sglang.srt.model_executor.cuda_graph_runner", "CudaGraphRunner.replay", "AFTER", "graphs:after_execute", "graph_replay"),
-    Point(f"{S}.eagle_draft_cuda_graph_runner", "EAGLEDraftCudaGraphRunner.execute", "AFTER", "graphs:after_execute", "draft_graph_replay"),
-    Point(f"{S}.eagle_draft_cuda_graph_runner", "EAGLEDraftCudaGraphRunner.replay", "AFTER", "graphs:after_execute", "draft_graph_replay"),
+    Point(
+        "sglang.srt.model_executor.cuda_graph_runner",
+        "CudaGraphRunner.replay",
+        "AFTER",
+        "graphs:after_execute",
+        "graph_replay",
+        unless=f"{B}.full_cuda_graph_backend",
+    ),
+    Point(
+        f"{S}.eagle_draft_cuda_graph_runner",
+        "EAGLEDraftCudaGraphRunner.execute",
+        "AFTER",
+        "graphs:after_execute",
+        "draft_graph_replay",
+        unless=f"{B}.full_cuda_graph_backend",
+    ),
+    Point(
+        f"{S}.eagle_draft_cuda_graph_runner",
+        "EAGLEDraftCudaGraphRunner.replay",
+        "AFTER",
+        "graphs:after_execute",
+        "draft_graph_replay",
+        unless=f"{B}.full_cuda_graph_backend",
+    ),
     Point(
         f"{S}.eagle_draft_extend_cuda_graph_runner",
         "EAGLEDraftExtendCudaGraphRunner.execute",
@@ -99,6 +126,7 @@ POINTS: tuple[Point, ...] = (
         "AFTER",
         "graphs:after_execute",
         "draft_extend_graph_replay",
+        unless=f"{B}.full_cuda_graph_backend",
     ),
     # per-module records (the tracing engine on SGLang's own model objects)
     Point(f"{M}.llama", "LlamaForCausalLM.__init__", "AFTER", "modules:after_model_init", "modules_llama"),
