@@ -381,8 +381,8 @@ cost_on() {  # name port clients max-new label: spectrace on/off inside one serv
       --log "$W/logs/server-$name.log" --clients "$clients" --max-new "$max_new" --windows 3 --window-s 4 --pattern on \
       "${prompts[@]}" --out "$W/logs/steady-$label-profile-load.json" > /dev/null 2>&1 &
     local load=$!
-    sleep 10
-    py-spy record --pid "$sched" --duration 8 --rate 250 --threads --nonblocking --format raw \
+    sleep 8
+    py-spy record --pid "$sched" --duration 6 --rate 250 --threads --nonblocking --format raw \
       --output "$W/logs/pyspy-$label.txt" > "$W/logs/pyspy-$label.log" 2>&1 || say "py-spy failed"
     wait "$load"
   fi
