@@ -14,6 +14,7 @@ live server's step time (docs/sglang.md, "Overhead") turns that into a fraction.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -43,9 +44,11 @@ PER_STEP = (
 SLOTS_PER_GRAPH = 8  # the trained tiny pair's graphs hold 25 slots in all
 
 
-class ShapeKey:
-    def __init__(self, size: int) -> None:
-        self.size = size
+@dataclasses.dataclass(frozen=True)
+class ShapeKey:  # as SGLang's (runner/shape_key.py): a new one for every replay
+    size: int
+    stream_idx: int | None = None
+    variant_label: str | None = None
 
 
 class Runner:
@@ -93,7 +96,7 @@ def graph_tables(batch: int) -> dict[str, tuple[FullCudaGraphBackend, ShapeKey]]
         backend.runner = runner  # type: ignore[attr-defined]  # alive as long as the backend (graph_stats keeps a weakref)
         out[name] = (backend, key)
         graph_stats._runners[id(backend)] = weakref.ref(runner)
-        slots.begin_capture((id(backend), key), capture_bs=batch, label=f"{name}[{batch}]", meta={"mode": "DECODE"})
+        slots.begin_capture(graph_stats.table_key(backend, key), capture_bs=batch, label=f"{name}[{batch}]", meta={"mode": "DECODE"})
         for i in range(SLOTS_PER_GRAPH):
             slots.record(hidden, name=f"{name}.m{i}", role="hidden", module_type="Linear", arg="output")
         slots.end_capture()

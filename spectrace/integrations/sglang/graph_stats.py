@@ -91,7 +91,7 @@ def _traced(backend: Any, shape_key: Any, forward_fn: Any) -> Any:
     size = int(getattr(shape_key, "size", 0) or 0)
     mode = getattr(getattr(runner, "capture_forward_mode", None), "name", None)
     label = f"{type(runner).__name__ if runner is not None else type(backend).__name__}[{size}]"
-    key = (id(backend), shape_key)
+    key = table_key(backend, shape_key)
 
     def traced() -> Any:
         thread = tracer._thread()
@@ -124,6 +124,16 @@ def _captured(table: Any) -> None:
     rec.count("graph_table_bytes", table.memory_bytes())
 
 
+def table_key(backend: Any, shape_key: Any) -> tuple[Any, ...]:
+    """The statistics table's key for one graph of ``backend``.
+
+    SGLang builds a new ``ShapeKey`` (a frozen dataclass) for every replay, and a dict
+    lookup with it runs its generated ``__hash__`` and ``__eq__``, two Python calls per
+    replay; its fields as a plain tuple hash and compare in C."""
+    fields = getattr(shape_key, "__dict__", None)
+    return (id(backend), *fields.values()) if fields else (id(backend), shape_key)
+
+
 def _units(runner: Any, shape_key: Any) -> int | None:
     """The replay's real count, in the unit of the shape key (requests, or tokens)."""
     if runner is None:
@@ -147,7 +157,7 @@ def around_replay(original: Any, backend: Any, shape_key: Any, *args: Any, **kwa
     (its graph holds a statistics table) or not (said once per runner, then counted)."""
     start = _clock()
     slots = _slots[0] if _slots else None
-    key = (id(backend), shape_key)
+    key = table_key(backend, shape_key)
     table = slots.tables.get(key) if slots is not None else None
     sampled = False
     try:
