@@ -263,8 +263,8 @@ def _warn_notices(follower: TraceFollower, seen: set[str], *, screen: bool) -> N
 def _follow_banner(path: str, follower: TraceFollower) -> Text:
     lines = sum(f.lines_read for f in follower.trace_set.files)
     text = Text(f"following {path}: {lines} lines, Ctrl-C quits", style="dim", no_wrap=True, overflow="ellipsis")
-    if follower.notices:
-        text.append(f"; {follower.notices[-1]}", style="bold yellow")
+    if follower.notices:  # on a line of its own: a long path must not crop it away
+        text.append("\n" + follower.notices[-1], style="bold yellow")
     return text
 
 

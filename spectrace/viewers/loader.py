@@ -388,13 +388,13 @@ class FileReader:
         if not self.offset and not self.lineno:
             return None
         if self._identity is not None and self._identity != (st.st_dev, st.st_ino):
-            return "replaced by a new file (rotated)"
+            return "rotated"  # a new file took the name
         if st.st_size < self.offset:
-            return "truncated (shorter than what was read)"
+            return "truncated"  # shorter than what was read
         if self._tail:
             fh.seek(self.offset - len(self._tail))
             if fh.read(len(self._tail)) != self._tail:
-                return "rewritten (its content changed)"
+                return "rewritten"  # cut and written again past the old offset
         return None
 
     def _read_lines(self, fh: Any, *, final: bool) -> None:
@@ -767,7 +767,7 @@ class TraceFollower:
                 reader = self.readers[p]
                 changed |= reader.read_available(final=final)
                 if reader.restarted:
-                    self.notices.append(f"{reader.file.name} {reader.restarted}: read again from the start")
+                    self.notices.append(f"{reader.restarted}: {reader.file.name} read again from the start")
                     reader.restarted = None
         if [p.message for p in problems] != [p.message for p in self.trace_set.set_problems]:
             changed = True
