@@ -90,7 +90,9 @@ def _write_mb(path: Path, mb: int, line_of: Any, head: str = "") -> None:
 
 def _acceptance_line(i: int) -> str:
     lengths = [1 + (i + j) % 5 for j in range(16)]
-    return json.dumps({"type": "acceptance", "step": i, "accept_lengths": lengths, "draft_tokens": 4, "accepted_per_position": [12, 8, 4, 1]})
+    return json.dumps(
+        {"type": "acceptance", "step": i, "accept_lengths": lengths, "draft_tokens": 4, "accepted_per_position": [12, 8, 4, 1]}
+    )
 
 
 def _finding_line(i: int) -> str:
@@ -136,7 +138,9 @@ def test_every_kind_past_the_budget_is_counted_with_its_line(tmp_path: Path) -> 
     code, out, err = _run(view_main, [str(tmp_path), "--json"])
     assert code == 0
     _clean(err)
-    assert re.search(r"\d+ records not loaded: the viewer's memory budget \(16 MB of records\) is spent \(first at line \d+\): \d+ call", err)
+    assert re.search(
+        r"\d+ records not loaded: the viewer's memory budget \(16 MB of records\) is spent \(first at line \d+\): \d+ call", err
+    )
     assert re.search(r"\d+ findings kept as counts only .*\(first at line \d+\)", err)
     view = json.loads(out)
     lines = sum(1 for _ in open(path)) - 1
@@ -271,7 +275,13 @@ NASTY = "\x1b]52;c;ZWNobyBvd25lZA==\x07\x1b[2J\x9b31m\r\x08\u202e\x00"
 
 def _hostile_trace(folder: Path, name: str = TRACE) -> Path:
     h = header().model_copy(update={"host": "node" + NASTY})
-    t = TensorMeta(arg="output" + NASTY, shape=[4, 64], dtype="torch.bf16" + NASTY, device="cpu", stats=TensorStats(mean=0.0, std=1.0, absmax=3.0, numel=256))
+    t = TensorMeta(
+        arg="output" + NASTY,
+        shape=[4, 64],
+        dtype="torch.bf16" + NASTY,
+        device="cpu",
+        stats=TensorStats(mean=0.0, std=1.0, absmax=3.0, numel=256),
+    )
     recs: list[Any] = [
         h,
         Capture(module="target" + NASTY, boundaries=[1, 2], num_layers=4, hidden_size=64, rule="rule" + NASTY),
@@ -357,13 +367,38 @@ def test_audit_text_output_and_errors_are_escaped(tmp_path: Path) -> None:
     _assert_no_raw_control(proc.stdout, coloured=True)
     assert "evil\\x1b]52;c;" in proc.stdout.replace("\n", "").replace("│", "").replace(" ", "")
     proc = subprocess.run(
-        [sys.executable, "-m", "spectrace", "audit", str(tmp_path / ("gone" + NASTY.replace("\x00", "")))], capture_output=True, text=True, env=env, timeout=60
+        [sys.executable, "-m", "spectrace", "audit", str(tmp_path / ("gone" + NASTY.replace("\x00", "")))],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
     )
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     _assert_no_raw_control(proc.stderr)
     assert "gone\\x1b]52;c;" in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "spectrace", "audit", str(draft), "--json"], capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "spectrace", "audit", str(draft), "--json"], capture_output=True, text=True, env=env, timeout=120
+    )
     assert "evil" + NASTY in json.loads(proc.stdout)["checkpoint"]["tensors"]  # --json stays exact
+
+
+def test_names_that_are_not_utf8_or_lone_surrogates_break_neither_stderr_nor_json(tmp_path: Path) -> None:
+    """A file name that is not UTF-8 was written to stderr as nothing (the write raised) and
+    failed ``--json``; a ``"\\ud800"`` in a record failed ``--json``."""
+    write_trace(tmp_path / os.fsdecode(b"trace-\xff-1.jsonl"), healthy_records(steps=2))
+    (tmp_path / os.fsdecode(b"trace-\xfe-2.jsonl")).write_bytes(b"junk\n")
+    with open(tmp_path / os.fsdecode(b"trace-\xff-1.jsonl"), "a") as fh:
+        fh.write('{"type":"call","step":5,"seq":9,"module":"m\\ud800","module_type":"X"}\n')
+        fh.write('{"type":"\\udcff"}\n')
+    for args in (["--no-pager"], ["--json"]):
+        code, out, err = _run(view_main, [str(tmp_path), *args])
+        assert code == 0 and out
+        _clean(err)
+        assert "trace-\\xfe-2.jsonl: not a spectrace trace" in err
+        assert "1 record with an impossible value skipped (first at line " in err and "a string with a lone surrogate" in err
+    view = json.loads(out)
+    assert "trace-\\xff-1.jsonl" in [p["file"] for p in view["header"]["processes"]]
+    assert any("'\\\\udcff' x1" in line for line in view["header"]["load_problems"])
 
 
 def test_printable_is_idempotent_and_keeps_text() -> None:

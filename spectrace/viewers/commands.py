@@ -23,7 +23,7 @@ from rich.live import Live
 from rich.text import Text
 
 from .diff import DEFAULT_RTOL, diff_traces, render_diff
-from .loader import TraceFollower, TraceSet, load_traces
+from .loader import TraceFollower, TraceSet, load_traces, shown_path
 from .model import DEFAULT_WINDOW, ViewBuilder, ViewFilter, build_view
 from .render import iter_lines, make_console, render_view
 from .terminal import write_line
@@ -161,7 +161,7 @@ def _nothing_readable(ts: TraceSet) -> str:
     if problems:
         first = problems[0].message
         return first if len(problems) == 1 else f"{first} (and {len(problems) - 1} more problems)"
-    return f"{ts.source}: no readable records"
+    return f"{shown_path(ts.source)}: no readable records"
 
 
 # ------------------------------------------------------------------------------- view

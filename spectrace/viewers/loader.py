@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -117,7 +118,7 @@ class LoadProblem(BaseModel):
 
     @property
     def message(self) -> str:
-        name = os.path.basename(self.path) or self.path
+        name = shown_path(os.path.basename(self.path) or self.path)
         if self.kind in ("future_schema", "not_trace", "empty", "unreadable", "missing", "not_regular"):
             return f"{name}: {self.detail}"
         one, many = _KINDS.get(self.kind, (self.kind, self.kind))
@@ -240,7 +241,7 @@ class TraceFile(BaseModel):
 
     @property
     def name(self) -> str:
-        return os.path.basename(self.path)
+        return shown_path(os.path.basename(self.path))
 
     @property
     def rank(self) -> int | None:
@@ -458,7 +459,8 @@ class FileReader:
             self._parse_header(obj)
             return
         if not isinstance(kind, str) or (kind not in RECORD_TYPES and kind not in LEGACY_RECORD_TYPES):
-            self._unknown_types[str(kind)[:40]] = self._unknown_types.get(str(kind)[:40], 0) + 1
+            name = str(kind)[:40].encode("utf-8", "backslashreplace").decode("utf-8")  # "\ud800" too
+            self._unknown_types[name] = self._unknown_types.get(name, 0) + 1
             self._count("unknown_type")
             self._maybe_abandon_after_first()
             return
@@ -613,6 +615,16 @@ class FileReader:
         self.file.lines_read = self.lineno
 
 
+def shown_path(path: str) -> str:
+    """A path as text any output can carry: the bytes of a name that is not UTF-8 (decoded
+    with surrogates) written out as ``\\xff``, so ``--json`` never fails on it."""
+    try:
+        path.encode("utf-8")
+        return path
+    except UnicodeEncodeError:
+        return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
 class _NotRegular(Exception):
     """The path is a FIFO, a device or a socket: never read (a FIFO would block forever)."""
 
@@ -647,9 +659,9 @@ def time_ok(t: float | None) -> bool:
 def implausible(obj: dict[str, Any], record: Any) -> str | None:
     """Why a schema-valid record cannot be true (a size nothing has, an integer no count
     reaches), or None. The viewer sizes lists and sums by these, so they are checked first."""
-    big = _huge_integer(obj)
-    if big:
-        return big
+    odd = _odd_value(obj)
+    if odd:
+        return odd
     if isinstance(record, Acceptance):
         if not 0 <= record.draft_tokens <= MAX_DRAFT_TOKENS:
             return f"draft_tokens {record.draft_tokens} (at most {MAX_DRAFT_TOKENS})"
@@ -694,18 +706,26 @@ def _tensor_implausible(m: Any) -> str | None:
     return None
 
 
-def _huge_integer(obj: Any) -> str | None:
-    """The first integer beyond +-2^63 anywhere in a parsed record (iterative: no recursion limit)."""
+def _odd_value(obj: Any) -> str | None:
+    """The first integer beyond +-2^63, or string with a lone surrogate (``"\\ud800"``: no
+    UTF-8 output can carry it), anywhere in a parsed record (iterative: no recursion limit)."""
     stack = [obj]
     while stack:
         x = stack.pop()
         if isinstance(x, dict):
             stack.extend(x.values())
+            stack.extend(x.keys())
         elif isinstance(x, list):
             stack.extend(x)
+        elif isinstance(x, str):
+            if _SURROGATE.search(x):
+                return "a string with a lone surrogate"
         elif isinstance(x, int) and not isinstance(x, bool) and not -MAX_INT <= x <= MAX_INT:
             return f"an integer of {len(str(abs(x)))} digits"
     return None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _first_error(kind: str, exc: ValidationError) -> str:
@@ -781,7 +801,7 @@ def _empty_detail(path: str) -> str:
     detail = "folder holds no trace-*.jsonl files"
     try:
         below = sorted(
-            entry.name
+            shown_path(entry.name)
             for entry in os.scandir(path)
             if entry.is_dir() and any(n.startswith("trace-") and n.endswith(".jsonl") for n in os.listdir(entry.path))
         )

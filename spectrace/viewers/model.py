@@ -32,7 +32,7 @@ from spectrace.records import SEVERITY_RANK, Call, TensorMeta, TensorStats
 from spectrace.rules.catalogue import CATALOGUE
 from spectrace.rules.globs import suffix_match
 
-from .loader import MAX_POSITIONS, TraceFile, TraceSet, merge_rows, time_ok
+from .loader import MAX_POSITIONS, TraceFile, TraceSet, merge_rows, shown_path, time_ok
 
 HUGE_ABSMAX = 1e4  # a residual stream this large is overflow-bound in bf16/fp16
 DEFAULT_WINDOW = 32  # the data path's recent span: the last N traced steps
@@ -392,7 +392,7 @@ def _header(ts: TraceSet, files: list[TraceFile], states: list[_FileState], flt:
     dropped, gaps = _coverage(files)
     hook_calls, hook_us, hook_us_step, hook_us_by_feature = _hook_cost(files)
     return HeaderSummary(
-        source=ts.source,
+        source=shown_path(ts.source),
         processes=procs,
         ranks=sorted({f.rank for f in files if f.rank is not None}),
         step_first=min(firsts) if firsts else None,
