@@ -118,11 +118,12 @@ def report(findings: list[Finding], info: dict[str, Any]) -> AuditReport:
 
 
 def render(findings: list[Finding], info: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
-    console = Console()
+    from ..viewers.terminal import safe_console
+
+    console = safe_console()  # escapes the control characters a checkpoint's strings carry
     engine = info["engine"]
     cap = info["engine_capture"]
     console.print(
@@ -167,8 +168,7 @@ def main(argv: list[str]) -> int:
     except BaseException as err:  # noqa: BLE001 - the promise is: no traceback, ever
         first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
         reason = f"internal error: {type(err).__name__}" + (f": {first}" if first else "")
-    try:
-        print(f"{PROG}: error: {reason}", file=sys.stderr)
-    except Exception:  # noqa: BLE001 - stderr closed; the exit status still says it
-        pass
+    from ..viewers.terminal import write_line
+
+    write_line(sys.stderr, f"{PROG}: error: {reason}")  # escaped; never raises (stderr closed)
     return 2

@@ -2,7 +2,8 @@
 
 Exit status: 0 when something was shown (partly bad input is a warning on stderr, one
 line each), 2 when nothing was readable or the arguments are wrong, 1 for a bug of ours.
-Never a traceback (``SPECTRACE_DEBUG=1`` shows one).
+Never a traceback (``SPECTRACE_DEBUG=1`` shows one). Every line on stderr is escaped like
+the view itself (:func:`.terminal.printable`): a file name cannot drive the terminal.
 
     >>> view_main(["traces/", "--finding", "fc_bypass", "--no-pager"])
     0
@@ -22,9 +23,10 @@ from rich.live import Live
 from rich.text import Text
 
 from .diff import DEFAULT_RTOL, diff_traces, render_diff
-from .loader import TraceFollower, TraceSet, load_traces
+from .loader import TraceFollower, TraceSet, load_traces, shown_path
 from .model import DEFAULT_WINDOW, ViewBuilder, ViewFilter, build_view
 from .render import iter_lines, make_console, render_view
+from .terminal import write_line
 
 FOLLOW_INTERVAL_S = 0.5
 
@@ -132,11 +134,7 @@ def _guard(prog: str, body: Callable[[list[str]], int], argv: list[str]) -> int:
 
 
 def _err(line: str) -> None:
-    try:
-        sys.stderr.write(line.replace("\n", " ") + "\n")
-        sys.stderr.flush()
-    except Exception:  # noqa: BLE001
-        pass
+    write_line(sys.stderr, line)
 
 
 def _silence_stdout() -> None:
@@ -163,7 +161,7 @@ def _nothing_readable(ts: TraceSet) -> str:
     if problems:
         first = problems[0].message
         return first if len(problems) == 1 else f"{first} (and {len(problems) - 1} more problems)"
-    return f"{ts.source}: no readable records"
+    return f"{shown_path(ts.source)}: no readable records"
 
 
 # ------------------------------------------------------------------------------- view
@@ -217,6 +215,7 @@ def _follow(args: argparse.Namespace, flt: ViewFilter) -> int:
             while True:
                 if changed:
                     _warn_problems("spectrace view", follower.trace_set, seen)
+                    _warn_notices(follower, seen, screen=True)
                     view = render_view(builder.build(follower.trace_set), modules=args.modules)
                     live.update(Group(_follow_banner(args.path, follower), view), refresh=True)
                 time.sleep(max(0.05, args.interval))
@@ -236,6 +235,7 @@ def _follow_stream(args: argparse.Namespace, builder: ViewBuilder, follower: Tra
             if changed:
                 ts = follower.trace_set
                 _warn_problems("spectrace view", ts, seen)
+                _warn_notices(follower, seen, screen=False)
                 view = builder.build(ts)
                 if args.json:
                     sys.stdout.write(view.model_dump_json() + "\n")
@@ -249,9 +249,23 @@ def _follow_stream(args: argparse.Namespace, builder: ViewBuilder, follower: Tra
         return 0
 
 
+def _warn_notices(follower: TraceFollower, seen: set[str], *, screen: bool) -> None:
+    """A file read again from the start (rotated, truncated): said once. On the live screen
+    the status line says it (stderr would tear the screen); in a pipe, stderr does."""
+    for i, notice in enumerate(follower.notices):
+        key = f"\0notice {i}"
+        if key not in seen:
+            seen.add(key)
+            if not screen:
+                _err(f"spectrace view: warning: {notice}")
+
+
 def _follow_banner(path: str, follower: TraceFollower) -> Text:
     lines = sum(f.lines_read for f in follower.trace_set.files)
-    return Text(f"following {path}: {lines} lines, Ctrl-C quits", style="dim", no_wrap=True, overflow="ellipsis")
+    text = Text(f"following {path}: {lines} lines, Ctrl-C quits", style="dim", no_wrap=True, overflow="ellipsis")
+    if follower.notices:  # on a line of its own: a long path must not crop it away
+        text.append("\n" + follower.notices[-1], style="bold yellow")
+    return text
 
 
 # ------------------------------------------------------------------------------- diff

@@ -2,9 +2,17 @@
 
 Bad input never raises. Each kind of trouble in a file (a truncated last line, random
 bytes, an unknown record type, a newer schema, a file that is no trace at all) becomes
-one counted, one-line :class:`LoadProblem`; the readable records are kept. Memory is
-bounded: files are read line by line, lines longer than :data:`MAX_LINE_BYTES` are
-skipped without being held, and a file whose first line is no trace is abandoned.
+one counted, one-line :class:`LoadProblem` (with the first line number); the readable
+records are kept. Only regular files are read (a FIFO or a device is refused unopened
+for reading, so it cannot hang the viewer).
+
+Memory is bounded whatever the trace's length or the number of files (:data:`LIMITS`):
+files are read line by line, lines longer than :data:`MAX_LINE_BYTES` are skipped without
+being held, a file whose first line is no trace is abandoned, acceptance records are
+folded per step as they are read (:class:`AcceptanceLog`), and the other records are kept
+up to a budget of record text shared by the files of one set (:class:`LoadBudget`); what
+does not fit is counted, never silently dropped. Every size a record claims (``draft_tokens``,
+a shape, a count, a time stamp) is checked before anything is sized by it.
 
     >>> ts = load_traces("traces/")
     >>> [p.message for p in ts.problems]
@@ -14,11 +22,14 @@ skipped without being held, and a file whose first line is no trace is abandoned
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
+import stat
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from spectrace.records import (
     LEGACY_RECORD_TYPES,
@@ -37,8 +48,36 @@ from spectrace.records import (
 )
 
 MAX_LINE_BYTES = 1 << 20  # a record this long is a writer bug or not a trace; never hold it
-MAX_CALLS_PER_FILE = 200_000  # ~ a few hundred MB of parsed records; more is counted, not kept
+MAX_CALLS_PER_FILE = 200_000  # a second bound on calls, below the byte budget's for tiny records
+# The record text the viewer keeps parsed, all files of one set together (about 10x that in
+# memory: ~170 MB). Each file gets at least its share (the budget over the files found) or
+# MIN_FILE_SHARE, so one huge rank cannot crowd out the others.
+MAX_KEPT_BYTES = 16 << 20
+MIN_FILE_SHARE = 2 << 20
+MAX_FINDINGS_PER_CODE = 1_000  # per file: a flood of one code is kept as counts past this
+MAX_FOLDED_CODES = 64  # distinct codes folded to counts per file; others share one line
+MAX_ACCEPTANCE_STEPS = 100_000  # distinct steps with a per-step acceptance entry, per set
+MAX_POSITIONS = 64  # draft positions with an acceptance rate
+MAX_COUNTERS = 8  # closing/periodic counters records kept per file (cumulative: the newest count)
+# What a record may claim before the viewer sizes anything by it.
+MAX_DRAFT_TOKENS = 1024
+MAX_INT = 2**63  # any integer in a record beyond +-2^63 is not a count, a size or a step
+MAX_NUMEL = 2**62
+MAX_DIMS = 64
+MAX_UNIX = 253_402_300_799.0  # 9999-12-31: the last time a date can show
 _SKIP_CHUNK = 1 << 16
+_TAIL = 64  # bytes before the read offset remembered to notice a rewritten file
+
+LIMITS = {
+    "line_bytes": MAX_LINE_BYTES,
+    "kept_record_bytes": MAX_KEPT_BYTES,
+    "min_file_share_bytes": MIN_FILE_SHARE,
+    "calls_per_file": MAX_CALLS_PER_FILE,
+    "findings_per_code_per_file": MAX_FINDINGS_PER_CODE,
+    "acceptance_steps": MAX_ACCEPTANCE_STEPS,
+    "acceptance_positions": MAX_POSITIONS,
+    "draft_tokens": MAX_DRAFT_TOKENS,
+}
 
 # (kind, one-line description); the count and first line number are added when reported.
 _KINDS: dict[str, tuple[str, str]] = {
@@ -54,6 +93,17 @@ _KINDS: dict[str, tuple[str, str]] = {
         f"call records beyond the first {MAX_CALLS_PER_FILE} not loaded",
         f"call records beyond the first {MAX_CALLS_PER_FILE} not loaded",
     ),
+    "implausible": ("record with an impossible value skipped", "records with impossible values skipped"),
+    "bad_time": ("time stamp that is no date ignored", "time stamps that are no dates ignored"),
+    "not_loaded": (
+        f"record not loaded: the viewer's memory budget ({MAX_KEPT_BYTES >> 20} MB of records) is spent",
+        f"records not loaded: the viewer's memory budget ({MAX_KEPT_BYTES >> 20} MB of records) is spent",
+    ),
+    "findings_folded": ("finding kept as a count only", "findings kept as counts only (a flood of one code, or the memory budget)"),
+    "acceptance_steps": (
+        f"acceptance record past the first {MAX_ACCEPTANCE_STEPS} steps is in the totals only",
+        f"acceptance records past the first {MAX_ACCEPTANCE_STEPS} steps are in the totals only, not in the per-step series",
+    ),
 }
 
 
@@ -68,8 +118,8 @@ class LoadProblem(BaseModel):
 
     @property
     def message(self) -> str:
-        name = os.path.basename(self.path) or self.path
-        if self.kind in ("future_schema", "not_trace", "empty", "unreadable", "missing"):
+        name = shown_path(os.path.basename(self.path) or self.path)
+        if self.kind in ("future_schema", "not_trace", "empty", "unreadable", "missing", "not_regular"):
             return f"{name}: {self.detail}"
         one, many = _KINDS.get(self.kind, (self.kind, self.kind))
         text = f"{name}: {self.count} {one if self.count == 1 else many or one}"
@@ -84,25 +134,114 @@ class LoadProblem(BaseModel):
         return text
 
 
+class AcceptanceLog:
+    """Acceptance records folded per step as they are read: the state is one short row per
+    step (at most :data:`MAX_ACCEPTANCE_STEPS` of them per set), never the records.
+
+    A row is ``[records, sum of accept lengths, requests, draft tokens (max), records with
+    positions, accepted at position 0, 1, ...]``. Records at steps past the cap fold into
+    ``beyond``, one row for the rest of the run, so the totals still count them.
+    """
+
+    __slots__ = ("by_step", "beyond", "beyond_first", "beyond_last", "records")
+
+    def __init__(self) -> None:
+        self.by_step: dict[int, list[int]] = {}
+        self.beyond: list[int] | None = None
+        self.beyond_first: int | None = None
+        self.beyond_last: int | None = None
+        self.records = 0
+
+    def __len__(self) -> int:
+        return self.records
+
+    def __bool__(self) -> bool:
+        return self.records > 0
+
+    def steps(self) -> list[int]:
+        """Every step that had an acceptance record (the per-step ones, then the range past the cap)."""
+        out = list(self.by_step)
+        if self.beyond_first is not None and self.beyond_last is not None:
+            out += [self.beyond_first, self.beyond_last]
+        return out
+
+    def add(self, a: Acceptance, *, new_step_ok: bool) -> bool:
+        """Fold one record; False when its step is new and ``new_step_ok`` is not (it went to ``beyond``)."""
+        self.records += 1
+        row = self.by_step.get(a.step)
+        kept = True
+        if row is None:
+            if new_step_ok:
+                row = self.by_step[a.step] = [0, 0, 0, 0, 0]
+            else:
+                kept = False
+                if self.beyond is None:
+                    self.beyond = [0, 0, 0, 0, 0]
+                row = self.beyond
+                self.beyond_first = a.step if self.beyond_first is None else min(self.beyond_first, a.step)
+                self.beyond_last = a.step if self.beyond_last is None else max(self.beyond_last, a.step)
+        fold_row(row, a)
+        return kept
+
+
+def fold_row(row: list[int], a: Acceptance) -> None:
+    row[0] += 1
+    row[1] += sum(a.accept_lengths)
+    row[2] += len(a.accept_lengths)
+    row[3] = max(row[3], a.draft_tokens)
+    if a.accepted_per_position:
+        row[4] += 1
+        positions = a.accepted_per_position[:MAX_POSITIONS]
+        if len(row) < 5 + len(positions):
+            row.extend([0] * (5 + len(positions) - len(row)))
+        for i, n in enumerate(positions):
+            row[5 + i] += n
+
+
+def merge_rows(into: list[int], row: list[int]) -> None:
+    into[0] += row[0]
+    into[1] += row[1]
+    into[2] += row[2]
+    into[3] = max(into[3], row[3])
+    into[4] += row[4]
+    if len(into) < len(row):
+        into.extend([0] * (len(row) - len(into)))
+    for i in range(5, len(row)):
+        into[i] += row[i]
+
+
+class FoldedFindings(BaseModel):
+    """Findings of one code kept as a count only (past :data:`MAX_FINDINGS_PER_CODE`, or the budget)."""
+
+    code: str
+    severity: str
+    count: int = 0
+    first_step: int | None = None
+    last_step: int | None = None
+
+
 class TraceFile(BaseModel):
     """The records of one process's trace file, split by type."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
 
     path: str
     header: Header | None = None
     calls: list[Call] = []
     findings: list[Finding] = []
-    acceptance: list[Acceptance] = []
+    findings_folded: dict[tuple[str, str], FoldedFindings] = {}
+    acceptance: AcceptanceLog = Field(default_factory=AcceptanceLog)
     coverage: list[Coverage] = []
     weights: list[Weights] = []
     captures: list[Capture] = []
     fingerprints: list[Fingerprint] = []
-    counters: list[Counters] = []  # the closing record (one per closed file)
+    counters: list[Counters] = []  # the closing record (one per closed file); the newest few
     problems: list[LoadProblem] = []
     lines_read: int = 0
 
     @property
     def name(self) -> str:
-        return os.path.basename(self.path)
+        return shown_path(os.path.basename(self.path))
 
     @property
     def rank(self) -> int | None:
@@ -113,6 +252,7 @@ class TraceFile(BaseModel):
         return (
             len(self.calls)
             + len(self.findings)
+            + sum(f.count for f in self.findings_folded.values())
             + len(self.acceptance)
             + len(self.coverage)
             + len(self.weights)
@@ -159,20 +299,61 @@ _FIELD_OF = {
 }
 
 
+class LoadBudget:
+    """The record text one set of files may keep parsed (:data:`MAX_KEPT_BYTES`), shared out
+    fairly: a file takes from it while the set and its own share (the budget over the files
+    found, at least :data:`MIN_FILE_SHARE`) both have room. Also the set's acceptance steps."""
+
+    def __init__(self, max_bytes: int = MAX_KEPT_BYTES, max_steps: int = MAX_ACCEPTANCE_STEPS) -> None:
+        self.max_bytes = max_bytes
+        self.used = 0
+        self.files = 1
+        self.max_steps = max_steps
+        self.steps = 0
+
+    def take(self, mine: int, n: int) -> bool:
+        share = max(MIN_FILE_SHARE, self.max_bytes // max(1, self.files))
+        if self.used + n > self.max_bytes or mine + n > share:
+            return False
+        self.used += n
+        return True
+
+    def release(self, n: int, steps: int) -> None:
+        self.used = max(0, self.used - n)
+        self.steps = max(0, self.steps - steps)
+
+
 class FileReader:
     """Parses one file incrementally: feed it complete lines, it fills a :class:`TraceFile`.
 
     Used for a one-shot load (read to the end) and for ``--follow`` (read what was appended,
-    keep the offset, leave an unterminated last line for the next poll).
+    keep the offset, leave an unterminated last line for the next poll). A file replaced
+    (new inode), cut shorter, or rewritten under the reader is read again from the start;
+    ``restarted`` says why, once, for the status line.
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, budget: LoadBudget | None = None) -> None:
+        self.budget = budget or LoadBudget()
+        self.restarted: str | None = None
+        self._reset(path)
+
+    def _reset(self, path: str) -> None:
         self.file = TraceFile(path=path)
         self.offset = 0
         self.lineno = 0
         self.abandoned = False  # not a trace: stop reading it, whatever its size
+        self.kept_bytes = 0  # record text kept, taken from the budget
+        self._identity: tuple[int, int] | None = None  # (device, inode) of what was read
+        self._tail = b""  # the bytes just before ``offset``, as they were read
         self._counts: dict[str, LoadProblem] = {}
         self._unknown_types: dict[str, int] = {}
+        self._not_loaded: dict[str, int] = {}
+        self._findings_per_code: dict[str, int] = {}
+
+    def _restart(self, why: str) -> None:
+        self.budget.release(self.kept_bytes, len(self.file.acceptance.by_step))
+        self._reset(self.file.path)
+        self.restarted = why
 
     # -- reading ---------------------------------------------------------------------
     def read_available(self, *, final: bool) -> bool:
@@ -182,42 +363,67 @@ class FileReader:
         """
         if self.abandoned:
             return False
-        before = (self.lineno, self.offset)
+        before = (self.lineno, self.offset, id(self.file))
         try:
-            with open(self.file.path, "rb") as fh:
-                size = os.fstat(fh.fileno()).st_size
-                if size < self.offset:  # truncated or rotated under us: start over
-                    self.__init__(self.file.path)  # type: ignore[misc]
+            with _open_regular(self.file.path) as fh:
+                st = os.fstat(fh.fileno())
+                why = self._replaced(fh, st)
+                if why:
+                    self._restart(why)
+                self._identity = (st.st_dev, st.st_ino)
                 fh.seek(self.offset)
-                while not self.abandoned:
-                    start = fh.tell()
-                    raw = fh.readline(MAX_LINE_BYTES + 1)
-                    if not raw:
-                        break
-                    if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
-                        self.lineno += 1
-                        self._count("too_long")
-                        self._maybe_abandon_after_first()
-                        if self.abandoned:
-                            break
-                        if not self._skip_to_newline(fh):
-                            # no newline until EOF: in follow mode wait for the rest of it
-                            if not final:
-                                self.lineno -= 1
-                                self._uncount("too_long")
-                                fh.seek(start)
-                                break
-                        self.offset = fh.tell()
-                        continue
-                    if not raw.endswith(b"\n") and not final:
-                        break  # a line still being written
-                    self.lineno += 1
-                    self.offset = fh.tell()
-                    self._parse(raw, last=not raw.endswith(b"\n"))
+                self._read_lines(fh, final=final)
+                if self.offset:
+                    fh.seek(max(0, self.offset - _TAIL))
+                    self._tail = fh.read(self.offset - fh.tell())
+        except _NotRegular as exc:
+            self.abandoned = True
+            self._set_fatal("not_regular", f"not a regular file ({exc}); skipped")
         except OSError as exc:
             self._set_fatal("unreadable", f"cannot read ({exc.strerror or exc})")
         self._publish()
-        return (self.lineno, self.offset) != before
+        return (self.lineno, self.offset, id(self.file)) != before
+
+    def _replaced(self, fh: Any, st: os.stat_result) -> str | None:
+        """Why what was read is no longer this file's start, or None (nothing read yet, or appended to)."""
+        if not self.offset and not self.lineno:
+            return None
+        if self._identity is not None and self._identity != (st.st_dev, st.st_ino):
+            return "rotated"  # a new file took the name
+        if st.st_size < self.offset:
+            return "truncated"  # shorter than what was read
+        if self._tail:
+            fh.seek(self.offset - len(self._tail))
+            if fh.read(len(self._tail)) != self._tail:
+                return "rewritten"  # cut and written again past the old offset
+        return None
+
+    def _read_lines(self, fh: Any, *, final: bool) -> None:
+        while not self.abandoned:
+            start = fh.tell()
+            raw = fh.readline(MAX_LINE_BYTES + 1)
+            if not raw:
+                break
+            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                self.lineno += 1
+                self._count("too_long")
+                self._maybe_abandon_after_first()
+                if self.abandoned:
+                    break
+                if not self._skip_to_newline(fh):
+                    # no newline until EOF: in follow mode wait for the rest of it
+                    if not final:
+                        self.lineno -= 1
+                        self._uncount("too_long")
+                        fh.seek(start)
+                        break
+                self.offset = fh.tell()
+                continue
+            if not raw.endswith(b"\n") and not final:
+                break  # a line still being written
+            self.lineno += 1
+            self.offset = fh.tell()
+            self._parse(raw, last=not raw.endswith(b"\n"))
 
     def _skip_to_newline(self, fh: Any) -> bool:
         while True:
@@ -237,6 +443,7 @@ class FileReader:
         try:
             obj = json.loads(text.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: "[[[[..." a million deep
+            # ValueError also covers an integer of more than 4,300 digits.
             if last and self.file.readable:
                 self._count("truncated")
             else:
@@ -252,21 +459,94 @@ class FileReader:
             self._parse_header(obj)
             return
         if not isinstance(kind, str) or (kind not in RECORD_TYPES and kind not in LEGACY_RECORD_TYPES):
-            self._unknown_types[str(kind)[:40]] = self._unknown_types.get(str(kind)[:40], 0) + 1
+            name = str(kind)[:40].encode("utf-8", "backslashreplace").decode("utf-8")  # "\ud800" too
+            self._unknown_types[name] = self._unknown_types.get(name, 0) + 1
             self._count("unknown_type")
             self._maybe_abandon_after_first()
             return
         if self.file.header is None and not self.file.readable and "no_header" not in self._counts:
             self._count("no_header")
+        field = _FIELD_OF[kind]
         if kind == "call" and len(self.file.calls) >= MAX_CALLS_PER_FILE:
             self._count("calls_capped")
+            return
+        if field not in ("acceptance", "counters", "findings") and not self._room(len(text)):
+            self._skip_unloaded(kind)  # unvalidated: past the budget, parsing it would only cost time
             return
         try:
             record = RECORD_ADAPTER.validate_python(obj)
         except ValidationError as exc:
+            self._release_room(field, len(text))
             self._count("invalid", detail=_first_error(kind, exc))
             return
-        getattr(self.file, _FIELD_OF[kind]).append(record)
+        why = implausible(obj, record)
+        if why:
+            self._release_room(field, len(text))
+            self._count("implausible", detail=f"{kind}: {why}")
+            return
+        self._fix_times(record)
+        if field == "acceptance":
+            self._add_acceptance(record)
+        elif field == "counters":
+            self.file.counters.append(record)
+            if len(self.file.counters) > MAX_COUNTERS:
+                # Counters are cumulative: the newest say all the older ones did.
+                del self.file.counters[0]
+        elif field == "findings":
+            self._add_finding(record, len(text))
+        else:
+            getattr(self.file, field).append(record)
+
+    def _room(self, n: int) -> bool:
+        if self.budget.take(self.kept_bytes, n):
+            self.kept_bytes += n
+            return True
+        return False
+
+    def _release_room(self, field: str, n: int) -> None:
+        if field not in ("acceptance", "counters", "findings"):
+            self.kept_bytes -= n
+            self.budget.used -= n
+
+    def _skip_unloaded(self, kind: str) -> None:
+        self._not_loaded[kind] = self._not_loaded.get(kind, 0) + 1
+        self._count("not_loaded")
+
+    def _add_acceptance(self, a: Acceptance) -> None:
+        budget = self.budget
+        room = budget.steps < budget.max_steps
+        had = len(self.file.acceptance.by_step)
+        if not self.file.acceptance.add(a, new_step_ok=room):
+            self._count("acceptance_steps")
+        budget.steps += len(self.file.acceptance.by_step) - had
+
+    def _add_finding(self, fd: Finding, n: int) -> None:
+        seen = self._findings_per_code.get(fd.code, 0)
+        if seen < MAX_FINDINGS_PER_CODE and self._room(n):
+            self._findings_per_code[fd.code] = seen + 1
+            self.file.findings.append(fd)
+            return
+        folded = self.file.findings_folded
+        key = (fd.code, fd.severity)
+        if key not in folded and len(folded) >= MAX_FOLDED_CODES:
+            key = ("(other codes)", fd.severity)
+        entry = folded.get(key)
+        if entry is None:
+            entry = folded[key] = FoldedFindings(code=key[0], severity=key[1])
+        entry.count += 1
+        if fd.step is not None:
+            entry.first_step = fd.step if entry.first_step is None else min(entry.first_step, fd.step)
+            entry.last_step = fd.step if entry.last_step is None else max(entry.last_step, fd.step)
+        self._count("findings_folded")
+
+    def _fix_times(self, record: Any) -> None:
+        """A time stamp that is no date (NaN, inf, 1e20, negative) is dropped, counted, never shown."""
+        name = "started_unix" if isinstance(record, Header) else "t_unix"
+        t = getattr(record, name, None)
+        if t is None or t == 0.0 or time_ok(t):
+            return
+        setattr(record, name, 0.0 if isinstance(record, (Header, Call)) else None)
+        self._count("bad_time", detail=f"{record.type}.{name} {t!r}")
 
     def _parse_header(self, obj: dict[str, Any]) -> None:
         if self.file.header is not None:
@@ -277,6 +557,11 @@ class FileReader:
         except ValidationError as exc:
             self._count("invalid", detail=_first_error("header", exc))
             return
+        why = implausible(obj, header)
+        if why:
+            self._count("implausible", detail=f"header: {why}")
+            return
+        self._fix_times(header)
         self.file.header = header
         if header.schema_version > SCHEMA_VERSION:
             self._counts["future_schema"] = LoadProblem(
@@ -317,12 +602,130 @@ class FileReader:
         if "unknown_type" in self._counts:
             names = ", ".join(f"{k!r} x{n}" for k, n in sorted(self._unknown_types.items())[:4])
             self._counts["unknown_type"].detail = names
+        if "not_loaded" in self._counts:
+            self._counts["not_loaded"].detail = ", ".join(f"{n} {k}" for k, n in sorted(self._not_loaded.items()))
+        if "findings_folded" in self._counts:
+            folded = sorted(self.file.findings_folded.values(), key=lambda f: -f.count)
+            self._counts["findings_folded"].detail = ", ".join(f"{f.code} x{f.count}" for f in folded[:4])
         if self.lineno == 0 and not self._counts and self.offset == 0:
             self._counts["empty"] = LoadProblem(path=self.file.path, kind="empty", detail="empty file")
         elif self.lineno > 0:
             self._counts.pop("empty", None)
         self.file.problems = list(self._counts.values())
         self.file.lines_read = self.lineno
+
+
+def shown_path(path: str) -> str:
+    """A path as text any output can carry: the bytes of a name that is not UTF-8 (decoded
+    with surrogates) written out as ``\\xff``, so ``--json`` never fails on it."""
+    try:
+        path.encode("utf-8")
+        return path
+    except UnicodeEncodeError:
+        return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+class _NotRegular(Exception):
+    """The path is a FIFO, a device or a socket: never read (a FIFO would block forever)."""
+
+
+def _open_regular(path: str) -> Any:
+    """Open for reading without blocking on a FIFO, and refuse anything but a regular file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = (
+                "a FIFO"
+                if stat.S_ISFIFO(mode)
+                else "a device"
+                if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "a socket"
+                if stat.S_ISSOCK(mode)
+                else "not a file"
+            )
+            raise _NotRegular(kind)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def time_ok(t: float | None) -> bool:
+    """A time stamp the viewer can show as a date: finite, after 1970, before the year 10000."""
+    return isinstance(t, (int, float)) and math.isfinite(t) and 0 < t <= MAX_UNIX
+
+
+def implausible(obj: dict[str, Any], record: Any) -> str | None:
+    """Why a schema-valid record cannot be true (a size nothing has, an integer no count
+    reaches), or None. The viewer sizes lists and sums by these, so they are checked first."""
+    odd = _odd_value(obj)
+    if odd:
+        return odd
+    if isinstance(record, Acceptance):
+        if not 0 <= record.draft_tokens <= MAX_DRAFT_TOKENS:
+            return f"draft_tokens {record.draft_tokens} (at most {MAX_DRAFT_TOKENS})"
+        if any(not 0 <= n <= MAX_DRAFT_TOKENS + 1 for n in record.accept_lengths):
+            return f"an accept length outside 0..{MAX_DRAFT_TOKENS + 1}"
+        if len(record.accepted_per_position) > MAX_DRAFT_TOKENS or any(n < 0 for n in record.accepted_per_position):
+            return "accepted_per_position longer than draft_tokens allows, or negative"
+    elif isinstance(record, Call):
+        if record.tokens is not None and record.tokens < 0:
+            return f"tokens {record.tokens}"
+        for m in (*record.inputs, *record.outputs):
+            why = _tensor_implausible(m)
+            if why:
+                return f"{m.arg}: {why}"
+    elif isinstance(record, Fingerprint):
+        if record.chunk_width < 0:
+            return f"chunk_width {record.chunk_width}"
+        for st in record.chunks:
+            if any(v is not None and v < 0 for v in (st.nan, st.inf, st.numel)):
+                return "a negative count in a chunk's statistics"
+    elif isinstance(record, Capture):
+        if record.hidden_size < 0 or record.num_layers < 0:
+            return "a negative hidden_size or num_layers"
+    elif isinstance(record, Coverage) and record.count < 0:
+        return f"count {record.count}"
+    return None
+
+
+def _tensor_implausible(m: Any) -> str | None:
+    if len(m.shape) > MAX_DIMS:
+        return f"{len(m.shape)} dimensions"
+    numel = 1
+    for d in m.shape:
+        if d < 0:
+            return f"dimension {d}"
+        numel *= d
+        if numel > MAX_NUMEL:
+            return "more elements than any tensor has"
+    st = m.stats
+    if st is not None and any(v is not None and not 0 <= v <= MAX_NUMEL for v in (st.nan, st.inf, st.numel)):
+        return "a count outside 0..2^62 in its statistics"
+    return None
+
+
+def _odd_value(obj: Any) -> str | None:
+    """The first integer beyond +-2^63, or string with a lone surrogate (``"\\ud800"``: no
+    UTF-8 output can carry it), anywhere in a parsed record (iterative: no recursion limit)."""
+    stack = [obj]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            stack.extend(x.values())
+            stack.extend(x.keys())
+        elif isinstance(x, list):
+            stack.extend(x)
+        elif isinstance(x, str):
+            if _SURROGATE.search(x):
+                return "a string with a lone surrogate"
+        elif isinstance(x, int) and not isinstance(x, bool) and not -MAX_INT <= x <= MAX_INT:
+            return f"an integer of {len(str(abs(x)))} digits"
+    return None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _first_error(kind: str, exc: ValidationError) -> str:
@@ -363,6 +766,8 @@ class TraceFollower:
         self.path = str(path)
         self.readers: dict[str, FileReader] = {}
         self.trace_set = TraceSet(source=self.path)
+        self.budget = LoadBudget()
+        self.notices: list[str] = []  # files read again from the start, once each time, newest last
 
     def poll(self, *, final: bool = False) -> bool:
         """Pick up new files and appended lines; True when anything changed."""
@@ -374,11 +779,16 @@ class TraceFollower:
             paths = trace_paths(self.path)
             if not paths:
                 problems.append(LoadProblem(path=self.path, kind="empty", detail=_empty_detail(self.path)))
+            self.budget.files = max(1, len(paths))
             for p in paths:
                 if p not in self.readers:
-                    self.readers[p] = FileReader(p)
+                    self.readers[p] = FileReader(p, self.budget)
                     changed = True
-                changed |= self.readers[p].read_available(final=final)
+                reader = self.readers[p]
+                changed |= reader.read_available(final=final)
+                if reader.restarted:
+                    self.notices.append(f"{reader.restarted}: {reader.file.name} read again from the start")
+                    reader.restarted = None
         if [p.message for p in problems] != [p.message for p in self.trace_set.set_problems]:
             changed = True
         self.trace_set.set_problems = problems
@@ -391,7 +801,7 @@ def _empty_detail(path: str) -> str:
     detail = "folder holds no trace-*.jsonl files"
     try:
         below = sorted(
-            entry.name
+            shown_path(entry.name)
             for entry in os.scandir(path)
             if entry.is_dir() and any(n.startswith("trace-") and n.endswith(".jsonl") for n in os.listdir(entry.path))
         )

@@ -32,7 +32,7 @@ from spectrace.records import SEVERITY_RANK, Call, TensorMeta, TensorStats
 from spectrace.rules.catalogue import CATALOGUE
 from spectrace.rules.globs import suffix_match
 
-from .loader import TraceFile, TraceSet
+from .loader import MAX_POSITIONS, TraceFile, TraceSet, merge_rows, shown_path, time_ok
 
 HUGE_ABSMAX = 1e4  # a residual stream this large is overflow-bound in bf16/fp16
 DEFAULT_WINDOW = 32  # the data path's recent span: the last N traced steps
@@ -360,7 +360,7 @@ class ViewBuilder:
 
 def _header(ts: TraceSet, files: list[TraceFile], states: list[_FileState], flt: ViewFilter) -> HeaderSummary:
     call_steps: set[int] = states[0].steps if len(states) == 1 else set().union(*(s.steps for s in states))
-    acc_steps = {a.step for f in files for a in f.acceptance if flt.step_ok(a.step)}
+    acc_steps = {s for f in files for s in f.acceptance.steps() if flt.step_ok(s)}
     extra = acc_steps - call_steps
     firsts = [min(call_steps)] if call_steps else []
     lasts = [max(call_steps)] if call_steps else []
@@ -381,7 +381,7 @@ def _header(ts: TraceSet, files: list[TraceFile], states: list[_FileState], flt:
         )
         for f in files
     ]
-    starts = [f.header.started_unix for f in files if f.header]
+    starts = [f.header.started_unix for f in files if f.header and time_ok(f.header.started_unix)]
     stamped = [s.stamp for s in states if s.stamp is not None]
     started = span = None
     if starts:
@@ -392,7 +392,7 @@ def _header(ts: TraceSet, files: list[TraceFile], states: list[_FileState], flt:
     dropped, gaps = _coverage(files)
     hook_calls, hook_us, hook_us_step, hook_us_by_feature = _hook_cost(files)
     return HeaderSummary(
-        source=ts.source,
+        source=shown_path(ts.source),
         processes=procs,
         ranks=sorted({f.rank for f in files if f.rank is not None}),
         step_first=min(firsts) if firsts else None,
@@ -447,7 +447,7 @@ GRAPH_TRACED = "\0traced:"  # marks the in-graph tracing line among _coverage's 
 
 
 def _iso(unix: float | None) -> str | None:
-    return datetime.fromtimestamp(unix, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") if unix else None
+    return datetime.fromtimestamp(unix, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") if time_ok(unix) else None
 
 
 def last_record_unix(f: TraceFile) -> float | None:
@@ -455,6 +455,7 @@ def last_record_unix(f: TraceFile) -> float | None:
     stamps = [f.header.started_unix] if f.header else []
     for kind in (f.calls[-1:], f.findings, f.coverage, f.weights, f.captures):
         stamps += [r.t_unix for r in kind if getattr(r, "t_unix", None)]
+    stamps = [t for t in stamps if time_ok(t)]
     return max(stamps) if stamps else None
 
 
@@ -575,6 +576,29 @@ def _findings(files: list[TraceFile], flt: ViewFilter) -> list[FindingGroup]:
                 g.last_step = fd.step if g.last_step is None else max(g.last_step, fd.step)
             if fd.module and fd.module not in g.modules:
                 g.modules.append(fd.module)
+            if f.rank is not None and f.rank not in g.ranks:
+                g.ranks.append(f.rank)
+        if flt.module or flt.step_min is not None or flt.step_max is not None:
+            continue  # counts only: no module, no step of each; the load problem line says so
+        for (code, severity), folded in f.findings_folded.items():
+            if flt.finding and code != flt.finding:
+                continue
+            g = groups.get((code, severity))
+            if g is None:
+                entry = CATALOGUE.get(code)
+                g = groups[(code, severity)] = FindingGroup(
+                    code=code,
+                    severity=severity,
+                    count=0,
+                    message="(kept as a count only: see the load problems)",
+                    cause=entry.meaning if entry else "",
+                    fix=entry.fix if entry else "",
+                )
+            g.count += folded.count
+            for step in (folded.first_step, folded.last_step):
+                if step is not None:
+                    g.first_step = step if g.first_step is None else min(g.first_step, step)
+                    g.last_step = step if g.last_step is None else max(g.last_step, step)
             if f.rank is not None and f.rank not in g.ranks:
                 g.ranks.append(f.rank)
     out = list(groups.values())
@@ -947,7 +971,7 @@ class _FileState:
                 bisect.insort(top, step)
                 top.pop(0)
         t = c.t_unix
-        if t and (self.stamp is None or t > self.stamp):
+        if t and time_ok(t) and (self.stamp is None or t > self.stamp):
             self.stamp = t
 
 
@@ -1283,30 +1307,32 @@ def acceptance_files(files: list[TraceFile]) -> list[TraceFile]:
 
 
 def _acceptance(files: list[TraceFile], flt: ViewFilter) -> AcceptanceView:
+    """The acceptance panel from the per-step rows the loader folded (see AcceptanceLog)."""
     files = acceptance_files(files)
-    recs = sorted((a for f in files for a in f.acceptance if flt.step_ok(a.step)), key=lambda a: a.step)
+    per_step: dict[int, list[int]] = {}
+    total = [0, 0, 0, 0, 0]
+    for f in files:
+        log = f.acceptance
+        for step, row in log.by_step.items():
+            if flt.step_ok(step):
+                merge_rows(per_step.setdefault(step, [0, 0, 0, 0, 0]), row)
+                merge_rows(total, row)
+        # Steps past the per-step cap are in the whole run's totals; a step filter cannot see them.
+        if log.beyond is not None and flt.step_min is None and flt.step_max is None:
+            merge_rows(total, log.beyond)
     view = AcceptanceView()
-    if not recs:
+    if not total[0]:
         return view
-    per_step: dict[int, list[int]] = defaultdict(list)
-    for a in recs:
-        per_step[a.step].extend(a.accept_lengths)
-    view.steps = sorted(per_step)
-    view.mean_accept = [round(sum(v) / len(v), 4) if v else 0.0 for v in (per_step[s] for s in view.steps)]
-    every = [x for v in per_step.values() for x in v]
-    view.overall_mean = round(sum(every) / len(every), 4) if every else None
-    view.requests = len(every)
-    view.draft_tokens = max(a.draft_tokens for a in recs)
-    k = view.draft_tokens
-    accepted = [0] * k
-    proposed = 0
-    for a in recs:
-        proposed += len(a.accept_lengths)
-        for i, n in enumerate(a.accepted_per_position[:k]):
-            accepted[i] += n
-    view.position_rate = (
-        [round(n / proposed, 4) if proposed else 0.0 for n in accepted] if any(a.accepted_per_position for a in recs) else []
-    )
+    # A step whose records name no request (accept_lengths: []) has no accept length to show.
+    view.steps = sorted(s for s, row in per_step.items() if row[2])
+    view.mean_accept = [round(per_step[s][1] / per_step[s][2], 4) for s in view.steps]
+    view.requests = total[2]
+    view.overall_mean = round(total[1] / total[2], 4) if total[2] else None
+    view.draft_tokens = total[3]
+    if total[4]:  # some record said how many accepted each position
+        shown = min(total[3], MAX_POSITIONS)
+        positions = (total[5 : 5 + shown] + [0] * shown)[:shown]
+        view.position_rate = [round(n / total[2], 4) if total[2] else 0.0 for n in positions]
     return view
 
 

@@ -3,7 +3,9 @@
 Each part is one small class with ``__rich_console__``; data comes from :mod:`.model`
 already derived, so nothing here computes a diagnosis. Everything fits 80 columns, and
 the console from :func:`make_console` writes plain text when stdout is not a terminal
-and honours ``NO_COLOR``.
+and honours ``NO_COLOR``. That console escapes every control character a trace's strings
+carry (:mod:`.terminal`) and reads no markup in them: a module named ``[bold]`` is shown
+as it is.
 
     >>> make_console(width=80).print(render_view(build_view(load_traces("traces/"))))
 """
@@ -37,6 +39,7 @@ from .model import (
     StatsSummary,
     TraceView,
 )
+from .terminal import SafeConsole, safe_console
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "blue"}
 BLOCKS = "▁▂▃▄▅▆▇█"
@@ -45,11 +48,12 @@ BAR_WIDTH = 40
 _DTYPES = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64": "f64", "int64": "i64", "int32": "i32"}
 
 
-def make_console(file: IO[str] | None = None, *, width: int | None = None, plain: bool = False) -> Console:
+def make_console(file: IO[str] | None = None, *, width: int | None = None, plain: bool = False) -> SafeConsole:
     """A console for the viewer; ``plain`` forces no colour and no terminal codes (tests, pipes)."""
     if plain:
-        return Console(
+        return safe_console(
             file=file or sys.stdout,
+            markup=False,
             width=width or 80,
             color_system=None,
             force_terminal=False,
@@ -60,7 +64,7 @@ def make_console(file: IO[str] | None = None, *, width: int | None = None, plain
             legacy_windows=False,
         )
     # rich already writes plain text to a non-terminal and reads NO_COLOR itself.
-    return Console(file=file, width=width, highlight=False, emoji=False)
+    return safe_console(file=file, width=width, highlight=False, emoji=False, markup=False)
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -179,7 +183,8 @@ class HeaderPanel:
         for problem in h.load_problems:
             lines.append("\nload: ", style="red")
             lines.append(problem)
-        yield Panel(lines, title=f"spectrace  {_short(h.source)}", title_align="left", box=box.ROUNDED)
+        # A str title is read as markup: the path is the user's, so it goes in as Text.
+        yield Panel(lines, title=Text(f"spectrace  {_short(h.source)}"), title_align="left", box=box.ROUNDED)
 
 
 class FindingsView:
@@ -472,21 +477,26 @@ class AcceptancePanel:
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         a = self.acc
-        if not a.steps:
+        if a.draft_tokens is None:
             yield Text("Acceptance: no acceptance records", style="dim")
             return
         head = Text("Acceptance  ", style="bold")
+        if a.overall_mean is None:  # records, but none named a request
+            head.append(f"no requests in the acceptance records, k={a.draft_tokens}", style="dim")
+            yield head
+            return
         head.append(f"mean accept length {a.overall_mean:.2f}", style="bold")
         head.append(f" over {len(a.steps)} steps, {a.requests} requests, k={a.draft_tokens}")
         yield head
-        hi = max([float((a.draft_tokens or 0) + 1)] + a.mean_accept)
-        per = max(1, math.ceil(len(a.mean_accept) / SPARK_WIDTH))
-        yield Text(f"   {sparkline(a.mean_accept, hi)}", style="cyan")
-        yield Text(
-            f"   steps {a.steps[0]}..{a.steps[-1]}, min {min(a.mean_accept):.2f} max {max(a.mean_accept):.2f}"
-            f", scale 0..{hi:g}" + (f", {per} steps per cell" if per > 1 else ""),
-            style="dim",
-        )
+        if a.steps:  # (empty when every step is past the per-step cap: totals only)
+            hi = max([float((a.draft_tokens or 0) + 1)] + a.mean_accept)
+            per = max(1, math.ceil(len(a.mean_accept) / SPARK_WIDTH))
+            yield Text(f"   {sparkline(a.mean_accept, hi)}", style="cyan")
+            yield Text(
+                f"   steps {a.steps[0]}..{a.steps[-1]}, min {min(a.mean_accept):.2f} max {max(a.mean_accept):.2f}"
+                f", scale 0..{hi:g}" + (f", {per} steps per cell" if per > 1 else ""),
+                style="dim",
+            )
         for i, rate in enumerate(a.position_rate):
             t = Text(f"   pos {i + 1:<2} ")
             t.append(bar(rate), style="cyan")
@@ -512,10 +522,10 @@ class ModuleTable:
         table.add_column("!", style="bold red", overflow="fold", max_width=10)
         for r in self.rows:
             table.add_row(
-                r.module,
+                Text(r.module),  # Text, not str: a cell's str is read as markup
                 str(r.calls),
                 shapes(r.out_shapes, 1),
-                " ".join(dtype(d) for d in r.dtypes),
+                Text(" ".join(dtype(d) for d in r.dtypes)),
                 num(r.agg.mean),
                 num(r.agg.std),
                 num(r.agg.absmax),
