@@ -220,7 +220,11 @@ def test_byte_count_stops_once_past_the_data(tmp_path: Path) -> None:
 def test_f4_and_f6_sizes_are_exact_integers(tmp_path: Path) -> None:
     """F4 is half a byte: sizes are counted in bits, rounded up, with no float on the way."""
     path = tmp_path / "model.safetensors"
-    write_header(path, {"a": {"dtype": "F4", "shape": [3], "data_offsets": [0, 2]}, "b": {"dtype": "F6_E2M3", "shape": [5], "data_offsets": [2, 6]}}, data=6)
+    write_header(
+        path,
+        {"a": {"dtype": "F4", "shape": [3], "data_offsets": [0, 2]}, "b": {"dtype": "F6_E2M3", "shape": [5], "data_offsets": [2, 6]}},
+        data=6,
+    )
     assert {k: v.shape for k, v in read_safetensors_header(path).items()} == {"a": [3], "b": [5]}
     assert DTYPE_BITS["F4"] == 4 and DTYPE_BITS["F6_E2M3"] == 6
 
@@ -272,7 +276,7 @@ def test_thousands_of_aux_ids_are_refused(tmp_path: Path) -> None:
     """100,000 ids took 19.6 s and printed 25 MB."""
     ids = [i % 5 for i in range(100_000)]
     config = {**BASE_CONFIG, "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True}}
-    assert_clean_error(*run_main([str(draft_dir(tmp_path, config=config))]), f"holds 100000 ids", f"limit {MAX_AUX_IDS}")
+    assert_clean_error(*run_main([str(draft_dir(tmp_path, config=config))]), "holds 100000 ids", f"limit {MAX_AUX_IDS}")
 
 
 def test_the_most_aux_ids_give_a_report_of_bounded_size(tmp_path: Path) -> None:
@@ -347,7 +351,7 @@ def test_any_header_types_give_a_result_or_one_clean_line(tmp_path_factory, entr
 
 
 # Lone surrogates (which st.characters never draws), any other character, and JSON's own specials.
-_name_char = st.one_of(st.integers(0xD800, 0xDFFF).map(chr), st.characters(), st.sampled_from(".\"\\\n"))
+_name_char = st.one_of(st.integers(0xD800, 0xDFFF).map(chr), st.characters(), st.sampled_from('."\\\n'))
 
 
 @FUZZ
