@@ -53,8 +53,8 @@ def rename_map(dropped: list[str], missing: list[str]) -> dict[str, str]:
     """Prefix renames that turn dropped names into missing ones (``layers.0`` -> ``midlayer``).
 
     Each dropped name votes with its longest tail (two parts at least) that some missing
-    name ends with: for the rename of its head to each such missing name's head. The missing names are
-    indexed by their tails once, so a dropped name costs its own length."""
+    name ends with: for the rename of its head to each such missing name's head. The
+    missing names are indexed by their tails once, so a dropped name costs its own length."""
     heads_by_tail: dict[str, list[str]] = defaultdict(list)
     for target in dict.fromkeys(missing):
         for head, tail in _tails(target):
@@ -66,9 +66,9 @@ def rename_map(dropped: list[str], missing: list[str]) -> dict[str, str]:
         for src, tail in _tails(name):
             if tail == name or "." not in tail:
                 continue  # a rename needs a head to rewrite, and a tail of two parts at least ("weight" ends them all)
-            heads = heads_by_tail.get(tail)
-            if heads:
-                for head in heads:
+            found = heads_by_tail.get(tail)
+            if found:
+                for head in found:
                     votes[(src, head)] += 1
                 break
     result: dict[str, str] = {}
