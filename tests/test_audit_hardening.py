@@ -487,3 +487,10 @@ def test_rename_map_finds_the_rename_among_many_unrelated_names() -> None:
     dropped = [f"junk{i}.w.weight" for i in range(20_000)] + ["layers.0.mlp.up_proj.weight"]
     missing = [f"model.other{i}.x.weight" for i in range(20_000)] + ["model.midlayer.mlp.up_proj.weight"]
     assert rename_map(dropped, missing) == {"layers.0": "midlayer"}
+
+
+def test_link_loop_is_a_clean_error(tmp_path: Path) -> None:
+    loop = tmp_path / "model.safetensors"
+    os.symlink(loop.name, loop)
+    with pytest.raises(AuditInputError, match="resolves nowhere"):
+        read_safetensors_header(loop)

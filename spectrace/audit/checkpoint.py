@@ -163,10 +163,17 @@ def allowed_roots(folder: Path) -> tuple[Path, ...]:
     return (root,)
 
 
+def _resolve(path: Path) -> Path:
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):  # a link loop
+        raise AuditInputError(f"{path.name}: a link that resolves nowhere (a loop)") from None
+
+
 def contained(path: Path, folder: Path) -> Path:
     """``path`` resolved, refused unread when it leads out of ``folder`` (a planted link to
     /etc/passwd would otherwise have its first bytes quoted as a header length)."""
-    real = path.resolve()
+    real = _resolve(path)
     if not any(real.is_relative_to(root) for root in allowed_roots(folder)):
         raise AuditInputError(f"{path.name}: resolves outside the checkpoint folder; refusing to read it")
     return real
@@ -193,7 +200,7 @@ def read_json(path: Path, what: str, folder: Path | None = None) -> dict[str, An
     named outright)."""
     if not path.is_file():
         raise AuditInputError(f"{what}: {path} not found")
-    real = contained(path, folder) if folder is not None else path.resolve()
+    real = contained(path, folder) if folder is not None else _resolve(path)
     f, size = _open_regular(real)
     with f:
         if size > MAX_CONFIG_BYTES:
@@ -333,7 +340,7 @@ def read_safetensors_header(path: Path, folder: Path | None = None) -> dict[str,
 
     The claimed header length is never quoted: until the header parses, the file's bytes
     may be anything (another file's content, through a link)."""
-    real = contained(path, folder) if folder is not None else path.resolve()
+    real = contained(path, folder) if folder is not None else _resolve(path)
     f, size = _open_regular(real)
     with f:
         if size < 8:
@@ -436,7 +443,7 @@ def read_torch_bin(path: Path, folder: Path | None = None) -> dict[str, TensorIn
 
     import torch
 
-    real = contained(path, folder) if folder is not None else path.resolve()
+    real = contained(path, folder) if folder is not None else _resolve(path)
     f, size = _open_regular(real)
     with f:
         is_zip = f.read(len(ZIP_MAGIC)) == ZIP_MAGIC
