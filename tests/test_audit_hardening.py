@@ -254,6 +254,45 @@ def test_deflated_pickle_is_refused_by_its_declared_size_before_torch_inflates_i
     assert calls == []  # refused from the zip directory: torch never read the record
 
 
+def test_a_record_that_understates_its_size_is_read_no_further(tmp_path: Path) -> None:
+    """The check trusts the zip directory's sizes because torch allocates by them: a data.pkl
+    that claims 1,000 bytes and inflates to 300 MB is read up to 1,000 bytes and refused."""
+    path = tmp_path / "pytorch_model.bin"
+    honest = io.BytesIO()
+    torch.save({"fc.weight": torch.zeros(2, 2)}, honest)
+    inflated, chunk = 300 << 20, b"\0" * (1 << 20)
+    with zipfile.ZipFile(io.BytesIO(honest.getvalue())) as zin, zipfile.ZipFile(path, "w") as zout:
+        for info in zin.infolist():
+            if not info.filename.endswith("/data.pkl"):
+                zout.writestr(info.filename, zin.read(info))
+                continue
+            entry = zipfile.ZipInfo(info.filename)
+            entry.compress_type = zipfile.ZIP_DEFLATED
+            with zout.open(entry, "w") as member:  # streamed: this test never holds 300 MB
+                member.write(b"\x80\x04\x8e" + struct.pack("<Q", inflated))
+                for _ in range(inflated // len(chunk)):
+                    member.write(chunk)
+                member.write(b".")
+    raw = bytearray(path.read_bytes())
+    central = raw.find(b"PK\x01\x02")  # the zip directory's entries; find data.pkl's
+    while not raw[central + 46 :].startswith(b"archive/data.pkl"):
+        central = raw.find(b"PK\x01\x02", central + 4)
+    assert struct.unpack_from("<I", raw, central + 24)[0] > MAX_PICKLE_BYTES  # the true size, before the lie
+    struct.pack_into("<I", raw, central + 24, 1000)
+    path.write_bytes(bytes(raw))
+    probe = (
+        "import sys; from pathlib import Path; from spectrace.audit.checkpoint import AuditInputError, read_torch_bin\n"
+        "hwm = lambda: int(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')).split()[1]) // 1024\n"
+        "import torch; before = hwm()\n"
+        "try: read_torch_bin(Path(sys.argv[1])); print('read')\n"
+        "except AuditInputError as err: print('refused', hwm() - before)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True, env=env, timeout=120)
+    verdict, grew_mb = out.stdout.split()
+    assert verdict == "refused" and int(grew_mb) < 100, out.stdout  # 300 MB inflated would show here
+
+
 def test_deflated_honest_zip_is_still_read(tmp_path: Path) -> None:
     path = tmp_path / "pytorch_model.bin"
     _torch_zip(path)
