@@ -293,6 +293,18 @@ def test_a_record_that_understates_its_size_is_read_no_further(tmp_path: Path) -
     assert verdict == "refused" and int(grew_mb) < 100, out.stdout  # 300 MB inflated would show here
 
 
+def test_zip_of_an_unknown_version_is_one_line(tmp_path: Path) -> None:
+    """Found by the fuzzer: zipfile raises NotImplementedError ("zip file version 6.4"), not BadZipFile."""
+    path = tmp_path / "pytorch_model.bin"
+    torch.save({"fc.weight": torch.zeros(4, 4)}, path)
+    raw = bytearray(path.read_bytes())
+    central = raw.find(b"PK\x01\x02")
+    struct.pack_into("<H", raw, central + 6, 64)  # "version needed to extract": 6.4
+    path.write_bytes(bytes(raw))
+    with pytest.raises(AuditInputError, match="not a readable zip archive"):
+        read_torch_bin(path)
+
+
 def test_deflated_honest_zip_is_still_read(tmp_path: Path) -> None:
     path = tmp_path / "pytorch_model.bin"
     _torch_zip(path)

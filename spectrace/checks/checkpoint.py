@@ -202,7 +202,7 @@ def check_dropped(replay: LoadReplay, engine: Engine, dims: Dims) -> list[Findin
             finding(
                 "weights_dropped",
                 f"{len(names)} more tensor(s), in {len(rest)} other groups, match no {label} parameter: {_listing(names)}; {how}",
-                evidence={"tensors": names, "groups": len(rest)},
+                evidence={"tensors": names},
                 fix=f"map these names to {engine.draft_class} parameters or delete them",
             )
         )
