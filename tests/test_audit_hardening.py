@@ -545,3 +545,23 @@ def test_link_loop_is_a_clean_error(tmp_path: Path) -> None:
     os.symlink(loop.name, loop)
     with pytest.raises(AuditInputError, match="resolves nowhere"):
         read_safetensors_header(loop)
+
+
+@pytest.mark.parametrize("mode", [["--json"], []])
+def test_stdout_closed_before_the_report_is_one_line_not_an_internal_error(tmp_path: Path, mode: list[str]) -> None:
+    """`spectrace audit ... | head -1`: the reader went away (here before the first write, so the
+    write surely breaks); said once on stderr, exit 2, no "internal error: SystemExit"."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", CLI, str(SPECFORGE), "--target-config", str(TARGET), *mode],
+            stdout=write_end, stderr=subprocess.PIPE, env=env, timeout=120,
+        )  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.decode().splitlines() == [
+        "spectrace audit: error: stdout was closed before the whole report was written (e.g. piped into head)"
+    ]

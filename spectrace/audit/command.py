@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import re
 import sys
 from collections.abc import Iterator
@@ -193,6 +194,16 @@ def render(findings: list[Finding], info: dict[str, Any]) -> None:
         console.print(f"[dim]assumed: {escape(note)}[/]")
 
 
+class _OutputClosed(Exception):
+    """The reader of stdout went away mid-report."""
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's exit flush cannot fail a second time."""
+    with contextlib.suppress(Exception):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def main(argv: list[str]) -> int:
     """Run the audit; every failure becomes one stderr line and exit status 2."""
     try:
@@ -202,14 +213,20 @@ def main(argv: list[str]) -> int:
             return int(stop.code or 0)
         ckpt, target, result = run_audit(Path(args.draft_dir), args.engine, args.engine_version, args.target_config)
         info = summary(ckpt, target, result)
-        if args.json:
-            print(to_json(report(result.findings, info)))
-        else:
-            with _stdout_escaping_unencodable():
-                render(result.findings, info)
+        try:
+            if args.json:
+                print(to_json(report(result.findings, info)), flush=True)
+            else:
+                with _stdout_escaping_unencodable():
+                    render(result.findings, info)
+        except (BrokenPipeError, SystemExit):  # rich turns a broken pipe into SystemExit(1)
+            _silence_stdout()
+            raise _OutputClosed from None
         return 1 if any(f.severity == "error" for f in result.findings) else 0
     except AuditInputError as err:
         reason = str(err)
+    except _OutputClosed:
+        reason = "stdout was closed before the whole report was written (e.g. piped into head)"
     except KeyboardInterrupt:
         reason = "interrupted"
     except BaseException as err:  # noqa: BLE001 - the promise is: no traceback, ever
