@@ -3,8 +3,15 @@
 Safetensors headers are parsed by hand with bounded reads, so a header that claims
 gigabytes is refused before anything is allocated, and no tensor data is ever read.
 A ``.bin`` goes through ``torch.load(weights_only=True)`` only: a pickle that would run
-code is refused by torch, not executed. Every unusable input raises
-:class:`AuditInputError` with a one-line message.
+code is refused by torch, not executed; a zip ``.bin`` is memory-mapped, and its pickle
+and other records are size-checked in the zip directory before torch inflates any of
+them. Every unusable input raises :class:`AuditInputError` with a one-line message.
+
+The work is bounded by the size of what is read: integers are at most
+:data:`MAX_INT_DIGITS` digits, shapes at most :data:`MAX_SHAPE_RANK` dimensions, id
+lists at most :data:`MAX_AUX_IDS` entries. Files must resolve inside the checkpoint
+folder (a link out of it is refused unread), and an error never quotes bytes of a file
+that has not parsed as what it claims to be.
 
     >>> ckpt = read_checkpoint(Path("tests/fixtures/speculators_tiny"))
     >>> ckpt.config.format, ckpt.tensors["fc.weight"].shape
@@ -14,9 +21,12 @@ code is refused by torch, not executed. Every unusable input raises
 from __future__ import annotations
 
 import json
-import math
+import os
+import re
+import stat
 import struct
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any, Literal
 
@@ -36,11 +46,28 @@ MAX_LEGACY_BIN_BYTES = 1 << 30
 MAX_LAYERS = 10_000
 MAX_CONFIG_INT = 2**31 - 1
 
-DTYPE_BYTES: dict[str, float] = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "F4": 0.5, "F6_E2M3": 0.75,
-    "F6_E3M2": 0.75, "I16": 2, "U16": 2, "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4,
-    "I64": 8, "U64": 8, "F64": 8, "C64": 8,
+# A zip .bin's records other than tensor storages (data.pkl, version, byteorder...) are
+# read into memory whole, and inflated first when compressed: each is capped like a
+# safetensors header. Storages are memory-mapped, never inflated.
+MAX_PICKLE_BYTES = MAX_HEADER_BYTES
+# Every real integer in a config or header fits in 64 bits (20 digits); 10**40 must still
+# reach the "implausibly large" check. Longer ones are refused while parsing: Python's
+# int() is quadratic in the digits and refuses more than 4,300 anyway.
+MAX_INT_DIGITS = 100
+# Real tensors have a handful of dimensions; a shape of a million dims is an attack on
+# the byte count.
+MAX_SHAPE_RANK = 64
+# An EAGLE-3 draft captures a few layers (3 by default); every message and reading
+# lists them, so a list of 100,000 would be printed many times over.
+MAX_AUX_IDS = 64
+
+# Bits per element, so sizes stay integers (F4 is half a byte; no float can overflow).
+DTYPE_BITS: dict[str, int] = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8, "F4": 4, "F6_E2M3": 6,
+    "F6_E3M2": 6, "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32,
+    "I64": 64, "U64": 64, "F64": 64, "C64": 64,
 }  # fmt: skip
+DTYPE_BYTES: dict[str, float] = {k: v / 8 for k, v in DTYPE_BITS.items()}
 
 Format = Literal["speculators", "sglang", "unknown"]
 # One list of speculators-only keys for the audit and the runtime checks alike.
@@ -108,23 +135,87 @@ class DraftCheckpoint(BaseModel):
 # ---------------------------------------------------------------- config.json
 
 
-def read_json(path: Path, what: str) -> dict[str, Any]:
-    """Read a small JSON object; refuse missing, huge, non-UTF-8, non-JSON or non-object files."""
+class _LongInteger(ValueError):
+    """An integer literal of more than MAX_INT_DIGITS digits (raised from inside json.loads)."""
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise _LongInteger(text)
+    return int(text)
+
+
+def loads_bounded(text: str | bytes) -> Any:
+    """``json.loads`` that refuses integers longer than MAX_INT_DIGITS digits (``_LongInteger``)."""
+    return json.loads(text, parse_int=_bounded_int)
+
+
+# ---------------------------------------------------------------- the checkpoint folder
+
+
+def allowed_roots(folder: Path) -> tuple[Path, ...]:
+    """Where the files of ``folder`` may resolve: the folder itself, and for a Hugging Face
+    cache snapshot (``.../snapshots/<rev>``, whose files link to ``../../blobs/<hash>``) that
+    repository's blobs folder."""
+    root = folder.resolve()
+    if root.parent.name == "snapshots":
+        return (root, root.parent.parent / "blobs")
+    return (root,)
+
+
+def _resolve(path: Path) -> Path:
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):  # a link loop
+        raise AuditInputError(f"{path.name}: a link that resolves nowhere (a loop)") from None
+
+
+def contained(path: Path, folder: Path) -> Path:
+    """``path`` resolved, refused unread when it leads out of ``folder`` (a planted link to
+    /etc/passwd would otherwise have its first bytes quoted as a header length)."""
+    real = _resolve(path)
+    if not any(real.is_relative_to(root) for root in allowed_roots(folder)):
+        raise AuditInputError(f"{path.name}: resolves outside the checkpoint folder; refusing to read it")
+    return real
+
+
+def _open_regular(path: Path) -> tuple[Any, int]:
+    """Open a resolved path without following a link swapped in since, and only if it is a
+    regular file (a FIFO or device would block or never end); returns (file, size)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as err:
+        raise AuditInputError(f"{path.name}: cannot be opened ({err.strerror})") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise AuditInputError(f"{path.name}: not a regular file")
+    return os.fdopen(fd, "rb"), info.st_size
+
+
+def read_json(path: Path, what: str, folder: Path | None = None) -> dict[str, Any]:
+    """Read a small JSON object; refuse missing, huge, non-UTF-8, non-JSON or non-object files.
+
+    ``folder``: the checkpoint folder ``path`` must resolve inside (None: a file the user
+    named outright)."""
     if not path.is_file():
         raise AuditInputError(f"{what}: {path} not found")
-    size = path.stat().st_size
-    if size > MAX_CONFIG_BYTES:
-        raise AuditInputError(f"{what}: {path} is {size} bytes; a config is at most {MAX_CONFIG_BYTES}")
+    real = contained(path, folder) if folder is not None else _resolve(path)
+    f, size = _open_regular(real)
+    with f:
+        if size > MAX_CONFIG_BYTES:
+            raise AuditInputError(f"{what}: {path} is {size} bytes; a config is at most {MAX_CONFIG_BYTES}")
+        blob = f.read(MAX_CONFIG_BYTES + 1)
     try:
-        with path.open("rb") as f:
-            text = f.read(MAX_CONFIG_BYTES + 1).decode("utf-8")
-        data = json.loads(text)
+        data = loads_bounded(blob.decode("utf-8"))
     except UnicodeDecodeError:
         raise AuditInputError(f"{what}: {path} is not UTF-8 text") from None
     except json.JSONDecodeError as err:
         raise AuditInputError(f"{what}: {path} is not JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
     except RecursionError:
         raise AuditInputError(f"{what}: {path} nests too deeply to be a config") from None
+    except ValueError:  # _LongInteger, or any other number Python refuses to convert
+        raise AuditInputError(f"{what}: {path} holds an integer of more than {MAX_INT_DIGITS} digits") from None
     if not isinstance(data, dict):
         raise AuditInputError(f"{what}: {path} holds a JSON {type(data).__name__}, not an object")
     return data
@@ -151,6 +242,8 @@ def _get(d: dict[str, Any], key: str, kind: str, where: str, default: Any = None
     limit = MAX_LAYERS if key == "num_hidden_layers" else MAX_CONFIG_INT
     if kind == "int" and value > limit:
         raise AuditInputError(f"config.json: {where}{key} = {str(value)[:24]} is implausibly large (limit {limit})")
+    if kind == "ids" and len(value) > MAX_AUX_IDS:
+        raise AuditInputError(f"config.json: {where}{key} holds {len(value)} ids; a draft captures a few (limit {MAX_AUX_IDS})")
     if kind == "ids" and any(abs(i) > MAX_LAYERS for i in value):
         raise AuditInputError(f"config.json: {where}{key} holds a layer id beyond ±{MAX_LAYERS}, got {json.dumps(value)[:60]}")
     return value
@@ -183,7 +276,7 @@ def parse_draft_config(raw: dict[str, Any]) -> DraftConfigFile:
         layer, where = raw, ""
         fmt = "sglang" if ("eagle_config" in raw or "speculators_model_type" not in raw) else "unknown"
     if "speculators_model_type" in raw and _get(raw, "speculators_model_type", "str", "") != "eagle3":
-        raise AuditInputError(f"config.json: speculators_model_type is {raw['speculators_model_type']!r}, not 'eagle3'")
+        raise AuditInputError(f"config.json: speculators_model_type is {_clip(repr(raw['speculators_model_type']), 40)}, not 'eagle3'")
     hidden = _require(layer, "hidden_size", where)
     heads = _require(layer, "num_attention_heads", where)
     eagle = _get(raw, "eagle_config", "dict", "", {})
@@ -223,7 +316,7 @@ def _stated(raw: dict[str, Any]) -> Reading | None:
 def read_target_config(path: Path) -> TargetConfig:
     """The target's layer count, width and vocab (multimodal configs: their text_config)."""
     p = path / "config.json" if path.is_dir() else path
-    raw = read_json(p, "target config")
+    raw = read_json(p, "target config", path if path.is_dir() else None)
     text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
     where = "text_config." if text is not raw else ""
     try:
@@ -242,22 +335,28 @@ def read_target_config(path: Path) -> TargetConfig:
 # ---------------------------------------------------------------- tensors
 
 
-def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
-    """Names, shapes and dtypes from a safetensors header, checked against the file size."""
-    size = path.stat().st_size
-    if size < 8:
-        raise AuditInputError(f"{path.name}: {size} bytes, too short to be safetensors")
-    with path.open("rb") as f:
+def read_safetensors_header(path: Path, folder: Path | None = None) -> dict[str, TensorInfo]:
+    """Names, shapes and dtypes from a safetensors header, checked against the file size.
+
+    The claimed header length is never quoted: until the header parses, the file's bytes
+    may be anything (another file's content, through a link)."""
+    real = contained(path, folder) if folder is not None else _resolve(path)
+    f, size = _open_regular(real)
+    with f:
+        if size < 8:
+            raise AuditInputError(f"{path.name}: {size} bytes, too short to be safetensors")
         (n,) = struct.unpack("<Q", f.read(8))
         if n > MAX_HEADER_BYTES:
-            raise AuditInputError(f"{path.name}: header length claims {n} bytes (limit {MAX_HEADER_BYTES}); corrupt or hostile file")
+            raise AuditInputError(f"{path.name}: header length exceeds the {MAX_HEADER_BYTES}-byte limit; not safetensors, or corrupt")
         if n > size - 8:
-            raise AuditInputError(f"{path.name}: header length {n} exceeds the file ({size} bytes); truncated or corrupt")
+            raise AuditInputError(f"{path.name}: header length exceeds the file ({size} bytes); truncated or not safetensors")
         raw = f.read(n)
     try:
-        header = json.loads(raw.decode("utf-8"))
+        header = loads_bounded(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         raise AuditInputError(f"{path.name}: header is not valid JSON; corrupt safetensors") from None
+    except ValueError:  # _LongInteger
+        raise AuditInputError(f"{path.name}: header holds an integer of more than {MAX_INT_DIGITS} digits; corrupt safetensors") from None
     if not isinstance(header, dict):
         raise AuditInputError(f"{path.name}: header is not a JSON object; corrupt safetensors")
     data_bytes = size - 8 - n
@@ -269,15 +368,35 @@ def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
     return out
 
 
+def _clip(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _nbytes_within(shape: list[int], bits: int, limit: int) -> int | None:
+    """``ceil(prod(shape) * bits / 8)``, or None once it passes ``limit``: the product is cut
+    short, so a long shape of large dims never builds a huge integer."""
+    if 0 in shape:
+        return 0
+    numel = 1
+    for d in shape:
+        numel *= d
+        if numel * bits > 8 * limit:
+            return None
+    return (numel * bits + 7) // 8
+
+
 def _check_entry(file: str, name: str, entry: Any, data_bytes: int) -> TensorInfo:
-    bad = f"{file}: tensor {name!r}"
+    bad = f"{file}: tensor {_clip(repr(name))}"
     if not isinstance(entry, dict):
         raise AuditInputError(f"{bad} has no header entry object; corrupt safetensors")
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if dtype not in DTYPE_BYTES:
-        raise AuditInputError(f"{bad} has unknown dtype {str(dtype)[:20]!r}; corrupt safetensors")
+    if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
+        shown = _clip(repr(dtype), 20) if isinstance(dtype, str) else f"of JSON type {type(dtype).__name__}"
+        raise AuditInputError(f"{bad} has unknown dtype {shown}; corrupt safetensors")
     if not (isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
         raise AuditInputError(f"{bad} has an invalid shape; corrupt safetensors")
+    if len(shape) > MAX_SHAPE_RANK:
+        raise AuditInputError(f"{bad} has a shape of {len(shape)} dimensions (limit {MAX_SHAPE_RANK}); corrupt safetensors")
     if not (
         isinstance(offsets, list)
         and len(offsets) == 2
@@ -287,33 +406,58 @@ def _check_entry(file: str, name: str, entry: Any, data_bytes: int) -> TensorInf
         raise AuditInputError(f"{bad} has invalid data_offsets; corrupt safetensors")
     if offsets[1] > data_bytes:
         raise AuditInputError(f"{bad} ends at byte {offsets[1]} but the file holds {data_bytes}; truncated")
-    if math.ceil(math.prod(shape) * DTYPE_BYTES[dtype]) != offsets[1] - offsets[0]:
-        raise AuditInputError(f"{bad}: shape {shape} {dtype} does not match its {offsets[1] - offsets[0]} bytes; corrupt")
+    span = offsets[1] - offsets[0]
+    if _nbytes_within(shape, DTYPE_BITS[dtype], span) != span:
+        raise AuditInputError(f"{bad}: shape {_clip(str(shape))} {dtype} does not match its {span} bytes; corrupt")
     return TensorInfo(shape=list(shape), dtype=dtype, file=file)
 
 
-def read_torch_bin(path: Path) -> dict[str, TensorInfo]:
+# torch.save names a storage record <archive>/data/<key>; torch maps those (mmap=True).
+_STORAGE_RECORD = re.compile(r"^[^/]+/data/[^/]+$")
+ZIP_MAGIC = b"PK\x03\x04"  # what torch.load itself tests to choose its zip reader
+
+
+def check_torch_zip(path: Path) -> None:
+    """Refuse a zip ``.bin`` whose records torch would read into memory, inflating them
+    first when compressed, beyond MAX_PICKLE_BYTES each. Only the zip directory is read
+    (its declared sizes, the ones torch allocates for), nothing is inflated here."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = archive.infolist()
+    except Exception:  # noqa: BLE001 - BadZipFile, NotImplementedError ("zip file version 6.4"), ...: all input errors
+        raise AuditInputError(f"{path.name}: not a readable zip archive; corrupt torch checkpoint") from None
+    for info in members:
+        if _STORAGE_RECORD.match(info.filename):
+            continue  # memory-mapped in place, never inflated
+        if info.file_size > MAX_PICKLE_BYTES:
+            how = "compressed " if info.compress_type != zipfile.ZIP_STORED else ""
+            raise AuditInputError(
+                f"{path.name}: a {how}record of {info.file_size} bytes once inflated (limit {MAX_PICKLE_BYTES}); "
+                "refusing to read it into memory"
+            )
+
+
+def read_torch_bin(path: Path, folder: Path | None = None) -> dict[str, TensorInfo]:
     """A pickled state dict, through the weights-only unpickler (no code runs)."""
     import pickle
 
     import torch
 
-    size = path.stat().st_size
+    real = contained(path, folder) if folder is not None else _resolve(path)
+    f, size = _open_regular(real)
+    with f:
+        is_zip = f.read(len(ZIP_MAGIC)) == ZIP_MAGIC
+    if is_zip:
+        check_torch_zip(real)
+    elif size > MAX_LEGACY_BIN_BYTES:
+        raise AuditInputError(f"{path.name}: legacy (non-zip) torch file of {size} bytes; refusing to read it whole")
     try:
         # torch warns on stderr about pickle protocols; the audit's stderr is its one error line.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            try:
-                # mmap keeps a large zip checkpoint on disk: only the pickle is read.
-                obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-            except RuntimeError as err:
-                if "mmap" not in str(err) and "zip" not in str(err):
-                    raise
-                if size > MAX_LEGACY_BIN_BYTES:
-                    raise AuditInputError(f"{path.name}: legacy (non-zip) torch file of {size} bytes; refusing to read it whole") from None
-                obj = torch.load(path, map_location="cpu", weights_only=True)
-    except AuditInputError:
-        raise
+            # mmap keeps a zip checkpoint's storages on disk: only the checked records are
+            # read. A legacy file cannot be mapped and is read whole (capped above).
+            obj = torch.load(real, map_location="cpu", weights_only=True, mmap=is_zip)
     except pickle.UnpicklingError as err:
         raise AuditInputError(f"{path.name}: refused by torch's weights-only loader ({_why_refused(str(err))})") from None
     except Exception as err:  # noqa: BLE001 - any failure of an untrusted file is an input error
@@ -348,10 +492,10 @@ def read_tensors(root: Path) -> tuple[dict[str, TensorInfo], list[str]]:
         raise AuditInputError(f"{root}: no weight files (*.safetensors or *.bin)")
     tensors: dict[str, TensorInfo] = {}
     for f in files:
-        got = read_safetensors_header(f) if f.suffix == ".safetensors" else read_torch_bin(f)
+        got = read_safetensors_header(f, root) if f.suffix == ".safetensors" else read_torch_bin(f, root)
         for name, info in got.items():
             if name in tensors:
-                raise AuditInputError(f"tensor {name!r} appears in both {tensors[name].file} and {f.name}")
+                raise AuditInputError(f"tensor {_clip(repr(name))} appears in both {tensors[name].file} and {f.name}")
             tensors[name] = info
     return tensors, [f.name for f in files]
 
@@ -362,6 +506,6 @@ def read_checkpoint(path: Path) -> DraftCheckpoint:
         raise AuditInputError(f"{path}: no such directory")
     if not path.is_dir():
         raise AuditInputError(f"{path}: not a directory (pass the draft checkpoint directory)")
-    config = parse_draft_config(read_json(path / "config.json", "draft config"))
+    config = parse_draft_config(read_json(path / "config.json", "draft config", path))
     tensors, files = read_tensors(path)
     return DraftCheckpoint(path=str(path), config=config, tensors=tensors, files=files)

@@ -5,12 +5,23 @@
 
 Exit status: 0 no error finding, 1 at least one error finding, 2 unusable input (one
 line on stderr, never a traceback).
+
+The table shows at most :data:`MAX_TABLE_FINDINGS` findings and says how many it left
+out; ``--json`` lists every one. A name that is not valid Unicode (a file name's
+undecodable bytes, held as ``\\udcXX`` by Python's surrogateescape, or a lone surrogate
+from a header) is written as its ``\\uXXXX`` escape: the JSON stays valid and
+``json.loads`` gives back the very string (``os.fsencode`` of it, the file name's bytes).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import os
+import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -22,6 +33,10 @@ from .checkpoint import AuditInputError, DraftCheckpoint, TargetConfig, read_che
 from .engines import get_engine, parse_engine
 
 PROG = "spectrace audit"
+# Rows of the findings table; a checkpoint of 10,000 decoder layers missing would
+# otherwise print 10,000 rows.
+MAX_TABLE_FINDINGS = 40
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -82,13 +97,13 @@ def summary(ckpt: DraftCheckpoint, target: TargetConfig | None, result: AuditRes
 
 
 def _nbytes(shape: list[int], dtype: str) -> int:
-    from .checkpoint import DTYPE_BYTES
+    from .checkpoint import DTYPE_BITS
 
     n = 1
     for d in shape:
         n *= d
-    width = DTYPE_BYTES.get(dtype.upper()) or {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "bool": 1}.get(dtype, 0)
-    return int(n * width)
+    bits = DTYPE_BITS.get(dtype.upper()) or {"float32": 32, "float16": 16, "bfloat16": 16, "int64": 64, "bool": 8}.get(dtype, 0)
+    return (n * bits + 7) // 8
 
 
 class ReportFinding(BaseModel):
@@ -117,6 +132,37 @@ def report(findings: list[Finding], info: dict[str, Any]) -> AuditReport:
     )
 
 
+def to_json(model: BaseModel) -> str:
+    """``model`` as indented JSON, lone surrogates written as ``\\uXXXX`` escapes (pydantic's
+    own encoder refuses them; a surrogate can only sit inside a JSON string)."""
+    text = json.dumps(model.model_dump(), indent=2, ensure_ascii=False, default=_jsonable)
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=str)
+    return str(value)
+
+
+@contextlib.contextmanager
+def _stdout_escaping_unencodable() -> Iterator[None]:
+    """Text output: a character stdout cannot encode (a lone surrogate) is printed as a
+    backslash escape instead of failing the whole report."""
+    out = sys.stdout
+    before = getattr(out, "errors", None)
+    reconfigure = getattr(out, "reconfigure", None)
+    if reconfigure is None or before is None:
+        yield
+        return
+    reconfigure(errors="backslashreplace")
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            reconfigure(errors=before)
+
+
 def render(findings: list[Finding], info: dict[str, Any]) -> None:
     from rich.markup import escape
     from rich.table import Table
@@ -140,11 +186,23 @@ def render(findings: list[Finding], info: dict[str, Any]) -> None:
         table = Table(show_lines=True)
         for col in ("code", "severity", "message", "fix"):
             table.add_column(col, overflow="fold")
-        for f in findings:
+        for f in findings[:MAX_TABLE_FINDINGS]:
             table.add_row(f.code, f"[{colour[f.severity]}]{f.severity}[/]", escape(f.message), escape(f.fix))
         console.print(table)
+        if len(findings) > MAX_TABLE_FINDINGS:
+            console.print(f"{len(findings) - MAX_TABLE_FINDINGS} more findings left out of the table; --json lists all {len(findings)}")
     for note in engine["assumptions"]:
         console.print(f"[dim]assumed: {escape(note)}[/]")
+
+
+class _OutputClosed(Exception):
+    """The reader of stdout went away mid-report."""
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's exit flush cannot fail a second time."""
+    with contextlib.suppress(Exception):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def main(argv: list[str]) -> int:
@@ -156,13 +214,20 @@ def main(argv: list[str]) -> int:
             return int(stop.code or 0)
         ckpt, target, result = run_audit(Path(args.draft_dir), args.engine, args.engine_version, args.target_config)
         info = summary(ckpt, target, result)
-        if args.json:
-            print(report(result.findings, info).model_dump_json(indent=2))
-        else:
-            render(result.findings, info)
+        try:
+            if args.json:
+                print(to_json(report(result.findings, info)), flush=True)
+            else:
+                with _stdout_escaping_unencodable():
+                    render(result.findings, info)
+        except (BrokenPipeError, SystemExit):  # rich turns a broken pipe into SystemExit(1)
+            _silence_stdout()
+            raise _OutputClosed from None
         return 1 if any(f.severity == "error" for f in result.findings) else 0
     except AuditInputError as err:
         reason = str(err)
+    except _OutputClosed:
+        reason = "stdout was closed before the whole report was written (e.g. piped into head)"
     except KeyboardInterrupt:
         reason = "interrupted"
     except BaseException as err:  # noqa: BLE001 - the promise is: no traceback, ever

@@ -51,6 +51,10 @@ EXTRA_TENSORS = {
 }
 EXTRA_TENSOR_FLAGS = {"input_norm.": "norm_before_fc", "fc_norm.": "fc_norm", "aux_norm_": "fc_norm"}
 MAX_LISTED = 8
+# Dropped tensors are reported one finding per rename (or prefix); past this many
+# groups the rest share one finding, so a header of 200,000 unrelated names gives a
+# bounded report (every name is still in the evidence).
+MAX_DROPPED_FINDINGS = 16
 # Missing parameters are reported per decoder layer, whatever the engine calls it.
 _LAYER = re.compile(r"^(model\.(?:layers\.\d+|midlayer|additional_layers\.\d+))\.")
 
@@ -116,21 +120,35 @@ def _fully_written(param: Param, shards: set[object]) -> bool:
     return set(param.shards) <= shards
 
 
-def _rename_hint(name: str, candidates: list[str]) -> tuple[str, str] | None:
-    """The prefix rewrite that turns ``name`` into an accepted name (longest shared suffix, >= 2 parts)."""
-    parts = name.split(".")
-    best: tuple[int, str, str] | None = None
-    for cand in candidates:
-        cparts = cand.split(".")
-        k = 0
-        while k < min(len(parts), len(cparts)) and parts[-1 - k] == cparts[-1 - k]:
-            k += 1
-        if k < 2 or k == len(parts) and k == len(cparts):
-            continue
-        src, dst = ".".join(parts[: len(parts) - k]), ".".join(cparts[: len(cparts) - k])
-        if best is None or k > best[0]:
-            best = (k, src, dst)
-    return (best[1], best[2]) if best else None
+class RenameHints:
+    """For a dropped name, the prefix rewrite that turns it into an accepted name: the
+    candidate sharing the longest suffix (>= 2 parts, the first such candidate on a tie,
+    never the name itself).
+
+    The candidates are indexed by their suffixes once, so each lookup costs the name's
+    length, not the number of candidates (a scan of every candidate for every dropped
+    name was quadratic in the tensor count)."""
+
+    def __init__(self, candidates: list[str]) -> None:
+        # suffix -> the first two distinct candidates ending in it (two: one may be the name itself)
+        self._by_suffix: dict[tuple[str, ...], list[str]] = {}
+        self._longest = 0
+        for cand in candidates:
+            cparts = tuple(cand.split("."))
+            self._longest = max(self._longest, len(cparts))
+            for k in range(2, len(cparts) + 1):
+                held = self._by_suffix.setdefault(cparts[-k:], [])
+                if len(held) < 2 and cand not in held:
+                    held.append(cand)
+
+    def __call__(self, name: str) -> tuple[str, str] | None:
+        parts = tuple(name.split("."))
+        for k in range(min(len(parts), self._longest), 1, -1):
+            for cand in self._by_suffix.get(parts[-k:], ()):
+                if cand != name:
+                    cparts = cand.split(".")
+                    return ".".join(parts[: len(parts) - k]), ".".join(cparts[: len(cparts) - k])
+        return None
 
 
 def check_dropped(replay: LoadReplay, engine: Engine, dims: Dims) -> list[Finding]:
@@ -143,9 +161,10 @@ def check_dropped(replay: LoadReplay, engine: Engine, dims: Dims) -> list[Findin
         c for c in engine.checkpoint_names(dims)
         if engine.route(c, replay.params).param in unwritten
     ]  # fmt: skip
+    hints = RenameHints(candidates)
     groups: dict[tuple[str, str | None], list[str]] = defaultdict(list)
     for name in replay.dropped:
-        hint = _rename_hint(name, candidates)
+        hint = hints(name)
         if hint:
             groups[(hint[0], hint[1])].append(name)
         else:
@@ -155,8 +174,9 @@ def check_dropped(replay: LoadReplay, engine: Engine, dims: Dims) -> list[Findin
     how = (
         "vLLM raises on them at load, so the server will not start" if engine.unknown_names_raise else f"{label} drops them without a word"
     )
+    kept, rest = _bounded_groups(groups)
     out = []
-    for (src, dst), names in groups.items():
+    for (src, dst), names in kept.items():
         if dst is not None:
             old = f"{src}." if src else ""
             new = f"{dst}." if dst else ""
@@ -176,7 +196,29 @@ def check_dropped(replay: LoadReplay, engine: Engine, dims: Dims) -> list[Findin
             message = f"{len(names)} tensor(s) match no {label} parameter: {_listing(names)}; {how}"
             evidence = {"tensors": names}
         out.append(finding("weights_dropped", message, module=src or None, evidence=evidence, fix=fix))
+    if rest:
+        names = [name for group in rest.values() for name in group]
+        out.append(
+            finding(
+                "weights_dropped",
+                f"{len(names)} more tensor(s), in {len(rest)} other groups, match no {label} parameter: {_listing(names)}; {how}",
+                evidence={"tensors": names},
+                fix=f"map these names to {engine.draft_class} parameters or delete them",
+            )
+        )
     return out
+
+
+def _bounded_groups(
+    groups: dict[tuple[str, str | None], list[str]],
+) -> tuple[dict[tuple[str, str | None], list[str]], dict[tuple[str, str | None], list[str]]]:
+    """At most MAX_DROPPED_FINDINGS - 1 groups keep a finding each (renames first, then the
+    largest); the rest are returned to share one."""
+    if len(groups) <= MAX_DROPPED_FINDINGS:
+        return dict(groups), {}
+    order = sorted(groups, key=lambda key: (key[1] is None, -len(groups[key])))
+    keep = set(order[: MAX_DROPPED_FINDINGS - 1])
+    return {k: v for k, v in groups.items() if k in keep}, {k: v for k, v in groups.items() if k not in keep}
 
 
 def _extra_fix(prefix: str, engine: Engine) -> str:
@@ -692,6 +734,7 @@ def audit(
     findings.sort(key=lambda f: SEVERITY_RANK[f.severity])
     n = target.num_hidden_layers if target else None
     cap = engine_capture(cfg, engine, target)
+    not_loaded = {*replay.dropped, *replay.specials, *replay.skipped}  # a set: one lookup per tensor
     summary = {
         "engine": {
             "name": engine.name,
@@ -704,9 +747,7 @@ def audit(
         ],
         "engine_capture": {"ids": cap.ids, "source": cap.source, "rule": cap.rule, "boundaries": cap.boundaries},
         "weights": {
-            "loaded": sorted(
-                name for name in tensors if name not in replay.dropped and name not in replay.specials and name not in replay.skipped
-            ),  # fmt: skip
+            "loaded": sorted(name for name in tensors if name not in not_loaded),
             "dropped": replay.dropped,
             "special": replay.specials,
             "skipped": replay.skipped,

@@ -29,26 +29,56 @@ def group_by_prefix(names: list[str], depth: int = 2) -> dict[str, list[str]]:
     return dict(groups)
 
 
+# Bounds of the rename search, so a load of 200,000 unrelated names stays linear: tails
+# of at most this many parts (real parameter names have fewer than ten), and at most this
+# many missing names voted for per tail ("weight" ends every one of them).
+MAX_TAIL_PARTS = 16
+MAX_HEADS_PER_TAIL = 8
+
+
+def _tails(name: str) -> list[tuple[str, str]]:
+    """``(head, tail)`` for every dot-aligned tail of ``name`` of at most MAX_TAIL_PARTS parts, longest first."""
+    parts = name.split(".")
+    first = max(0, len(parts) - MAX_TAIL_PARTS)
+    out: list[tuple[str, str]] = []
+    tail = ""
+    for cut in range(len(parts) - 1, first - 1, -1):
+        tail = parts[cut] + ("." + tail if tail else "")
+        out.append((".".join(parts[:cut]), tail))
+    out.reverse()
+    return out
+
+
 def rename_map(dropped: list[str], missing: list[str]) -> dict[str, str]:
-    """Prefix renames that turn dropped names into missing ones (``layers.0`` -> ``midlayer``)."""
+    """Prefix renames that turn dropped names into missing ones (``layers.0`` -> ``midlayer``).
+
+    Each dropped name votes with its longest tail (two parts at least) that some missing
+    name ends with: for the rename of its head to each such missing name's head. The
+    missing names are indexed by their tails once, so a dropped name costs its own length."""
+    heads_by_tail: dict[str, list[str]] = defaultdict(list)
+    for target in dict.fromkeys(missing):
+        for head, tail in _tails(target):
+            heads = heads_by_tail[tail]
+            if len(heads) < MAX_HEADS_PER_TAIL:
+                heads.append(head)
     votes: Counter[tuple[str, str]] = Counter()
-    missing_set = set(missing)
     for name in dropped:
-        parts = name.split(".")
-        for cut in range(1, len(parts)):
-            tail = ".".join(parts[cut:])
-            for target in missing_set:
-                if target.endswith("." + tail) or target == tail:
-                    head = target[: len(target) - len(tail)].rstrip(".")
-                    votes[(".".join(parts[:cut]), head)] += 1
-            if votes:
+        for src, tail in _tails(name):
+            if tail == name or "." not in tail:
+                continue  # a rename needs a head to rewrite, and a tail of two parts at least ("weight" ends them all)
+            found = heads_by_tail.get(tail)
+            if found:
+                for head in found:
+                    votes[(src, head)] += 1
                 break
     result: dict[str, str] = {}
+    used: set[str] = set()
     for (src, dst), _ in votes.most_common():
         if dst.startswith("model.") and not src.startswith("model."):
             dst = dst[len("model.") :]  # engines add the "model." prefix themselves
-        if src not in result and dst not in result.values():
+        if src not in result and dst not in used:
             result[src] = dst
+            used.add(dst)
     return result
 
 
