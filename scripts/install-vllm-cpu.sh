@@ -44,9 +44,9 @@ if ! have_vllm; then
 fi
 # The project's own test dependencies, then spectrace itself (non-editable, no deps:
 # the ones it needs are already there and must not move vLLM's pins).
-"$PY" -m pip install "${PIP[@]}" "pytest>=8" "pytest-xdist>=3" "hypothesis>=6"
 "$PY" -m pip install "${PIP[@]}" --force-reinstall --no-deps .
-"$PY" -m pip install "${PIP[@]}" ".[test]" 2>/dev/null || true
+"$PY" -m pip install "${PIP[@]}" ".[test]"
+# Nothing above may bring them back; remove them again if it did.
 "$PY" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 
 "$PY" - <<'PY'
