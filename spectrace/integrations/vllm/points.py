@@ -96,6 +96,8 @@ POINTS: tuple[Point, ...] = (
     ),
     # accepted drafts per position: host ints the scheduler already has
     Point("vllm.v1.spec_decode.metrics", "SpecDecodingStats.observe_draft", "AFTER", "acceptance:after_observe_draft", "acceptance"),
+    # EngineCore's shutdown: the held records are written before vLLM ends the process
+    Point("vllm.v1.engine.core", "EngineCore.shutdown", "BEFORE", "lifecycle:before_shutdown", "flush_at_shutdown"),
 )
 
 MODULES: tuple[str, ...] = tuple(dict.fromkeys(p.module for p in POINTS))
