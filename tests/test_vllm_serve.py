@@ -5,7 +5,9 @@ random Llama target and an EAGLE-3 draft built from vLLM's own draft class are s
 the draft ships without d2t and with SpecForge-style nested ids, as in the field. The
 findings come from the server's own processes (worker and EngineCore) through the
 ``vllm.general_plugins`` entry point and the ``.pth`` bootstrap, and the acceptance records
-must add up to vLLM's ``/metrics`` counters. About a minute; bounded by timeouts.
+must add up to vLLM's ``/metrics`` counters. ``--shutdown-timeout`` gives EngineCore the
+time to write its trace (vLLM's default, 0, kills it at once). About a minute; bounded by
+timeouts.
 """
 
 from __future__ import annotations
@@ -90,7 +92,7 @@ def test_a_live_vllm_eagle3_server(tmp_path: Path) -> None:
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(target), "--skip-tokenizer-init",
         "--dtype", "float32", "--max-model-len", "256", "--enforce-eager", "--host", "127.0.0.1", "--port", str(port),
-        "--speculative-config", spec,
+        "--speculative-config", spec, "--shutdown-timeout", "10",
     ]  # fmt: skip
     log = open(tmp_path / "server.log", "w")
     server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -111,7 +113,7 @@ def test_a_live_vllm_eagle3_server(tmp_path: Path) -> None:
                 assert r.status == 200
         metrics = _get(f"http://127.0.0.1:{port}/metrics")
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
+        server.send_signal(signal.SIGTERM)  # as a user stops it: vLLM stops its own children
         try:
             server.wait(60)
         except subprocess.TimeoutExpired:
@@ -122,7 +124,10 @@ def test_a_live_vllm_eagle3_server(tmp_path: Path) -> None:
     accepted = sum(_metric(metrics, "vllm:spec_decode_num_accepted_tokens_total").values())
     per_pos = _metric(metrics, "vllm:spec_decode_num_accepted_tokens_per_pos_total")
     assert drafts > 0
-    records = [json.loads(line) for f in sorted(traces.glob("*.jsonl")) for line in f.read_text().splitlines()]
+    files = sorted(traces.glob("*.jsonl"))
+    records = [json.loads(line) for f in files for line in f.read_text().splitlines()]
+    # Worker and EngineCore each closed their trace (vLLM ends them before interpreter exit).
+    assert len(files) == 2 and sum(r.get("type") in ("counters", "stats") for r in records) == 2
     codes = {r["code"] for r in records if r.get("type") == "finding"}
     assert {"weights_missing", "aux_layers_mismatch"} <= codes, codes
     (capture,) = [r for r in records if r.get("type") == "capture"]

@@ -96,8 +96,9 @@ POINTS: tuple[Point, ...] = (
     ),
     # accepted drafts per position: host ints the scheduler already has
     Point("vllm.v1.spec_decode.metrics", "SpecDecodingStats.observe_draft", "AFTER", "acceptance:after_observe_draft", "acceptance"),
-    # EngineCore's shutdown: the held records are written before vLLM ends the process
-    Point("vllm.v1.engine.core", "EngineCore.shutdown", "BEFORE", "lifecycle:before_shutdown", "flush_at_shutdown"),
+    # shutdown: the held records are written and the trace closed before vLLM ends the process
+    Point("vllm.v1.engine.core", "EngineCore.shutdown", "BEFORE", "lifecycle:before_engine_shutdown", "close_engine_core"),
+    Point("vllm.v1.executor.multiproc_executor", "WorkerProc.shutdown", "BEFORE", "lifecycle:before_worker_shutdown", "close_worker"),
 )
 
 MODULES: tuple[str, ...] = tuple(dict.fromkeys(p.module for p in POINTS))
