@@ -354,3 +354,20 @@ def test_spectrace_1_activates_through_load_general_plugins(tmp_path) -> None:
 
 def test_without_spectrace_the_plugin_does_nothing() -> None:
     assert _child({}) == {"load": 0, "stats": 0}
+
+
+def test_the_speculators_reader_gives_the_raw_config(rec, tmp_path) -> None:
+    from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
+
+    raw = json.loads((REPO / "tests" / "fixtures" / "speculators_tiny" / "config.json").read_text())
+    parsed = SpeculatorsConfig.extract_transformers_pre_trained_config(json.loads(json.dumps(raw)))
+    assert parsed["eagle_aux_hidden_state_layer_ids"] == [1, 3, 6]  # vLLM's reader, unchanged
+    assert st_state.STATE.draft_config_source == "speculators config.json"
+    assert st_state.STATE.draft_config["speculators_model_type"] == "eagle3"
+    # The target then captures other boundaries than the speculators ids name.
+    vc = vh.engine_config(tmp_path, vh.draft_config())
+    target = vh.build_target(vc)  # no draft built here: the reader's config is the one known
+    target.set_aux_hidden_state_layers((0, 1, 2))
+    (found,) = _findings(rec, "aux_layers_mismatch")
+    assert found.evidence["captured_boundaries"] == [0, 1, 2]
+    assert found.evidence["readings"]["speculators"]["boundaries"] == [1, 3, 6]
