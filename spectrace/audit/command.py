@@ -68,8 +68,8 @@ def run_audit(
         name, pinned = parse_engine(engine_name)
     except ValueError as err:
         raise AuditInputError(f"argument --engine: {err}") from None
-    if name == "vllm" and (engine_version is not None or pinned is not None):
-        raise AuditInputError("a version (--engine-version, or ==VERSION) applies to --engine sglang only")
+    if name == "vllm" and engine_version is not None:
+        raise AuditInputError("--engine-version applies to --engine sglang only (for vLLM: --engine vllm==VERSION)")
     if pinned is not None and engine_version is not None and pinned != engine_version:
         raise AuditInputError(f"--engine {engine_name} and --engine-version {engine_version} disagree: give one")
     try:

@@ -369,21 +369,48 @@ def sglang_release(version: str) -> Engine:
 
 
 def parse_engine(spec: str) -> tuple[str, str | None]:
-    """``sglang``, ``vllm`` or ``sglang==VERSION`` -> (name, version or None)."""
+    """``sglang``, ``vllm``, ``sglang==VERSION`` or ``vllm==VERSION`` -> (name, version or None)."""
     name, sep, version = spec.partition("==")
     name = name.strip().lower()
     if name not in ("sglang", "vllm"):
-        raise ValueError(f"invalid choice: {spec!r} (choose from sglang, vllm, sglang==VERSION)")
+        raise ValueError(f"invalid choice: {spec!r} (choose from sglang, vllm, sglang==VERSION, vllm==VERSION)")
     if sep and not version.strip():
         raise ValueError(f"{spec!r}: no version after '=='")
     return name, (version.strip() if sep else None)
 
 
+def vllm_engine(version: str) -> Engine:
+    """vLLM at one release, from ``rules.vllm`` (read from its source): what a CUDA server runs
+    by default, Model Runner V2. The audit of such an engine is ``checks.vllm_audit``."""
+    from ..rules.vllm import VLLM_READ, vllm_release
+
+    if not _VERSION.match(version):
+        raise ValueError(f"unknown vLLM version {version!r} (a release such as {VLLM_READ[-1]})")
+    rel = vllm_release(version)
+    read = "" if rel.read else f"; {version} itself was not read (modelled on {', '.join(VLLM_READ)})"
+    return replace(
+        VLLM,
+        version=version,
+        draft_class=f"Eagle3LlamaForCausalLM (vllm/model_executor/models/llama_eagle3.py, {version})",
+        assumptions=(
+            f"modelled on vLLM {', '.join(VLLM_READ)}'s source{read}: the speculators format is read natively",
+            "the runner is Model Runner V2, what a CUDA server runs by default: it reads top-level "
+            "eagle_aux_hidden_state_layer_ids (or eagle_config.layer_ids) and not eagle_config.eagle_aux_hidden_state_layer_ids; "
+            "VLLM_USE_V2_MODEL_RUNNER=0 (and vLLM's CPU build) run the V1 runner, which reads those too",
+            "the target captures id k as boundary k (0 = the embedding, n = the last layer's output; others are dropped "
+            "without a word), distinct ids in ascending order; no ids -> defaults (2, n//2, n-3)",
+            "unknown checkpoint names raise at load, except '.bias' tensors, which AutoWeightsLoader ignores without a word",
+            "a draft without embed_tokens or lm_head shares the target's",
+        ),
+    )
+
+
 def get_engine(name: str, version: str | None = None) -> Engine:
-    """``sglang`` (0.5.23 by default, ``older``, or a release such as ``0.5.17``) or ``vllm``."""
+    """``sglang`` (0.5.23 by default, ``older``, or a release such as ``0.5.17``) or ``vllm``
+    (best effort, or a release such as ``0.32.0``)."""
     if name == "vllm":
         if version is not None:
-            raise ValueError("a version applies to --engine sglang only")
+            return vllm_engine(version)
         return VLLM
     if name == "sglang":
         if version in (None, "0.5.23"):

@@ -716,6 +716,10 @@ def audit(
     target: TargetConfig | None = None,
 ) -> AuditResult:
     """Every check, findings sorted by severity, plus the replay summary."""
+    if engine.name == "vllm" and engine.version != "recent":  # a vLLM release read from its source
+        from .vllm_audit import audit_vllm
+
+        return audit_vllm(cfg, tensors, engine, target)
     dims = dims_of(cfg)
     replay = replay_load(tensors, engine, dims)
     findings: list[Finding] = []

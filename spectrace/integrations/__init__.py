@@ -12,5 +12,6 @@ def import_targets() -> list[tuple[str, str]]:
     integration; reading it imports only the integrations' tables."""
     from .sglang.points import import_targets as sglang_targets
     from .transformers_targets import IMPORT_TARGETS as transformers_targets
+    from .vllm.points import import_targets as vllm_targets
 
-    return [*transformers_targets, *sglang_targets()]
+    return [*transformers_targets, *sglang_targets(), *vllm_targets()]

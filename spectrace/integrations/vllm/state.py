@@ -1,0 +1,87 @@
+"""Process state shared by the vLLM hooks: where records go and what is known so far.
+
+The target's capture (at ``set_aux_hidden_state_layers``) and the draft's config (at the
+draft's construction, or vLLM's speculators reader) arrive in either order, in the same
+worker process: the capture checks run when the second one arrives, once per pair. A
+finding is emitted once per process (``emitted``); repeats of per-step findings are
+counted by the recorder (``emit_once``).
+
+    >>> state.use_recorder(my_recorder)   # tests; a server uses runtime.recorder()
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...records import Capture
+
+_lock = threading.RLock()
+
+
+@dataclass
+class State:
+    recorder: Any = None  # None: the process recorder (spectrace.runtime.recorder())
+    capture: Capture | None = None
+    runner: str | None = None  # "v1" | "mrv2" while a runner sets the capture up, then what it was
+    draft_config: dict[str, Any] | None = None
+    draft_config_source: str = ""
+    checked: set[tuple[Any, ...]] = field(default_factory=set)
+    emitted: set[tuple[Any, ...]] = field(default_factory=set)
+    # Acceptance: vLLM builds one SpecDecodingStats per scheduler step and observes each
+    # request's draft on it; a step is complete when the next step's object arrives.
+    accept_stats: Any = None
+    accept_counts: list[int] = field(default_factory=list)
+    accept_k: int = 0
+    accept_step: int = 0
+    accept_window: list[Any] = field(default_factory=list)
+    accept_drain_for: Any = None
+
+
+STATE = State()
+
+
+def reset(recorder: Any = None) -> State:
+    """Forget everything learned so far (tests); patches stay installed."""
+    global STATE
+    with _lock:
+        STATE = State(recorder=recorder)
+    return STATE
+
+
+def lock() -> Any:
+    return _lock
+
+
+def use_recorder(recorder: Any) -> None:
+    STATE.recorder = recorder
+
+
+def recorder() -> Any:
+    if STATE.recorder is not None:
+        return STATE.recorder
+    from ... import runtime
+
+    return runtime.recorder()
+
+
+def emit(record: Any) -> None:
+    recorder().emit(record)
+
+
+def emit_finding(found: Any) -> None:
+    """Emit a finding unless the very same one was emitted already in this process."""
+    key = (found.code, found.severity, found.module, found.message)
+    with _lock:
+        if key in STATE.emitted:
+            return
+        STATE.emitted.add(key)
+    recorder().emit(found)
+
+
+def internal_error(where: str, exc: BaseException) -> None:
+    try:
+        recorder().internal_error(f"vllm {where}: {type(exc).__name__}: {exc}")
+    except Exception:
+        pass

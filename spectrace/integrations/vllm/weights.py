@@ -1,0 +1,135 @@
+"""AROUND an EAGLE-3 draft's ``load_weights``: every name offered, every parameter written.
+
+vLLM's draft classes first gather the whole checkpoint into a dict and then hand it to
+``AutoWeightsLoader``, so which checkpoint name a parameter loader is serving cannot be
+told by *when* it runs (the core's ``observe_load`` attributes by time). Here a name is
+consumed when its very tensor object reaches a parameter loader (vLLM renames keys but
+passes the same tensors), and the core's ``observe_load`` still says which parameters
+were written (loader calls, then a bit-pattern change test).
+
+Normal absences are exempt: ``embed_tokens`` and ``lm_head`` (vLLM gives the draft the
+target's when the checkpoint has none). ``t2d`` is skipped by design; ``d2t`` lands in
+``draft_id_to_target_id``, which stays zeros when the checkpoint lacks it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from ...checks.vllm import check_vllm_weights
+from ...hooks.weights import observe_load
+from . import state
+
+_SKIPPED_BY_DESIGN = ("t2d",)
+
+
+def exempt_params(model: Any) -> list[str]:
+    names = [n for n, _ in model.named_parameters()]
+    return [n for n in names if n.endswith("embed_tokens.weight") or n.startswith("lm_head.")]
+
+
+def _slot(param: Any) -> str:
+    # vLLM's BasevLLMParameter exposes weight_loader as a read-only property over _weight_loader.
+    if "weight_loader" not in param.__dict__ and isinstance(getattr(type(param), "weight_loader", None), property):
+        if "_weight_loader" in param.__dict__:
+            return "_weight_loader"
+    return "weight_loader"
+
+
+class _Consumed:
+    """Wraps every parameter loader to see which offered tensor objects reached one."""
+
+    def __init__(self, model: Any) -> None:
+        self.ids: set[int] = set()
+        self._restore: list[tuple[Any, str, bool, Any]] = []
+        for _, param in model.named_parameters():
+            slot = _slot(param)
+            had = slot in param.__dict__
+            original = param.__dict__.get(slot)
+            inner = original if had else getattr(param, slot, None)
+            if inner is None:
+                from vllm.model_executor.model_loader.weight_utils import default_weight_loader as inner
+            try:
+                setattr(param, slot, self._tracking(inner))
+            except (AttributeError, TypeError):
+                continue
+            self._restore.append((param, slot, had, original))
+
+    def _tracking(self, inner: Any) -> Any:
+        seen = self.ids
+
+        @functools.wraps(inner)
+        def loader(param: Any, loaded: Any = None, *args: Any, **kwargs: Any) -> Any:
+            if loaded is not None:
+                seen.add(id(loaded))
+                base = getattr(loaded, "_base", None)
+                if base is not None:
+                    seen.add(id(base))
+            return inner(param, loaded, *args, **kwargs)
+
+        return loader
+
+    def restore(self) -> None:
+        for param, slot, had, original in self._restore:
+            if had:
+                setattr(param, slot, original)
+            else:
+                param.__dict__.pop(slot, None)
+
+
+def around_draft_load(original: Any, *args: Any, **kwargs: Any) -> Any:
+    """``(original, self, weights)``: the load runs unchanged; what it did is recorded."""
+    model = args[0]
+    weights: Iterable[Any] = args[1] if len(args) > 1 else kwargs.pop("weights")
+    rest = args[2:]
+    called = [False]
+    offered: list[tuple[str, Any]] = []  # keeps the tensors alive, so their ids stay unique
+
+    def feed(items: Iterable[Any]) -> Iterator[Any]:
+        for name, tensor in items:
+            offered.append((name, tensor))
+            yield name, tensor
+
+    def load(items: Iterable[Any]) -> Any:
+        called[0] = True
+        return original(model, items, *rest, **kwargs)
+
+    consumed = None
+    try:
+        consumed = _Consumed(model)
+        result, record = observe_load(model, load, feed(weights), module="draft", exempt=exempt_params(model), source=_source(model))
+    except Exception as exc:
+        if called[0]:
+            raise  # the load itself failed: vLLM's error, unchanged
+        state.internal_error("draft load_weights", exc)
+        return original(model, weights, *rest, **kwargs)
+    finally:
+        if consumed is not None:
+            consumed.restore()
+    try:
+        taken = consumed.ids if consumed is not None else set()
+        ignored = [
+            name
+            for name, tensor in offered
+            if id(tensor) not in taken and name.rsplit(".", 1)[-1] not in _SKIPPED_BY_DESIGN and not _consumed_otherwise(model, name)
+        ]
+        record = record.model_copy(update={"ignored": ignored, "draft_class": type(model).__name__})
+        state.emit(record)
+        for found in check_vllm_weights(record, type(model).__name__):
+            state.emit_finding(found)
+    except Exception as exc:
+        state.internal_error("draft load_weights report", exc)
+    return result
+
+
+def _consumed_otherwise(model: Any, name: str) -> bool:
+    # mask_hidden is copied straight into a buffer when parallel drafting is on.
+    return "mask_hidden" in name and bool(getattr(model, "use_parallel_drafting", False))
+
+
+def _source(model: Any) -> str:
+    from .draft import draft_path
+
+    return draft_path(model) or ""

