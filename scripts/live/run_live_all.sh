@@ -15,7 +15,8 @@
 #             windows, on off off on ...) on the graph server and on a GPU-bound 3.4B target
 #   cost      that cost part alone, under a steady load (SGLang's decode log lines are the measure),
 #             with py-spy profiles of the scheduler when py-spy is on the PATH, and the host's own
-#             per-hook floor (bench/serving_hooks.py away from any server)
+#             per-hook floor (bench/serving_hooks.py away from any server); COST_SERVERS picks
+#             the servers (default "tiny big")
 # Environment: OUT (required; what comes back), CARRY_TAR (default .carry/sgl/sglang-0.5.17-site.tar.xz),
 #   LIVE_BUDGET_S (default 480: waits, the bench and the overhead phase fit inside it), BENCH_ROUNDS (6),
 #   BENCH_BATCH (32), BENCH_MAX_NEW (256), SGL_EXTRA (extra server flags), STAGGER_S (6),
@@ -435,22 +436,26 @@ host_facts() {  # what one hook call costs on this host's CPU, away from any ser
     echo "clocksource: $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>/dev/null)"
     echo "cpu: $(lscpu 2>/dev/null | grep -m1 'Model name' | sed 's/.*: *//')"
     python3 -c "import timeit,time; n=200000; print('perf_counter ns per call:', round(timeit.timeit(time.perf_counter, number=n)/n*1e9, 1))"
-    ${server_pin[@]+"${server_pin[@]}"} python3 "$repo/bench/serving_hooks.py" --steps 5000 2>&1 | tail -3
+    ${server_pin[@]+"${server_pin[@]}"} python3 "$repo/bench/serving_hooks.py" --steps 1000 --rounds 3 2>&1 | tail -4
   } > "$W/logs/host.txt" 2>&1
 }
 
 run_cost() {  # the cost part of tensors alone: the trained pair (default sampling), then the 3.4B target
   host_facts
-  GRAPH_SAMPLE= start_server sampled "$port_base" EAGLE3 "$W/models/trained" 1 0.1 "$extra --dtype float16"
-  wait_server sampled && cost_on sampled "$port_base" 32 256 tiny
-  stop_servers sampled
-  view sampled
-  mark cost_tiny
-  start_server big "$((port_base + 40))" EAGLE3 "$W/models/big" 1 0.6 "--cuda-graph-max-bs-decode 64"
-  wait_server big && cost_on big "$((port_base + 40))" 64 128 big
-  stop_servers big
-  view big
-  mark cost_big
+  case " ${COST_SERVERS:-tiny big} " in *" tiny "*)
+    GRAPH_SAMPLE= start_server sampled "$port_base" EAGLE3 "$W/models/trained" 1 0.1 "$extra --dtype float16"
+    wait_server sampled && cost_on sampled "$port_base" 32 256 tiny
+    stop_servers sampled
+    view sampled
+    mark cost_tiny ;;
+  esac
+  case " ${COST_SERVERS:-tiny big} " in *" big "*)
+    start_server big "$((port_base + 40))" EAGLE3 "$W/models/big" 1 0.6 "--cuda-graph-max-bs-decode 64"
+    wait_server big && cost_on big "$((port_base + 40))" 64 128 big
+    stop_servers big
+    view big
+    mark cost_big ;;
+  esac
 }
 
 if [ "$mode" = tensors ]; then run_tensors; exit 0; fi
