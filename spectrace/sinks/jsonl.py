@@ -140,12 +140,15 @@ class JsonlSink:
         self.name = name
         self.note = note or warn
         self._fd: int | None = None
+        self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file created
 
     @property
     def path(self) -> str:
         return os.path.join(self.directory, self.name)
 
     def _open(self) -> int:
+        if self._fd is None and self._identity is not None:
+            self._fd = self._reopen()
         if self._fd is None:
             ensure_private_dir(self.directory)
             folder = os.open(self.directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
@@ -173,11 +176,24 @@ class JsonlSink:
             except BaseException:
                 os.close(fd)
                 raise
+            st = os.fstat(fd)
+            self._identity = (st.st_dev, st.st_ino)
             if name != first:
                 self.note(f"{os.path.join(self.directory, first)} already exists (an earlier process's, or planted): writing {name} instead")
             self.name = name
             return fd
         raise FileExistsError(errno.EEXIST, f"{first} and {MAX_NAME_TRIES - 1} numbered names are taken in {self.directory}")
+
+    def _reopen(self) -> int:
+        """The file created before, written again after a close (a record emitted at exit
+        after the counters): the same file, or an error, never what replaced it."""
+        flags = os.O_RDWR | os.O_APPEND | getattr(os, "O_NONBLOCK", 0) | _O
+        fd = os.open(self.path, flags)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != self._identity:
+            os.close(fd)
+            raise PermissionError(errno.EPERM, f"{self.path} was replaced since spectrace created it: not written")
+        return fd
 
     def write(self, lines: Sequence[str]) -> None:
         """Write complete lines; raises OSError (the recorder counts it)."""
