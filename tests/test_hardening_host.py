@@ -555,3 +555,42 @@ def test_a_record_after_close_goes_to_the_same_file_never_to_what_replaced_it(tm
     assert stat.S_ISFIFO(os.lstat(tmp_path / "trace-x.jsonl").st_mode) and rec.counters.sink_errors == 1
     assert [getattr(r, "detail", None) for r in _records(tmp_path / "moved.jsonl")][-1] == "after close"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["moved.jsonl", "trace-x.jsonl"]
+
+
+MP_CHILD = textwrap.dedent(
+    """
+    import multiprocessing as mp, os, sys, torch
+    from spectrace.eagle3.target import tiny_llama
+
+    def work(model):
+        with torch.no_grad():
+            model(torch.tensor([[1, 2, 3]]))  # 3 rows: the child's
+
+    if __name__ == "__main__":
+        model = tiny_llama(num_layers=1)
+        with torch.no_grad():
+            model(torch.tensor([[1, 2, 3, 4]]))
+        child = mp.get_context("fork").Process(target=work, args=(model,))
+        child.start(); child.join(60)
+        print(os.getpid(), child.pid, child.exitcode)
+    """
+)
+
+
+def test_a_multiprocessing_fork_child_closes_its_own_trace(tmp_path: Path) -> None:
+    """SPECTRACE=1: a multiprocessing child leaves by os._exit (no atexit), and its queued
+    calls and closing record still reach its own file."""
+    script = tmp_path / "mp_child.py"
+    script.write_text(MP_CHILD)
+    # One OpenMP thread: libgomp's pool does not survive a fork (torch's attention would
+    # wait on it forever in the child, traced or not).
+    env = _env(SPECTRACE="1", SPECTRACE_QUIET="1", SPECTRACE_DIR=str(tmp_path / "t"), SPECTRACE_FLUSH_SECONDS="3600", OMP_NUM_THREADS="1")
+    done = subprocess.run([PY, str(script)], capture_output=True, text=True, timeout=180, env=env)
+    assert done.returncode == 0, done.stderr
+    parent, child, code = map(int, done.stdout.split())
+    assert code == 0
+    for pid, rows in ((parent, 4), (child, 3)):
+        records = _records(tmp_path / "t" / trace_file_name(pid=pid))
+        assert records[0].pid == pid and isinstance(records[-1], Counters)
+        calls = [r for r in records if isinstance(r, Call)]
+        assert calls and {c.outputs[0].shape[-2] for c in calls if c.role and c.role.startswith("target.layer")} == {rows}
