@@ -39,7 +39,6 @@ from .sinks.jsonl import JsonlSink, numbered_name, trace_file_name
 IMPORTANT_CAP = 50_000
 
 
-
 def safe_argv(argv: list[str], keep_values: bool = False) -> list[str]:
     """The command line as the header stores it: program and option names, no values.
 

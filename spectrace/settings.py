@@ -58,8 +58,8 @@ def _bad(name: str, raw: str, message: str) -> None:
 def redact_url(url: str) -> str:
     """An endpoint as a trace or a terminal may show it: no ``user:token@``, no query values.
 
-        >>> redact_url("https://user:tok@collector:4318/v1/traces?api_key=s3cret&tenant=a#frag")
-        'https://<redacted>@collector:4318/v1/traces?api_key=<redacted>&tenant=<redacted>'
+    >>> redact_url("https://user:tok@collector:4318/v1/traces?api_key=s3cret&tenant=a#frag")
+    'https://<redacted>@collector:4318/v1/traces?api_key=<redacted>&tenant=<redacted>'
     """
     url = re.sub(r"(?<=://)[^/@?#]*@", REDACTED + "@", url)
     url = url.split("#", 1)[0]
@@ -175,7 +175,11 @@ class Settings:
                 object.__setattr__(self, name, fallback)
         seconds = self.flush_seconds
         if not isinstance(seconds, (int, float)) or not (math.isfinite(seconds) and 0 < seconds <= MAX_FLUSH_SECONDS):
-            _bad("flush_seconds", repr(seconds), f"Settings(flush_seconds={seconds!r}) is not a number above 0 and at most {MAX_FLUSH_SECONDS:g}; using {DEFAULT_FLUSH_SECONDS}")
+            _bad(
+                "flush_seconds",
+                repr(seconds),
+                f"Settings(flush_seconds={seconds!r}) is not a number above 0 and at most {MAX_FLUSH_SECONDS:g}; using {DEFAULT_FLUSH_SECONDS}",
+            )
             object.__setattr__(self, "flush_seconds", DEFAULT_FLUSH_SECONDS)
 
     @classmethod

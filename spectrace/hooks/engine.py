@@ -33,8 +33,8 @@ import torch.nn as nn
 from ..recorder import Recorder
 from ..records import Call
 from . import hookdicts, stepwrap
-from .readback import Readback, StepStats
 from .privacy import TokenTensors
+from .readback import Readback, StepStats
 from .roles import role_of
 from .selection import ModuleFilter, select
 from .tensor_stats import INDEX_DTYPES, stats_for, stats_supported
@@ -697,7 +697,6 @@ class Tracer:
                 state.on_device = True
             noted.append((arg, shape, dtype, device, state.stats.generation, index, numel))
         return noted
-
 
     def _token_private(self, tensor: torch.Tensor, role: str | None, module_type: str) -> bool:
         """An embedding output, or that same tensor seen again; never with SPECTRACE_TOKEN_STATS=1."""

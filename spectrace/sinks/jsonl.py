@@ -80,7 +80,8 @@ def check_symlinks(path: str) -> None:
             continue
         if st.st_uid not in (me, 0):
             raise PermissionError(
-                errno.EPERM, f"the way to the trace folder passes {candidate}, a symlink owned by uid {st.st_uid} (not you, not root): refused"
+                errno.EPERM,
+                f"the way to the trace folder passes {candidate}, a symlink owned by uid {st.st_uid} (not you, not root): refused",
             )
         hops += 1
         if hops > MAX_SYMLINKS:
@@ -179,7 +180,9 @@ class JsonlSink:
             st = os.fstat(fd)
             self._identity = (st.st_dev, st.st_ino)
             if name != first:
-                self.note(f"{os.path.join(self.directory, first)} already exists (an earlier process's, or planted): writing {name} instead")
+                self.note(
+                    f"{os.path.join(self.directory, first)} already exists (an earlier process's, or planted): writing {name} instead"
+                )
             self.name = name
             return fd
         raise FileExistsError(errno.EEXIST, f"{first} and {MAX_NAME_TRIES - 1} numbered names are taken in {self.directory}")
