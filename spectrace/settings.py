@@ -32,6 +32,8 @@ MAX_RECORD_CAP = 10_000_000
 MAX_SAMPLE = 1_000_000
 MAX_FLUSH_SECONDS = 86_400.0
 REDACTED = "<redacted>"
+# The named module lists of hooks/selection.py (which imports torch; this module must not).
+PROFILE_NAMES = ("default", "hf", "eagle3", "all")
 
 
 def warn(message: str) -> None:
@@ -199,7 +201,7 @@ class Settings:
             enabled=_flag(env, "SPECTRACE", False),
             dir=env.get("SPECTRACE_DIR", "").strip() or "spectrace-traces",
             modules=_patterns(env, "SPECTRACE_MODULES"),
-            profile=env.get("SPECTRACE_PROFILE", "").strip(),
+            profile=_choice(env, "SPECTRACE_PROFILE", PROFILE_NAMES, ""),
             stats=stats,  # type: ignore[arg-type]
             sample=_positive_int(env, "SPECTRACE_SAMPLE", 1, MAX_SAMPLE),
             record_cap=_positive_int(env, "SPECTRACE_RECORD_CAP", DEFAULT_RECORD_CAP, MAX_RECORD_CAP),

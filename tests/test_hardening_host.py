@@ -594,3 +594,22 @@ def test_a_multiprocessing_fork_child_closes_its_own_trace(tmp_path: Path) -> No
         assert records[0].pid == pid and isinstance(records[-1], Counters)
         calls = [r for r in records if isinstance(r, Call)]
         assert calls and {c.outputs[0].shape[-2] for c in calls if c.role and c.role.startswith("target.layer")} == {rows}
+
+
+def test_an_unknown_profile_warns_once_and_falls_back(capsys) -> None:
+    from spectrace.hooks.selection import PROFILES
+
+    assert tuple(PROFILES) == settings_mod.PROFILE_NAMES  # the names checked are the profiles there are
+    settings_mod._bad_said.clear()
+    assert Settings.from_env({"SPECTRACE_PROFILE": "everything"}).profile == ""
+    assert Settings.from_env({"SPECTRACE_PROFILE": "hf"}).profile == "hf"
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "SPECTRACE_PROFILE='everything' is not one of default, hf, eagle3, all" in line
+
+
+def test_a_fifo_as_the_trace_folder_is_one_sink_error_never_a_hang(tmp_path: Path, capfd) -> None:
+    os.mkfifo(tmp_path / "traces")
+    rec = Recorder(Settings(), directory=str(tmp_path / "traces"))
+    _bounded(lambda: (rec.emit_step(0, [Call(step=0, seq=0, module="m", module_type="Linear")], 0, 1), rec.close()), 30)
+    assert rec.counters.sink_errors >= 1 and len(rec.call_records()) == 1
+    assert len(_warnings(capfd.readouterr().err, "is not a folder")) == 1
