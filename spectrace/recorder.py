@@ -24,21 +24,19 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from . import __version__
 from .records import RECORD_ADAPTER, Acceptance, Call, Counters, Coverage, Finding, Header
-from .settings import Settings, warn
+from .settings import REDACTED, Settings, redact_urls, warn
 from .sinks.base import Sink, Step, sink_name
-from .sinks.jsonl import JsonlSink, trace_file_name
+from .sinks.jsonl import JsonlSink, numbered_name, trace_file_name
 
 # Non-call records (findings, capture, weights, ...) are few; they get their own, larger
 # bound so a flood of calls can never push a finding out.
 IMPORTANT_CAP = 50_000
-
-
-REDACTED = "<redacted>"
 
 
 def safe_argv(argv: list[str], keep_values: bool = False) -> list[str]:
@@ -63,14 +61,6 @@ def safe_argv(argv: list[str], keep_values: bool = False) -> list[str]:
         else:
             out.append(REDACTED)
     return out
-
-
-def _safe_settings(settings: Settings) -> dict[str, Any]:
-    data = settings.as_dict()
-    # An endpoint may carry credentials (http://user:token@host): keep scheme and host only.
-    endpoint = data.get("otlp_endpoint") or ""
-    data["otlp_endpoint"] = re.sub(r"(?<=://)[^/@]*@", REDACTED + "@", endpoint)
-    return data
 
 
 def _versions() -> dict[str, str]:
@@ -159,11 +149,64 @@ class Recorder:
             rank=rank,
             argv=safe_argv(list(sys.argv), settings.keep_argv),
             started_unix=time.time(),
-            settings=_safe_settings(settings),
+            # The endpoint may carry credentials or an ?api_key=: redacted (Settings.safe_dict).
+            settings=settings.safe_dict(),
             versions=_versions(),
         )
         for sink in sinks:
             self.add_sink(sink)
+        _live.add(self)
+
+    # ------------------------------------------------------------------ fork
+    def _after_fork_in_child(self) -> None:
+        """In a forked child (``os.register_at_fork``): a trace of the child's own.
+
+        The OpenTelemetry SDK's rule, re-create after fork, applied to the whole recorder:
+        its own file under its own pid and header (never the parent's open file), empty
+        queues and counters (the parent writes what it recorded before the fork, once),
+        fresh locks (a thread that held one does not exist here), and every sink told
+        (``after_fork``) before it gets the child's header first.
+        """
+        self._lock = threading.RLock()
+        self._write_lock = threading.RLock()
+        self._count_lock = threading.Lock()
+        self._warn_lock = threading.Lock()
+        self._once_lock = threading.Lock()
+        # The parent's flush thread does not exist here: the first due flush starts one.
+        self._flusher = None
+        self._flush_wanted = threading.Event()
+        self._drain_wanted = False
+        if self._file is not None:
+            fd, self._file._fd = self._file._fd, None
+            if fd is not None:
+                try:
+                    os.close(fd)  # the child's copy of the parent's descriptor
+                except OSError:
+                    pass
+            self._file = None
+        if self.file_name:
+            # A name given in code is shared by parent and child: the child's carries its pid.
+            self.file_name = numbered_name(self.file_name, os.getpid())
+        self._started.clear()
+        self._pending.clear()
+        self.calls.clear()
+        self._parsed = (-1, [])
+        self._calls_added = 0
+        self.important = []
+        self.counters = Counters()
+        self._dropped_by = {}
+        self._once = {}
+        self._warned = set()
+        self._printed_codes = set()
+        self._last_flush = time.monotonic()
+        self.header = self.header.model_copy(update={"pid": os.getpid(), "started_unix": time.time()})
+        for sink in self._sinks:
+            hook = getattr(sink, "after_fork", None)
+            if callable(hook):
+                try:
+                    hook()
+                except Exception as exc:
+                    self._sink_failed(sink, exc)
 
     # ------------------------------------------------------------------ sinks
     def add_sink(self, sink: Sink) -> None:
@@ -410,6 +453,8 @@ class Recorder:
         """Count a failing sink (disk, collector); warn once per kind, never per batch."""
         with self._count_lock:
             self.counters.bump("sink_errors")
+        # A collector's error may quote its URL, query string and credentials included.
+        message = redact_urls(message)
         self.warn_once("sink:" + _kind_of(message), f"sink error (counted, the model is unaffected): {message}")
 
     def _sink_failed(self, sink: Any, exc: BaseException) -> None:
@@ -467,7 +512,11 @@ class Recorder:
         outputs: list[Any] = []
         if self.directory is not None:
             if self._file is None:
-                self._file = JsonlSink(self.directory, self.file_name or trace_file_name(rank=self.rank))
+                self._file = JsonlSink(
+                    self.directory,
+                    self.file_name or trace_file_name(rank=self.rank),
+                    note=lambda message: self.warn_once("file:name_taken", message),
+                )
             outputs.append(self._file)
         return outputs + self._line_sinks
 
@@ -574,7 +623,13 @@ class Recorder:
                 self.counters.dropped_by_reason = dict(self._dropped_by)
 
     def close(self) -> None:
-        """Flush, append the counters (the ``counters`` record), shut every sink down (each bounded)."""
+        """Flush, shut every sink down (each bounded), append the counters (the ``counters`` record).
+
+        Object sinks (OpenTelemetry) are shut down *before* the counters are written, so
+        what a collector never got (down, failing, hanging: the export gave up or the
+        shutdown deadline passed) is in the file: ``sink_errors``, ``otlp_spans_lost``
+        and one ``sink_error`` coverage record saying how many spans of how many.
+        """
         if not self._closed:
             self._drain()
         with self._write_lock, self._lock:
@@ -584,16 +639,45 @@ class Recorder:
             self._flush_wanted.set()  # the flush thread sees the close and ends
             self.flush()
             self._final_counts()
+        if self._object_sinks:
+            self._to_objects([self.counters])  # their last record: the counts so far
+        for sink in list(self._object_sinks):
+            self._shutdown(sink)  # each sink's own bound (OtelSink: SHUTDOWN_TIMEOUT_S)
+            self._count_undelivered(sink)
+        with self._write_lock, self._lock:
             if self._writes_lines():
                 self._pending.append(self.counters.model_dump_json())
                 self.flush()
-        if self._object_sinks:
-            self._to_objects([self.counters])
         for sink in self._outputs():
-            try:
-                sink.shutdown()  # each sink's own bound (OtelSink: SHUTDOWN_TIMEOUT_S)
-            except Exception as exc:
-                self._sink_failed(sink, exc)
+            if not getattr(sink, "needs_objects", False):
+                self._shutdown(sink)
+
+    def _shutdown(self, sink: Any) -> None:
+        try:
+            sink.shutdown()
+        except Exception as exc:
+            self._sink_failed(sink, exc)
+
+    def _count_undelivered(self, sink: Any) -> None:
+        """After ``sink`` shut down: what it says it never delivered goes into the counters
+        and, for the viewer, one coverage record (written before the counters line)."""
+        try:
+            undelivered = getattr(sink, "undelivered", None)
+            lost, sent = undelivered() if callable(undelivered) else (0, 0)
+        except Exception as exc:
+            self._sink_failed(sink, exc)
+            return
+        if lost <= 0:
+            return
+        with self._count_lock:
+            self.counters.bump("otlp_spans_lost", lost)
+        detail = f"{sink_name(sink)}: {lost} of {lost + sent} spans never reached the collector (see sink_errors and the warning)"
+        record = Coverage(kind="sink_error", detail=detail, count=lost, t_unix=time.time())
+        with self._lock:
+            if len(self.important) < IMPORTANT_CAP:
+                self.important.append(record)
+            if self._writes_lines():
+                self._pending.append(record.model_dump_json())
 
     # ---------------------------------------------------------------- reading
     def call_records(self) -> list[Call]:
@@ -617,6 +701,22 @@ class Recorder:
     def extend(self, records: Iterable[Any]) -> None:
         for record in records:
             self.emit(record)
+
+
+# Every recorder alive in this process, so a forked child can give each a trace of its own.
+_live: weakref.WeakSet[Recorder] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for recorder in list(_live):
+        try:
+            recorder._after_fork_in_child()
+        except Exception as exc:  # never into the child
+            warn(f"after fork: {type(exc).__name__}: {exc}")
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _show_repeats(record: Any, occurrences: int) -> None:

@@ -193,6 +193,9 @@ class Counters(_Record):
     records_dropped: int = 0
     internal_errors: int = 0
     sink_errors: int = 0
+    otlp_spans_lost: int = Field(
+        0, description="spans handed to the OpenTelemetry exporter that the collector never confirmed (down, failing, hanging at exit)"
+    )
     graph_replay_steps: int = 0
     graph_replays_traced: int = Field(0, description="CUDA-graph replays whose graph carries statistics kernels (traced per module)")
     graph_tables: int = Field(0, description="CUDA graphs captured with a statistics table (one per runner and shape)")

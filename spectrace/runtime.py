@@ -112,6 +112,32 @@ def shutdown() -> None:
         warn(f"flush at exit failed: {type(exc).__name__}: {exc}")
 
 
+def _in_forked_child() -> None:
+    """A forked child closes its own trace (the recorder gives it its own file), also when
+    it leaves the way ``multiprocessing`` children do: by ``os._exit``, skipping atexit."""
+    global _lock
+    _lock = threading.RLock()  # a thread holding it at the fork does not exist here
+    _state.pop("closed", None)
+    util = sys.modules.get("multiprocessing.util")
+    if util is not None:
+        # multiprocessing clears its finalizers in the child, then runs these after-fork
+        # hooks: the flush registered there runs at the child's exit.
+        util.register_after_fork(_fork_token, _flush_at_multiprocessing_exit)
+
+
+class _ForkToken:
+    """What multiprocessing's after-fork registry is keyed on (it holds it weakly)."""
+
+
+_fork_token = _ForkToken()
+
+
+def _flush_at_multiprocessing_exit(_token: Any) -> None:
+    import multiprocessing.util
+
+    multiprocessing.util.Finalize(None, shutdown, exitpriority=100)
+
+
 def _on_sigterm(previous: Any) -> Callable[[int, Any], None]:
     def handler(signum: int, frame: Any) -> None:
         shutdown()
@@ -140,6 +166,8 @@ def activate() -> None:
     for module_name, target in import_targets():
         when_imported(module_name, _import_target(target))
     atexit.register(shutdown)
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_in_forked_child)
     try:
         if threading.current_thread() is threading.main_thread():
             previous = signal.getsignal(signal.SIGTERM)

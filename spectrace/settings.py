@@ -1,6 +1,9 @@
 """One validated settings object read from ``SPECTRACE_*`` variables.
 
-A bad value never raises: it prints one warning naming the variable and the fallback.
+A bad value never raises: it prints one warning naming the variable and the fallback
+(once per process for each bad value, however often the environment is read), and the
+fallback is what the settings hold and show. Every number is bounded: a value past its
+bound is bad too (a record cap of 10^20 would not even fit a C ``ssize_t``).
 
     >>> settings = Settings.from_env()
     >>> settings.stats
@@ -9,8 +12,11 @@ A bad value never raises: it prints one warning naming the variable and the fall
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import sys
+import threading
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -20,6 +26,14 @@ STATS_MODES = ("off", "basic", "full")
 
 DEFAULT_RECORD_CAP = 100_000
 DEFAULT_FLUSH_SECONDS = 2.0
+# Upper bounds: past them a value is a typo, not a choice. 10M calls kept in memory are
+# ~5 GB already; a flush interval of a day is "at exit".
+MAX_RECORD_CAP = 10_000_000
+MAX_SAMPLE = 1_000_000
+MAX_FLUSH_SECONDS = 86_400.0
+REDACTED = "<redacted>"
+# The named module lists of hooks/selection.py (which imports torch; this module must not).
+PROFILE_NAMES = ("default", "hf", "eagle3", "all")
 
 
 def warn(message: str) -> None:
@@ -28,6 +42,39 @@ def warn(message: str) -> None:
         sys.stderr.write(f"spectrace: warning: {message}\n")
     except Exception:  # a closed stderr must not break the host
         pass
+
+
+_bad_said: set[tuple[str, str]] = set()
+_bad_lock = threading.Lock()
+
+
+def _bad(name: str, raw: str, message: str) -> None:
+    """Warn about a bad value once per process (the environment is read by every ``trace()``)."""
+    with _bad_lock:
+        if (name, raw) in _bad_said:
+            return
+        _bad_said.add((name, raw))
+    warn(message)
+
+
+def redact_url(url: str) -> str:
+    """An endpoint as a trace or a terminal may show it: no ``user:token@``, no query values.
+
+    >>> redact_url("https://user:tok@collector:4318/v1/traces?api_key=s3cret&tenant=a#frag")
+    'https://<redacted>@collector:4318/v1/traces?api_key=<redacted>&tenant=<redacted>'
+    """
+    url = re.sub(r"(?<=://)[^/@?#]*@", REDACTED + "@", url)
+    url = url.split("#", 1)[0]
+    base, sep, query = url.partition("?")
+    if not sep:
+        return url
+    parts = [p.split("=", 1)[0] + "=" + REDACTED if p else p for p in query.split("&")]
+    return base + "?" + "&".join(parts)
+
+
+def redact_urls(text: str) -> str:
+    """Every URL inside ``text`` (an error message, say) passed through :func:`redact_url`."""
+    return re.sub(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+", lambda m: redact_url(m.group(0)), text)
 
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -43,36 +90,40 @@ def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
         return True
     if value in _FALSE:
         return False
-    warn(f"{name}={raw!r} is not a boolean (1/0/true/false); using {int(default)}")
+    _bad(name, raw, f"{name}={_shown(raw)} is not a boolean (1/0/true/false); using {int(default)}")
     return default
 
 
-def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
+def _shown(raw: str) -> str:
+    """A bad value as a warning quotes it: at most 40 characters (it may be anything)."""
+    return repr(raw) if len(raw) <= 40 else repr(raw[:40]) + "..."
+
+
+def _positive_int(env: Mapping[str, str], name: str, default: int, maximum: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    text = raw.strip()
+    # Digits only, and few of them: int() of a 5,000-digit string raises, and a huge
+    # value would overflow the C size of the buffer it sets.
+    if text.isdigit() and len(text) <= 19 and 1 <= int(text) <= maximum:
+        return int(text)
+    _bad(name, raw, f"{name}={_shown(raw)} is not an integer from 1 to {maximum}; using {default}")
+    return default
+
+
+def _positive_float(env: Mapping[str, str], name: str, default: float, maximum: float) -> float:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
     try:
-        value = int(raw)
-        if value < 1:
-            raise ValueError
-        return value
+        value = float(raw) if len(raw) <= 64 else math.nan
     except ValueError:
-        warn(f"{name}={raw!r} is not a positive integer; using {default}")
-        return default
-
-
-def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = float(raw)
-        if not value > 0:
-            raise ValueError
+        value = math.nan
+    if math.isfinite(value) and 0 < value <= maximum:
         return value
-    except ValueError:
-        warn(f"{name}={raw!r} is not a positive number; using {default}")
-        return default
+    _bad(name, raw, f"{name}={_shown(raw)} is not a number above 0 and at most {maximum:g}; using {default}")
+    return default
 
 
 def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...], default: str) -> str:
@@ -81,7 +132,7 @@ def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...], default
         return default
     value = raw.strip().lower()
     if value not in choices:
-        warn(f"{name}={raw!r} is not one of {', '.join(choices)}; using {default!r}")
+        _bad(name, raw, f"{name}={_shown(raw)} is not one of {', '.join(choices)}; using {default!r}")
         return default
     return value
 
@@ -104,6 +155,10 @@ class Settings:
     record_cap: int = DEFAULT_RECORD_CAP
     flush_seconds: float = DEFAULT_FLUSH_SECONDS
     keep_argv: bool = False  # the header keeps the command line's option values
+    # Statistics of tensors that are a function of one token id (embedding outputs, and
+    # the same tensors as the next module's input): off by default, as at a one-token
+    # decode step they spell the token out against the embedding table.
+    token_stats: bool = False
     quiet: bool = False
     otlp_endpoint: str = ""  # the OTEL_EXPORTER_OTLP(_TRACES)_ENDPOINT in effect: turns spans on
     sglang_skip: tuple[str, ...] = ()  # SGLang patch-point features left unpatched (reported once)
@@ -111,6 +166,23 @@ class Settings:
     graph_sample: int = 64  # in-graph statistics read back after 1 in N replays of each captured graph
     fingerprint: str = ""  # a training fingerprint (spectrace fingerprint) to compare the live draft input with
     control: str = ""  # a file whose first word ("off"/"on") pauses or resumes per-step work at run time
+
+    def __post_init__(self) -> None:
+        # Settings built in code get the bounds the environment gets (a deque of 10^20 raises).
+        for name, low, high in (("record_cap", 1, MAX_RECORD_CAP), ("sample", 1, MAX_SAMPLE), ("graph_sample", 1, MAX_SAMPLE)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                fallback = getattr(type(self), name)
+                _bad(name, repr(value), f"Settings({name}={value!r}) is not an integer from {low} to {high}; using {fallback}")
+                object.__setattr__(self, name, fallback)
+        seconds = self.flush_seconds
+        if not isinstance(seconds, (int, float)) or not (math.isfinite(seconds) and 0 < seconds <= MAX_FLUSH_SECONDS):
+            _bad(
+                "flush_seconds",
+                repr(seconds),
+                f"Settings(flush_seconds={seconds!r}) is not a number above 0 and at most {MAX_FLUSH_SECONDS:g}; using {DEFAULT_FLUSH_SECONDS}",
+            )
+            object.__setattr__(self, "flush_seconds", DEFAULT_FLUSH_SECONDS)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -129,16 +201,17 @@ class Settings:
             enabled=_flag(env, "SPECTRACE", False),
             dir=env.get("SPECTRACE_DIR", "").strip() or "spectrace-traces",
             modules=_patterns(env, "SPECTRACE_MODULES"),
-            profile=env.get("SPECTRACE_PROFILE", "").strip(),
+            profile=_choice(env, "SPECTRACE_PROFILE", PROFILE_NAMES, ""),
             stats=stats,  # type: ignore[arg-type]
-            sample=_positive_int(env, "SPECTRACE_SAMPLE", 1),
-            record_cap=_positive_int(env, "SPECTRACE_RECORD_CAP", DEFAULT_RECORD_CAP),
-            flush_seconds=_positive_float(env, "SPECTRACE_FLUSH_SECONDS", DEFAULT_FLUSH_SECONDS),
+            sample=_positive_int(env, "SPECTRACE_SAMPLE", 1, MAX_SAMPLE),
+            record_cap=_positive_int(env, "SPECTRACE_RECORD_CAP", DEFAULT_RECORD_CAP, MAX_RECORD_CAP),
+            flush_seconds=_positive_float(env, "SPECTRACE_FLUSH_SECONDS", DEFAULT_FLUSH_SECONDS, MAX_FLUSH_SECONDS),
+            token_stats=_flag(env, "SPECTRACE_TOKEN_STATS", False),
             keep_argv=keep_argv,
             quiet=_flag(env, "SPECTRACE_QUIET", False),
             sglang_skip=_patterns(env, "SPECTRACE_SGLANG_SKIP"),
             sglang_layers=_choice(env, "SPECTRACE_SGLANG_LAYERS", ("captured", "all"), "captured"),
-            graph_sample=_positive_int(env, "SPECTRACE_GRAPH_SAMPLE", 64),
+            graph_sample=_positive_int(env, "SPECTRACE_GRAPH_SAMPLE", 64, MAX_SAMPLE),
             fingerprint=env.get("SPECTRACE_FINGERPRINT", "").strip(),
             control=env.get("SPECTRACE_CONTROL", "").strip(),
             # Only "is an endpoint set" (spans on) and what to show: the OTLP exporter reads
@@ -157,6 +230,13 @@ class Settings:
         data["modules"] = list(self.modules)
         return data
 
+    def safe_dict(self) -> dict[str, Any]:
+        """:meth:`as_dict` as a trace header or a terminal may show it: the endpoint
+        without credentials or query values (an ``?api_key=`` rides there)."""
+        data = self.as_dict()
+        data["otlp_endpoint"] = redact_url(self.otlp_endpoint)
+        return data
+
     def describe(self) -> str:
-        """The settings in effect, one per line (``spectrace settings``)."""
-        return "\n".join(f"{k} = {v!r}" for k, v in self.as_dict().items())
+        """The settings in effect, one per line (``spectrace settings``), secrets redacted."""
+        return "\n".join(f"{k} = {v!r}" for k, v in self.safe_dict().items())

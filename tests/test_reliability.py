@@ -314,7 +314,8 @@ def test_read_only_trace_folder(small, tmp_path: Path, capfd) -> None:
 
 
 def test_planted_symlink_is_not_followed(tmp_path: Path) -> None:
-    """In a shared folder a symlink at the trace's name must not redirect the trace."""
+    """In a shared folder a symlink at the trace's name must not redirect the trace:
+    it is left alone and the trace goes to the next free name."""
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\n")
     (tmp_path / "t").mkdir()
@@ -322,7 +323,10 @@ def test_planted_symlink_is_not_followed(tmp_path: Path) -> None:
     rec = Recorder(Settings(quiet=True), directory=str(tmp_path / "t"), name="trace-x.jsonl")
     rec.emit_step(0, [Call(step=0, seq=0, module="m", module_type="Linear")], 0, 1)
     rec.close()
-    assert victim.read_text() == "precious\n" and rec.counters.sink_errors >= 1
+    assert victim.read_text() == "precious\n" and (tmp_path / "t" / "trace-x.jsonl").is_symlink()
+    assert rec.path == str(tmp_path / "t" / "trace-x.2.jsonl") and rec.counters.sink_errors == 0
+    n, tail = _check_lines(Path(rec.path))
+    assert n == 3 and tail == b""  # header, the call, the counters
 
 
 # ------------------------------------------------------------------------ statistics
@@ -460,10 +464,21 @@ WRITER = textwrap.dedent(
     from spectrace.recorder import Recorder
     from spectrace.records import Call, TensorMeta
     from spectrace.settings import Settings
+    from spectrace.sinks.jsonl import JsonlSink, ensure_private_dir
     me, folder = sys.argv[1], sys.argv[2]
     s = Settings(flush_seconds=0.0005, quiet=True)
     own = Recorder(s, directory=folder)                                # trace-<host>-<pid>.jsonl
-    shared = Recorder(s, directory=folder, name="trace-shared.jsonl")  # four writers, one file
+
+    class SharedFile(JsonlSink):
+        # The trace file's own whole-line writes, into one file that four writers append
+        # to (spectrace never shares a trace file: it creates its own with O_EXCL).
+        def _open(self):
+            if self._fd is None:
+                ensure_private_dir(self.directory)
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+            return self._fd
+
+    shared = Recorder(s, sinks=[SharedFile(folder, "trace-shared.jsonl")])  # four writers, one file
     print("ready", flush=True)
     seq = 0
     while True:

@@ -33,6 +33,7 @@ import torch.nn as nn
 from ..recorder import Recorder
 from ..records import Call
 from . import hookdicts, stepwrap
+from .privacy import TokenTensors
 from .readback import Readback, StepStats
 from .roles import role_of
 from .selection import ModuleFilter, select
@@ -166,6 +167,9 @@ class Tracer:
         self._values_lock = threading.Lock()
         self._values: collections.OrderedDict[int, list[list[float] | None]] = collections.OrderedDict()  # worker side
         self._worker = RecordWorker(self._build_step, self._drop_step)
+        # Privacy: no statistics of tensors that are a function of one token id (privacy.py).
+        self.token_stats = bool(getattr(recorder.settings, "token_stats", False))
+        self._token_tensors = TokenTensors()
         self._step = functools.partial(Tracer._step_around, self)
         self._step.compiled = self._compiled  # type: ignore[attr-defined]
 
@@ -677,7 +681,9 @@ class Tracer:
             if want and budget != 0 and dtype not in INDEX_DTYPES and stats_supported(tensor):
                 if budget is not None:
                     budget -= 1
-                if state.capturing:
+                if self._token_private(tensor, role, module_type):
+                    pass  # a function of one token id: shape and dtype only (privacy.py)
+                elif state.capturing:
                     # Nothing may be read back during capture; a slot in the graph instead.
                     self._graph_slot(tensor, state, name, module_type, role, arg)
                 else:
@@ -691,6 +697,15 @@ class Tracer:
                 state.on_device = True
             noted.append((arg, shape, dtype, device, state.stats.generation, index, numel))
         return noted
+
+    def _token_private(self, tensor: torch.Tensor, role: str | None, module_type: str) -> bool:
+        """An embedding output, or that same tensor seen again; never with SPECTRACE_TOKEN_STATS=1."""
+        if self.token_stats:
+            return False
+        if TokenTensors.is_token_module(role, module_type):
+            self._token_tensors.remember(tensor)
+            return True
+        return self._token_tensors.holds(tensor)
 
 
 def _dumps_json(fields: dict[str, Any]) -> str:

@@ -6,8 +6,22 @@ complete lines all load. Each process writes its own file (the name carries host
 and rank): O_APPEND keeps concurrent whole-line writes apart, but a writer killed in the
 middle of a long write leaves a fragment that the next writer of a *shared* file would
 extend (RELIABILITY.md measures it). A short write (disk full, file size limit) is cut
-back off the file. The folder is created 0700 and the file 0600 (never
-through a symlink): traces describe a user's model.
+back off the file. Traces describe a user's model, and the file name is predictable, so
+the file is one spectrace made itself, now:
+
+- it is created with ``O_CREAT | O_EXCL | O_NOFOLLOW`` (and ``O_NONBLOCK``), mode 0600,
+  inside the folder opened once: a FIFO, a symlink, or a file someone else made (another
+  user's, a 0666 one, an earlier process's with the same pid) at that name is never
+  opened, so never appended to and never waited on. The next free name is used instead
+  (``trace-<host>-<pid>.2.jsonl``, ...) and a warning says so once.
+- ``fstat`` then checks it is a regular, empty file owned by this user with one link.
+- missing folders, parents included, are created 0700 whatever the umask (existing
+  folders keep their mode).
+- the way to the folder may pass symlinks owned by this user or root only: a symlink
+  planted by another user (``SPECTRACE_DIR=/shared/traces`` with ``traces -> /etc``) is
+  refused with one sink error, and the trace stays in memory. The kernel's
+  ``fs.protected_symlinks`` does the same in sticky folders such as ``/tmp``; this holds
+  everywhere.
 
 A line sink of the :class:`~spectrace.sinks.base.Sink` protocol: the recorder hands it
 batches of JSON lines (header first) and counts what it raises.
@@ -21,11 +35,16 @@ from __future__ import annotations
 import errno
 import os
 import socket
-from collections.abc import Sequence
+import stat
+from collections.abc import Callable, Sequence
 
+from ..settings import warn
 from .base import DEFAULT_TIMEOUT_S
 
 MAX_WRITE = 1 << 20  # bytes per write() call; always a whole number of lines
+MAX_NAME_TRIES = 16  # taken names tried before giving up (each is one failed open, no wait)
+MAX_SYMLINKS = 40  # as the kernel's own bound (ELOOP)
+_O = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 def trace_file_name(pid: int | None = None, rank: int | None = None, host: str | None = None) -> str:
@@ -37,34 +56,147 @@ def trace_file_name(pid: int | None = None, rank: int | None = None, host: str |
     return name + ".jsonl"
 
 
+def check_symlinks(path: str) -> None:
+    """Raise PermissionError when the way to ``path`` passes a symlink owned by another
+    user (neither this one nor root); the rest of the way may not exist yet."""
+    me = os.geteuid() if hasattr(os, "geteuid") else 0
+    todo = [p for p in os.path.abspath(path).split(os.sep) if p]
+    current = os.sep
+    hops = 0
+    while todo:
+        part = todo.pop(0)
+        if part == ".":
+            continue
+        if part == "..":
+            current = os.path.dirname(current)
+            continue
+        candidate = os.path.join(current, part)
+        try:
+            st = os.lstat(candidate)
+        except FileNotFoundError:
+            return  # spectrace creates the rest itself
+        if not stat.S_ISLNK(st.st_mode):
+            current = candidate
+            continue
+        if st.st_uid not in (me, 0):
+            raise PermissionError(
+                errno.EPERM,
+                f"the way to the trace folder passes {candidate}, a symlink owned by uid {st.st_uid} (not you, not root): refused",
+            )
+        hops += 1
+        if hops > MAX_SYMLINKS:
+            raise OSError(errno.ELOOP, f"too many symlinks on the way to {path}")
+        target = os.readlink(candidate)
+        if os.path.isabs(target):
+            current = os.sep
+        todo = [p for p in target.split(os.sep) if p] + todo
+
+
 def ensure_private_dir(path: str) -> None:
-    """Create ``path`` with mode 0700 if it does not exist (existing folders keep theirs)."""
-    if not os.path.isdir(path):
-        os.makedirs(path, mode=0o700, exist_ok=True)
+    """Create ``path`` and its missing parents, each 0700 whatever the umask (existing
+    folders keep theirs), after :func:`check_symlinks`."""
+    absolute = os.path.abspath(path)
+    check_symlinks(absolute)
+    missing: list[str] = []
+    head = absolute
+    while not os.path.lexists(head):
+        missing.append(head)
+        parent = os.path.dirname(head)
+        if parent == head:
+            break
+        head = parent
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            continue  # made meanwhile by another process: its mode is its own
+        # The umask may have taken bits (umask 0777 leaves 0000); fchmod on the folder
+        # opened without following, so a swap for a symlink meanwhile changes nothing.
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _O)
+        try:
+            os.fchmod(fd, 0o700)
+        finally:
+            os.close(fd)
+    if not os.path.isdir(absolute):
+        raise NotADirectoryError(errno.ENOTDIR, f"{path} is not a folder")
+
+
+def numbered_name(name: str, n: int) -> str:
+    """The ``n``-th name to try when ``name`` is taken: ``trace-h-1.jsonl`` -> ``trace-h-1.2.jsonl``."""
+    stem, dot, ext = name.rpartition(".")
+    return f"{stem}.{n}.{ext}" if dot else f"{name}.{n}"
 
 
 class JsonlSink:
-    """Appends JSON lines to ``directory/name``; opened on first write."""
+    """Appends JSON lines to ``directory/name``; created (never reopened) on first write.
+
+    ``note`` is told, once, when the name was taken and another one is used (the
+    recorder passes its warn-once; default: a warning line).
+    """
 
     needs_objects = False  # the Sink protocol: write() gets JSON lines
 
-    def __init__(self, directory: str, name: str) -> None:
+    def __init__(self, directory: str, name: str, note: Callable[[str], None] | None = None) -> None:
         self.directory = directory
         self.name = name
+        self.note = note or warn
         self._fd: int | None = None
+        self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file created
 
     @property
     def path(self) -> str:
         return os.path.join(self.directory, self.name)
 
     def _open(self) -> int:
+        if self._fd is None and self._identity is not None:
+            self._fd = self._reopen()
         if self._fd is None:
             ensure_private_dir(self.directory)
-            # Read access only to check a torn tail before cutting it (see _write_all).
-            # O_NOFOLLOW: in a shared folder a planted symlink must not redirect the trace.
-            flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-            self._fd = os.open(self.path, flags, 0o600)
+            folder = os.open(self.directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+            try:
+                self._fd = self._create(folder)
+            finally:
+                os.close(folder)
         return self._fd
+
+    def _create(self, folder: int) -> int:
+        """A new file of our own under ``folder`` (a descriptor: the folder cannot be swapped meanwhile)."""
+        # Read access only to check a torn tail before cutting it (see _write_all).
+        # O_EXCL: whatever already sits at the name (FIFO, symlink, someone's file) is
+        # not opened at all. O_NONBLOCK: no open here may ever wait.
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND | getattr(os, "O_NONBLOCK", 0) | _O
+        first = self.name
+        for n in range(1, MAX_NAME_TRIES + 1):
+            name = first if n == 1 else numbered_name(first, n)
+            try:
+                fd = os.open(name, flags, 0o600, dir_fd=folder)
+            except FileExistsError:
+                continue
+            try:
+                _check_own_file(fd, name)
+            except BaseException:
+                os.close(fd)
+                raise
+            st = os.fstat(fd)
+            self._identity = (st.st_dev, st.st_ino)
+            if name != first:
+                self.note(
+                    f"{os.path.join(self.directory, first)} already exists (an earlier process's, or planted): writing {name} instead"
+                )
+            self.name = name
+            return fd
+        raise FileExistsError(errno.EEXIST, f"{first} and {MAX_NAME_TRIES - 1} numbered names are taken in {self.directory}")
+
+    def _reopen(self) -> int:
+        """The file created before, written again after a close (a record emitted at exit
+        after the counters): the same file, or an error, never what replaced it."""
+        flags = os.O_RDWR | os.O_APPEND | getattr(os, "O_NONBLOCK", 0) | _O
+        fd = os.open(self.path, flags)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != self._identity:
+            os.close(fd)
+            raise PermissionError(errno.EPERM, f"{self.path} was replaced since spectrace created it: not written")
+        return fd
 
     def write(self, lines: Sequence[str]) -> None:
         """Write complete lines; raises OSError (the recorder counts it)."""
@@ -100,6 +232,14 @@ class JsonlSink:
                 os.close(self._fd)
             finally:
                 self._fd = None
+
+
+def _check_own_file(fd: int, name: str) -> None:
+    """The file just created is what O_EXCL promised: regular, empty, ours, one link."""
+    st = os.fstat(fd)
+    me = os.geteuid() if hasattr(os, "geteuid") else st.st_uid
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != me or st.st_nlink != 1 or st.st_size != 0:
+        raise PermissionError(errno.EPERM, f"{name} is not a new regular file of this user's: not written")
 
 
 def _write_all(fd: int, data: bytes) -> None:

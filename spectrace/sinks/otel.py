@@ -135,6 +135,7 @@ class _CountingExporter(SpanExporter):
         self.inner = inner
         self.on_error = on_error
         self.spans_failed = 0
+        self.spans_sent = 0  # confirmed by the collector (SUCCESS)
 
     def export(self, spans: Sequence[Any]) -> SpanExportResult:
         reason: list[str] = []
@@ -149,6 +150,8 @@ class _CountingExporter(SpanExporter):
             self.spans_failed += len(spans)
             why = f" ({reason[0][:200]})" if reason else ""
             self.on_error(f"OTLP export failed for {len(spans)} spans{why}")
+        else:
+            self.spans_sent += len(spans)
         return result
 
     def shutdown(self) -> None:
@@ -184,20 +187,46 @@ class OtelSink:
     needs_objects = True  # the Sink protocol: write() gets record objects and Step batches
     name = "OpenTelemetry"  # how the recorder's sink-error warnings name it
 
-    def __init__(self, exporter: SpanExporter, resource: Resource | dict[str, Any], on_error: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        exporter: SpanExporter,
+        resource: Resource | dict[str, Any],
+        on_error: Callable[[str], None],
+        remake: Callable[[], SpanExporter] | None = None,
+    ) -> None:
         _install_filter()
         self.on_error = on_error
+        self.remake = remake  # builds a fresh exporter in a forked child (its HTTP pool is the parent's)
         if not isinstance(resource, Resource):
             resource = Resource.create(resource)
+        self._start(exporter, resource)
+        self._closed = False
+
+    def _start(self, exporter: SpanExporter, resource: Resource) -> None:
         # No atexit hook of the SDK's own: its shutdown joins the export thread for up to
         # 30 s; ours (called from the recorder's close) is bounded.
+        self.resource = resource
         self.provider = TracerProvider(resource=resource, shutdown_on_exit=False)
-        self.exporter = _CountingExporter(exporter, on_error)
+        self.exporter = _CountingExporter(exporter, self.on_error)
         self.processor = BatchSpanProcessor(self.exporter, export_timeout_millis=int(EXPORT_TIMEOUT_S * 1000))
         self.provider.add_span_processor(self.processor)
         self.tracer = self.provider.get_tracer("spectrace")
         self.spans_dropped = 0
-        self._closed = False
+        self.spans_queued = 0  # spans ended here, i.e. handed to the SDK's batch queue
+
+    def after_fork(self) -> None:
+        """In a forked child: a provider of its own (``process.pid`` is the child's) and,
+        when it can be rebuilt, a fresh exporter. The SDK empties the parent's queue in
+        the child, so no span of the parent is sent twice."""
+        exporter = self.remake() if self.remake is not None else self.exporter.inner
+        self._start(exporter, self.resource.merge(Resource({"process.pid": os.getpid()})))
+
+    def undelivered(self) -> tuple[int, int]:
+        """(spans the collector never confirmed, spans it did), once shut down: what was
+        queued and not exported with success, whatever the reason (failed, dropped from
+        a full queue, still queued at the shutdown deadline)."""
+        sent = self.exporter.spans_sent
+        return max(0, self.spans_queued - sent), sent
 
     def _sdk_said(self, message: str) -> None:
         # Caught while queueing our spans: the SDK's queue is full and drops them.
@@ -230,7 +259,9 @@ class OtelSink:
                 name = f"module {record.module}" if isinstance(record, Call) else f"spectrace.{record.type}"
                 span = self.tracer.start_span(name, context=context, start_time=start_ns, attributes=flat_attributes(record))
                 span.end(end_time=end_ns)
+                self.spans_queued += 1
             parent.end(end_time=end_ns)
+            self.spans_queued += 1
 
     def export_record(self, record: Any, time_ns: int) -> None:
         if self._closed:
@@ -238,6 +269,7 @@ class OtelSink:
         with _own(self):
             span = self.tracer.start_span(f"spectrace.{record.type}", start_time=time_ns, attributes=flat_attributes(record))
             span.end(end_time=time_ns)
+            self.spans_queued += 1
 
     def flush(self, timeout_s: float = EXPORT_TIMEOUT_S) -> bool:
         """Send what is queued, waiting at most ``timeout_s``; True when it was sent."""
@@ -371,4 +403,9 @@ def sink_from_env(settings: Settings, error: Callable[[str], None], rank: int | 
         return None
     if said:
         error(f"OTLP exporter settings: {said[0][:200]}")
-    return OtelSink(exporter, resource, error)
+
+    def remake() -> SpanExporter:
+        with _own(_Collect([])):
+            return module.OTLPSpanExporter(**kwargs)  # type: ignore[no-any-return]
+
+    return OtelSink(exporter, resource, error, remake=remake)
