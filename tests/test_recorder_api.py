@@ -209,8 +209,9 @@ def test_a_per_step_record_never_waits_for_a_write_in_progress(tmp_path: Path) -
     # in a sink (here: until released) must not hold it: the write runs on the flush
     # thread, outside the lock that emit takes.
     stuck = BlockingSink()
-    rec = Recorder(_quiet(flush_seconds=0.0), directory=str(tmp_path), name="t.jsonl", sinks=[stuck])
-    rec.emit(_acceptance(0))  # due at once (interval 0): handed to the flush thread
+    rec = Recorder(_quiet(flush_seconds=0.001), directory=str(tmp_path), name="t.jsonl", sinks=[stuck])
+    time.sleep(0.01)
+    rec.emit(_acceptance(0))  # due (the interval has passed): handed to the flush thread
     assert stuck.writing.wait(10)  # the flush thread is inside the sink now, and stays there
     start = time.monotonic()
     for step in range(1, 200):
