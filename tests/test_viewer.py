@@ -508,14 +508,17 @@ def test_view_states_what_spectrace_own_serving_hooks_cost(tmp_path: Path, capsy
         rec.emit(Acceptance(step=step, accept_lengths=[2, 1], draft_tokens=3, accepted_per_position=[1, 0, 0]))
     rec.counters.hook_calls, rec.counters.hook_seconds = 200, 0.001  # 5 us per call, 25 us per step
     rec.counters.hook_seconds_by_feature = {"graph_replay": 0.0002, "acceptance": 0.0008}
+    rec.counters.hook_slow_seconds_by_feature = {"acceptance": 0.0004}  # 10 us per step in slow calls
     rec.close()
     assert view_main([str(tmp_path), "--no-pager"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "spectrace's own host time: 5.0 us per hook call (200 calls), 25.0 us per" in out  # the panel wraps here
+    assert "(10.0 of it in calls over 100 us" in out
     assert "us per verify step by hook: acceptance 20.0, graph_replay 5.0" in out
     assert view_main([str(tmp_path), "--json"]) == 0
     header = json.loads(capsys.readouterr().out)["header"]
     assert (header["hook_calls"], header["hook_us_per_call"], header["hook_us_per_verify_step"]) == (200, 5.0, 25.0)
+    assert header["hook_us_per_verify_step_in_slow_calls"] == 10.0
     # Split by feature, largest first, so the costly hook is named.
     assert list(header["hook_us_per_verify_step_by_feature"].items()) == [("acceptance", 20.0), ("graph_replay", 5.0)]
     # Acceptance records carry no time: no span is claimed (it used to print "span 0.0 s").

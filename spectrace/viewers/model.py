@@ -101,6 +101,8 @@ class HeaderSummary(BaseModel):
     hook_us_per_call: float | None = None
     hook_us_per_verify_step: float | None = None
     hook_us_per_verify_step_by_feature: dict[str, float] = {}  # largest first
+    # the part of the per-step figure spent in calls over 100 us (a lost CPU or a GIL wait)
+    hook_us_per_verify_step_in_slow_calls: float | None = None
     coverage_gaps: list[str] = []
     graph_traced: str | None = None  # how replayed CUDA graphs were traced (in-graph statistics), if they were
     load_problems: list[str] = []
@@ -390,7 +392,7 @@ def _header(ts: TraceSet, files: list[TraceFile], states: list[_FileState], flt:
         # records only) has no span to state, and "0.0 s" would read as a measurement.
         span = round(max(starts + stamped) - min(starts), 3) if stamped else None
     dropped, gaps = _coverage(files)
-    hook_calls, hook_us, hook_us_step, hook_us_by_feature = _hook_cost(files)
+    hook_calls, hook_us, hook_us_step, hook_us_by_feature, hook_us_slow = _hook_cost(files)
     return HeaderSummary(
         source=shown_path(ts.source),
         processes=procs,
@@ -406,21 +408,24 @@ def _header(ts: TraceSet, files: list[TraceFile], states: list[_FileState], flt:
         hook_us_per_call=hook_us,
         hook_us_per_verify_step=hook_us_step,
         hook_us_per_verify_step_by_feature=hook_us_by_feature,
+        hook_us_per_verify_step_in_slow_calls=hook_us_slow,
         coverage_gaps=[g for g in gaps if not g.startswith(GRAPH_TRACED)],
         graph_traced=next((g[len(GRAPH_TRACED) :] for g in gaps if g.startswith(GRAPH_TRACED)), None),
         load_problems=[p.message for p in ts.problems],
     )
 
 
-def _hook_cost(files: list[TraceFile]) -> tuple[int, float | None, float | None, dict[str, float]]:
+def _hook_cost(files: list[TraceFile]) -> tuple[int, float | None, float | None, dict[str, float], float | None]:
     """What spectrace's own serving hooks cost the host: calls, us per call, us per verify
-    step, and that per-step figure split by patch-point feature (largest first).
+    step, that per-step figure split by patch-point feature (largest first), and the part of
+    it spent in calls over 100 us.
 
     Counters are cumulative, so per file the last (largest) counters record counts; a verify
     step is one acceptance record.
     """
     calls = 0
     seconds = 0.0
+    slow = 0.0
     steps = 0
     by_feature: dict[str, float] = {}
     for f in files:
@@ -429,17 +434,24 @@ def _hook_cost(files: list[TraceFile]) -> tuple[int, float | None, float | None,
             continue
         calls += last.hook_calls
         seconds += last.hook_seconds
+        slow += sum(v for k, v in last.hook_slow_seconds_by_feature.items() if not k.endswith(STARTUP_SUFFIX))
         steps += len(f.acceptance)
         for feature, spent in last.hook_seconds_by_feature.items():
             by_feature[feature] = by_feature.get(feature, 0.0) + spent
     if not calls:
-        return 0, None, None, {}
+        return 0, None, None, {}, None
     # Start-up time (graph capture, a hook's first calls: imports, kernel compiles) is no
     # per-step cost; it stays in the split under "<feature>@startup" but not in the total.
     startup = sum(v for k, v in by_feature.items() if k.endswith(STARTUP_SUFFIX))
     serving = seconds - startup
     per_step = {k: round(v / steps * 1e6, 1) for k, v in sorted(by_feature.items(), key=lambda kv: -kv[1])} if steps else {}
-    return calls, round(seconds / calls * 1e6, 2), round(serving / steps * 1e6, 1) if steps else None, per_step
+    return (
+        calls,
+        round(seconds / calls * 1e6, 2),
+        round(serving / steps * 1e6, 1) if steps else None,
+        per_step,
+        round(slow / steps * 1e6, 1) if steps else None,
+    )
 
 
 STARTUP_SUFFIX = "@startup"

@@ -170,6 +170,8 @@ class HeaderPanel:
                 lines.append(" (ring buffer full; statistics undercount)")
         if h.hook_calls:
             per_step = f", {h.hook_us_per_verify_step} us per verify step" if h.hook_us_per_verify_step is not None else ""
+            if h.hook_us_per_verify_step_in_slow_calls:
+                per_step += f" ({h.hook_us_per_verify_step_in_slow_calls} of it in calls over 100 us: the thread lost the CPU or waited)"
             lines.append(f"\nspectrace's own host time: {h.hook_us_per_call} us per hook call ({h.hook_calls} calls){per_step}")
             if h.hook_us_per_verify_step_by_feature:
                 split = ", ".join(f"{name} {us}" for name, us in h.hook_us_per_verify_step_by_feature.items())
