@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import importlib.util
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -87,3 +89,31 @@ def when_imported(name: str, callback: Callback) -> None:
         if _finder is None:
             _finder = _PostImportFinder()
             sys.meta_path.insert(0, _finder)
+
+
+def module_exists(name: str) -> bool:
+    """Whether ``name`` could be imported, without importing it or its parent packages.
+
+    ``importlib.util.find_spec`` would import every parent package; in a server process
+    that can pull in code the server itself never loads. The source file is looked for
+    under the already imported (or merely located) top-level package instead.
+    """
+    if name in sys.modules:
+        return True
+    top, _, rest = name.partition(".")
+    package = sys.modules.get(top)
+    roots = list(getattr(package, "__path__", None) or [])
+    if package is None:
+        try:
+            spec = importlib.util.find_spec(top)  # a top-level name imports nothing
+        except (ImportError, ValueError):
+            return False
+        roots = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not rest:
+        return bool(roots) or package is not None
+    parts = rest.split(".")
+    for root in roots:
+        base = os.path.join(root, *parts)
+        if os.path.isfile(base + ".py") or os.path.isfile(os.path.join(base, "__init__.py")):
+            return True
+    return False

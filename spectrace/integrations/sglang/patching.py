@@ -14,8 +14,6 @@ A point missing from the installed SGLang is reported once as "not covered".
 from __future__ import annotations
 
 import functools
-import importlib.util
-import os
 import sys
 import threading
 import time
@@ -23,6 +21,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from ...importhook import module_exists
 from . import cost, state
 from .points import POINTS, Point, alternatives, points_for
 
@@ -227,34 +226,6 @@ def patch_module(module: ModuleType) -> None:
             patch_point(module, point)
         except Exception as exc:
             state.internal_error(f"patching {point.target}", exc)
-
-
-def module_exists(name: str) -> bool:
-    """Whether ``name`` could be imported, without importing it or its parent packages.
-
-    ``importlib.util.find_spec`` would import every parent package; in a server process
-    that can pull in code the server itself never loads. The source file is looked for
-    under the already imported (or merely located) top-level package instead.
-    """
-    if name in sys.modules:
-        return True
-    top, _, rest = name.partition(".")
-    package = sys.modules.get(top)
-    roots = list(getattr(package, "__path__", None) or [])
-    if package is None:
-        try:
-            spec = importlib.util.find_spec(top)  # a top-level name imports nothing
-        except (ImportError, ValueError):
-            return False
-        roots = list(spec.submodule_search_locations or []) if spec is not None else []
-    if not rest:
-        return bool(roots) or package is not None
-    parts = rest.split(".")
-    for root in roots:
-        base = os.path.join(root, *parts)
-        if os.path.isfile(base + ".py") or os.path.isfile(os.path.join(base, "__init__.py")):
-            return True
-    return False
 
 
 def install_direct() -> list[str]:

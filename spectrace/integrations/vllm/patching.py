@@ -23,6 +23,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from ...importhook import module_exists
 from . import state
 from .points import POINTS, Point, alternatives, points_for
 
@@ -167,30 +168,6 @@ def patch_module(module: ModuleType) -> None:
             patch_point(module, point)
         except Exception as exc:
             state.internal_error(f"patching {point.target}", exc)
-
-
-def module_exists(name: str) -> bool:
-    """Whether ``name`` could be imported, without importing it (nor its parents)."""
-    if name in sys.modules:
-        return True
-    import importlib.util
-    import os
-
-    top, _, rest = name.partition(".")
-    package = sys.modules.get(top)
-    roots = list(getattr(package, "__path__", None) or [])
-    if package is None:
-        try:
-            spec = importlib.util.find_spec(top)
-        except (ImportError, ValueError):
-            return False
-        roots = list(spec.submodule_search_locations or []) if spec is not None else []
-    parts = rest.split(".") if rest else []
-    for root in roots:
-        base = os.path.join(root, *parts)
-        if os.path.isfile(base + ".py") or os.path.isfile(os.path.join(base, "__init__.py")):
-            return True
-    return False
 
 
 def install_direct() -> list[str]:
