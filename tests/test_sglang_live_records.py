@@ -37,7 +37,8 @@ SCRIPT = textwrap.dedent(
             sh.run_target(target, ids)
         sys.exit(0)
     bypass = sys.argv[1] == "bypass"
-    target = sh.build_sglang_llama_target(cfg, hf, layer_ids=sh.NO_CAPTURE if bypass else [0, 1, 2])
+    layer_ids = sh.NO_CAPTURE if bypass else [-1, 1, 2] if sys.argv[1] == "embed" else [0, 1, 2]
+    target = sh.build_sglang_llama_target(cfg, hf, layer_ids=layer_ids)
     draft_cfg = dict(architectures=["LlamaForCausalLMEagle3"], vocab_size={VOCAB}, hidden_size={HIDDEN},
         intermediate_size=128, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
         max_position_embeddings=128, tie_word_embeddings=False, draft_vocab_size={DRAFT_VOCAB},
@@ -165,3 +166,21 @@ def test_deepseek_target_layers_are_residual_streams_and_equal_the_chunks(tmp_pa
         boundary = _out(calls[f"target.layer[{layer}]"][0], "output.residual_stream")["stats"]
         chunk = _out(aux, f"output.chunk[{i}]")["stats"]
         assert chunk["std"] == pytest.approx(boundary["std"], rel=1e-6)
+
+
+@pytest.mark.parametrize("token_stats", ["", "1"])
+def test_the_embedding_chunk_of_the_aux_concat_has_no_statistics_by_default(tmp_path, token_stats):
+    """ids [-1, 1, 2] capture the embedding output as chunk 0: a function of one token id per
+    row, so by default it is recorded with its shape and no statistics; the other chunks keep
+    theirs. SPECTRACE_TOKEN_STATS=1 restores them."""
+    records = _run(tmp_path, "embed", **({"SPECTRACE_TOKEN_STATS": token_stats} if token_stats else {}))
+    (capture,) = [r for r in records if r["type"] == "capture"]
+    assert capture["boundaries"] == [0, 2, 3]
+    for aux in _calls(records)["target.aux_concat"]:
+        chunks = [_out(aux, f"output.chunk[{i}]") for i in range(3)]
+        assert all(c["shape"] == [12, HIDDEN] for c in chunks)
+        assert all(c["stats"] and c["stats"]["numel"] == 12 * HIDDEN for c in chunks[1:])
+        if token_stats:
+            assert chunks[0]["stats"] and chunks[0]["stats"]["numel"] == 12 * HIDDEN
+        else:
+            assert not chunks[0]["stats"]

@@ -131,3 +131,38 @@ def test_a_backlog_is_built_even_while_the_host_is_awake():
         worker.submit(i, busy=lambda: False)
     assert _wait_until(lambda: len(built) >= 1)
     worker.close()
+
+
+def test_a_forked_child_never_builds_the_parents_queued_steps(tmp_path) -> None:
+    """Steps still queued when the host forks are the parent's: the parent builds them into
+    its own trace; the child's worker starts empty and builds only what the child submits."""
+    import json
+    import os
+
+    built: list[list[object]] = []
+    gate = threading.Event()
+
+    def build(item: list[object]) -> None:
+        gate.wait(10)  # the parent's worker is held here, so steps stay queued across the fork
+        built.append(item)
+
+    worker = RecordWorker(build=build, on_drop=lambda item: None, lag_seconds=0.0)
+    for i in range(5):
+        worker.submit(["parent", i], busy=lambda: False)
+    time.sleep(0.2)  # the parent's thread has taken the first step and waits in build
+    out = tmp_path / "child.json"
+    pid = os.fork()
+    if pid == 0:
+        try:
+            gate.set()  # the child's copy of the event
+            worker.submit(["child", 0], busy=lambda: False)
+            worker.flush(5)
+            out.write_text(json.dumps(built))
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert status == 0
+    assert json.loads(out.read_text()) == [["child", 0]]  # none of the parent's steps
+    gate.set()
+    assert worker.flush(10)
+    assert built == [["parent", i] for i in range(5)]  # the parent built all of its own

@@ -606,6 +606,11 @@ class Tracer:
             return self._note([(arg, t) for arg, t, _add, _cols in items], state, name, module_type, role, reuse=False)
         noted: list[RawTensor] = []
         for arg, tensor, add, cols in items:
+            if not self.token_stats and self._token_tensors.holds(tensor):
+                # A view of an embedding output (an integration remembered it): shape and
+                # dtype only, in eager steps and in a captured graph alike (privacy.py).
+                noted.append(self._shape_only(arg, tensor, state, cols))
+                continue
             if state.capturing and self._graph_slot(tensor, state, name, module_type, role, arg, add, cols):
                 noted.append(self._shape_only(arg, tensor, state, cols))
                 continue
@@ -697,6 +702,11 @@ class Tracer:
                 state.on_device = True
             noted.append((arg, shape, dtype, device, state.stats.generation, index, numel))
         return noted
+
+    def remember_token_tensor(self, tensor: torch.Tensor) -> None:
+        """An integration's word that ``tensor`` is a function of one token id each row
+        (an embedding output it saw outside a module call): it gets no statistics."""
+        self._token_tensors.remember(tensor)
 
     def _token_private(self, tensor: torch.Tensor, role: str | None, module_type: str) -> bool:
         """An embedding output, or that same tensor seen again; never with SPECTRACE_TOKEN_STATS=1."""

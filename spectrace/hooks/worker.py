@@ -23,8 +23,8 @@ collide with the host waking up from that very GPU work.
 Bounded: at most ``max_items`` steps wait. Past that the host thread waits for room
 (the cost it would have paid building the records itself, so never worse than doing
 the work inline), and only if the worker is stuck for ``stall_seconds`` is a step
-dropped and counted (``on_drop``). Fork-safe: a child process starts its own thread on
-first use.
+dropped and counted (``on_drop``). Fork-safe: a child process starts empty (the steps
+queued before the fork are the parent's) and starts its own thread on first use.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import collections
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -68,6 +69,7 @@ class RecordWorker:
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         self._stopping = False
+        _live.add(self)
 
     # ------------------------------------------------------------------ intake
     def submit(self, item: Any, busy: Callable[[], bool] | None = None) -> None:
@@ -124,10 +126,20 @@ class RecordWorker:
             return self._done >= self._submitted
 
     # ------------------------------------------------------------------ thread
+    def _after_fork_in_child(self) -> None:
+        """In a forked child: the steps queued before the fork are the parent's (it builds
+        them into its own trace); the child starts empty, with a fresh condition (a thread
+        that held the old one does not exist here) and, on first use, its own thread."""
+        self._cond = threading.Condition()
+        self._queue = collections.deque()
+        self._submitted = self._done = self._flushing = 0
+        self._stopping = False
+        self._pid, self._thread = os.getpid(), None
+
     def _ensure_thread(self) -> None:
         # Called with the condition held.
         if os.getpid() != self._pid:
-            # A forked child inherits the queue but not the thread.
+            # A forked child inherits no thread (and its queue was emptied at the fork).
             self._pid, self._thread = os.getpid(), None
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
@@ -199,3 +211,18 @@ class RecordWorker:
             self._build(item)
         except Exception:  # build reports its own failures; the thread must survive anything
             pass
+
+
+_live: weakref.WeakSet[RecordWorker] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for worker in list(_live):
+        try:
+            worker._after_fork_in_child()
+        except Exception:  # never into the child
+            pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -280,12 +280,28 @@ def after_hidden_to_store(result: Any, *args: Any, **kwargs: Any) -> None:
         if not count or width % count:
             return None
         step = width // count
+        tracer = _tracer()
         items: list[tuple[str, Any, Any, Any]] = [(f"output.chunk[{i}]", result, None, (i * step, (i + 1) * step)) for i in range(count)]
+        embedding = _embedding_chunk(count)
+        if embedding is not None and isinstance(aux, (list, tuple)) and hasattr(aux[embedding], "shape"):
+            # The chunk that is the embedding output (a draft trained on boundary 0) is a
+            # function of one token id per row: recorded as that tensor, without statistics.
+            tracer.remember_token_tensor(aux[embedding])
+            items[embedding] = (f"output.chunk[{embedding}]", aux[embedding], None, None)
         name = owner[0].rsplit(".", 1)[0] + ".aux_concat" if "." in owner[0] else "aux_concat"
-        _tracer().observe(name, "AuxConcat", R.TARGET_AUX_CONCAT, items, root=owner[0].split(".")[0])
+        tracer.observe(name, "AuxConcat", R.TARGET_AUX_CONCAT, items, root=owner[0].split(".")[0])
     except Exception as exc:
         state.internal_error("aux concat", exc)
     return None
+
+
+def _embedding_chunk(count: int) -> int | None:
+    """Which chunk of the aux concat is the embedding output (boundary 0), if captured."""
+    capture = state.STATE.capture
+    boundaries = list(capture.boundaries) if capture is not None and capture.boundaries else []
+    if len(boundaries) != count or 0 not in boundaries:
+        return None
+    return sorted(boundaries).index(0)
 
 
 def _chunk_count(fused: Any) -> int | None:
