@@ -179,7 +179,8 @@ def test_capture_is_on_disk_before_emit_returns_acceptance_only_after_the_interv
     rec.emit(_acceptance(2))  # the interval has passed: the queue goes out, on the flush thread
     want = ["header", "capture", "acceptance", "acceptance", "acceptance"]
     deadline = time.monotonic() + 10
-    while _types(path) != want and time.monotonic() < deadline:
+    # The file, then the line sink, in one flush on the flush thread: wait for both.
+    while (_types(path) != want or len(lines.got) != len(want)) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert _types(path) == want
     assert [json.loads(line)["type"] for line in lines.got] == _types(path)

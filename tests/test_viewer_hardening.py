@@ -57,13 +57,17 @@ def _clean(err: str, prog: str = "spectrace view") -> None:
 
 
 # ===================================================================== 7. memory
+# The peak of this process's own memory: VmHWM. (ru_maxrss is carried over exec from the
+# forking parent, so a child of a big pytest worker would report the worker's peak.)
 MEM_CHILD = """
-import contextlib, io, resource, sys
+import contextlib, io, sys
 from spectrace.viewers.commands import view_main
 out, err = io.StringIO(), io.StringIO()
 with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
     code = view_main(sys.argv[1:])
-print(code, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, repr(err.getvalue()))
+with open("/proc/self/status") as fh:
+    hwm_kb = next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:"))
+print(code, hwm_kb // 1024, repr(err.getvalue()))
 """
 
 
