@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("draft_dir", metavar="DRAFT_DIR", help="the draft checkpoint directory (config.json + weights)")
     p.add_argument(
         "--engine", default="sglang", metavar="ENGINE",
-        help="sglang, sglang==VERSION (e.g. sglang==0.5.17; default sglang = 0.5.23), or vllm==VERSION (e.g. vllm==0.32.0)",
+        help="sglang, sglang==VERSION (e.g. sglang==0.5.17; default sglang = 0.5.23), vllm==VERSION (e.g. vllm==0.32.0), or vllm (best effort)",
     )  # fmt: skip
     p.add_argument(
         "--engine-version", default=None, metavar="VERSION",
