@@ -30,11 +30,22 @@ SCRIPT = textwrap.dedent(
     import sglang_harness as sh
     sh.setup()
     cfg, hf = sh.tiny_hf_llama({VOCAB}, {HIDDEN}, {LAYERS})
-    if sys.argv[1] == "deepseek":  # Kimi-K2.5's language model: MLA + MoE, 0.5.23's owed-output layers
+    if sys.argv[1] in ("deepseek", "kimi"):  # Kimi-K2.5's language model: MLA + MoE, 0.5.23's owed-output layers
         target = sh.build_sglang_deepseek_target(sh.tiny_deepseek_v3_config(), None, layer_ids=[1, 2, 3])
         ids = torch.randint(0, 100, (10,), generator=torch.Generator().manual_seed(1))
         with torch.no_grad():
-            sh.run_target(target, ids)
+            out = sh.run_target(target, ids)
+            if sys.argv[1] == "kimi":  # and Kimi's own EAGLE-3 draft with MLA attention
+                from sglang.srt.models.kimi_k25_eagle3 import Eagle3DeepseekV2ForCausalLM
+                dcfg = sh.tiny_deepseek_v3_config(num_hidden_layers=1)
+                sh._sglang_deepseek_fields(dcfg)
+                dcfg.architectures = ["Eagle3DeepseekV2ForCausalLM"]
+                dcfg.target_hidden_size = {HIDDEN}
+                dcfg.eagle_config = {{"eagle_aux_hidden_state_layer_ids": [1, 2, 3], "use_aux_hidden_state": True}}
+                draft = Eagle3DeepseekV2ForCausalLM(dcfg).eval()
+                sh.randomize_weights_(draft, 3)
+                draft.post_load_weights()  # MLA's w_kc / w_vc, as load_weights would end
+                sh.run_draft(draft, ids, out.hidden_states)
         sys.exit(0)
     bypass = sys.argv[1] == "bypass"
     layer_ids = sh.NO_CAPTURE if bypass else [-1, 1, 2] if sys.argv[1] == "embed" else [0, 1, 2]
@@ -184,3 +195,20 @@ def test_the_embedding_chunk_of_the_aux_concat_has_no_statistics_by_default(tmp_
             assert chunks[0]["stats"] and chunks[0]["stats"]["numel"] == 12 * HIDDEN
         else:
             assert not chunks[0]["stats"]
+
+
+def test_kimis_mla_draft_has_records_for_every_stage(tmp_path):
+    """Kimi-K2.5's Eagle3DeepseekV2ForCausalLM (MLA attention, its fc a ColumnParallelLinear
+    that returns a tuple) behind a DeepSeek-V3 target: the fc's fused input and output, the
+    midlayer's residual stream, the norm and the draft logits, from SPECTRACE=1 alone."""
+    records = _run(tmp_path, "kimi")
+    calls = _calls(records)
+    assert {"draft.fc", "draft.layer", "draft.norm", "draft.lm_head", "target.aux_concat"} <= set(calls)
+    fc = calls["draft.fc"][0]
+    assert fc["module"] == "draft.model.fc" and fc["inputs"][0]["shape"] == [10, 3 * HIDDEN]
+    assert _out(fc, "output[0]")["shape"] == [10, HIDDEN] and _out(fc, "output[0]")["stats"]  # the tuple's tensor
+    layer = calls["draft.layer"][0]
+    assert layer["module"] == "draft.model.midlayer" and _out(layer, "output.residual_stream")["stats"]["numel"] == 10 * HIDDEN
+    assert _out(calls["draft.norm"][0], "output[0]")["stats"]
+    assert _out(calls["draft.lm_head"][0], "output.logits")["stats"]
+    assert [t["arg"] for t in calls["target.aux_concat"][0]["outputs"]] == [f"output.chunk[{i}]" for i in range(3)]
