@@ -95,6 +95,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(_load(COMMANDS[name][0])(rest) or 0)
+    except SystemExit as exc:  # argparse's --help and usage errors: main() returns, as its callers expect
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        sys.stderr.write(f"{exc.code}\n")
+        return 1
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
