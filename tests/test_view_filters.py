@@ -60,7 +60,9 @@ def view_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
         (["--finding", "fc_bypass", "--step", "10:20"], ["--finding fc_bypass matches no finding", "aux_capture_disabled"]),
     ],
 )
-def test_a_filter_that_matches_nothing_says_so_and_exits_2(bypass: Path, capsys: pytest.CaptureFixture[str], args: list[str], said: list[str]) -> None:
+def test_a_filter_that_matches_nothing_says_so_and_exits_2(
+    bypass: Path, capsys: pytest.CaptureFixture[str], args: list[str], said: list[str]
+) -> None:
     rc, out, err = view(capsys, str(bypass), *args)
     assert rc == 2
     assert out == ""  # no view that could read as a healthy run

@@ -91,9 +91,11 @@ def _view_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("path", help="a trace-*.jsonl file or a folder of them")
-    p.add_argument("--module", metavar="GLOB", help="only modules matching GLOB (full name or dotted suffix)")
+    p.add_argument(
+        "--module", metavar="GLOB", help="only modules matching GLOB (full name or dotted suffix): findings, data path, module table"
+    )
     p.add_argument("--rank", type=int, metavar="N", help="only the process of this rank")
-    p.add_argument("--step", type=_step_range, metavar="N|A:B", help="only these steps")
+    p.add_argument("--step", type=_step_range, metavar="N|A:B", help="only these steps (A: or :B leave one end open)")
     p.add_argument("--finding", metavar="CODE", help="only findings with this code")
     p.add_argument("--modules", action="store_true", help="show the per-module table")
     p.add_argument(
