@@ -5,13 +5,17 @@ Sub-commands load lazily so ``spectrace view`` never imports torch.
     $ spectrace demo
     $ spectrace view spectrace-demo/fc_bypass
     $ spectrace audit ./my-draft --target-config ./target/config.json
+
+With no command it prints its usage and exits 2; ``spectrace --help`` prints it and exits 0.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
 from collections.abc import Callable
+from typing import NoReturn
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("spectrace.demo:main", "run the EAGLE-3 reference pipeline healthy and under every bug switch"),
@@ -23,7 +27,37 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+SETTINGS_EXAMPLES = """examples:
+  spectrace settings                          the settings a traced program gets here
+  SPECTRACE_SAMPLE=4 spectrace settings       what a variable changes, before a long run
+
+Every value comes from a SPECTRACE_* variable; a bad one is named on stderr with the
+fallback that is shown.
+"""
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """A usage error is one line on stderr and exit 2 (argparse adds the whole usage)."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        raise SystemExit(2)
+
+
+def settings_parser() -> argparse.ArgumentParser:
+    return _OneLineParser(
+        prog="spectrace settings",
+        description="Print the SPECTRACE_* settings in effect, one per line, secrets redacted.",
+        epilog=SETTINGS_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
 def settings_main(argv: list[str]) -> int:
+    try:
+        settings_parser().parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2, its line already written)
+        return exc.code if isinstance(exc.code, int) else 2
     from .settings import Settings
 
     print(Settings.from_env().describe())
@@ -44,7 +78,10 @@ def _load(target: str) -> Callable[[list[str]], int]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help", "help"):
+    if not argv:  # no command is a usage error: scripts must not take it for success
+        sys.stderr.write(_usage() + "\n")
+        return 2
+    if argv[0] in ("-h", "--help", "help"):
         print(_usage())
         return 0
     if argv[0] in ("--version", "version"):
@@ -58,6 +95,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(_load(COMMANDS[name][0])(rest) or 0)
+    except SystemExit as exc:  # argparse's --help and usage errors: main() returns, as its callers expect
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        sys.stderr.write(f"{exc.code}\n")
+        return 1
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

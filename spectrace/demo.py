@@ -149,7 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="spectrace demo",
         description="Run the tiny EAGLE-3 pipeline healthy and under every bug switch, traced.",
-        epilog="scenarios: " + ", ".join(BUGS) + "\nthen: spectrace view DIR/<scenario>",
+        epilog="scenarios: "
+        + ", ".join(BUGS)
+        + "\nthen: spectrace view DIR/<scenario>"
+        + "\n\nexamples:\n  spectrace demo                          every scenario, into ./spectrace-demo"
+        + "\n  spectrace demo --bug fc_bypass --out d  one scenario, into ./d/fc_bypass",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--bug", action="append", choices=list(BUGS), help="run only this scenario (repeatable)")
@@ -204,6 +208,8 @@ def fingerprint_main(argv: list[str] | None = None) -> int:
         description="Record per-chunk statistics of the fused draft input cat(hs[b0], hs[b1], hs[b2]) "
         "from the healthy reference pipeline. In your own data generation, use "
         "spectrace.eagle3.fingerprint.FingerprintCollector on the fused states and save_fingerprint().",
+        epilog="example: spectrace fingerprint --out reference.json, then SPECTRACE_FINGERPRINT=reference.json "
+        "compares a traced run's fused input with it",
     )
     parser.add_argument("--out", required=True, help="where to write the fingerprint JSON")
     args = parser.parse_args(argv)

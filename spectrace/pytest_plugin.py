@@ -17,10 +17,16 @@ What ``--spectrace`` (or ``@pytest.mark.spectrace`` on one test) covers, exactly
   is adopted by the test's session: closed at teardown, and its *error* findings fail the
   test at the end of its call phase, with the observed data path in the message;
   findings claimed with ``assert_finding(code)`` do not count;
+- NaN or Inf in a traced tensor fails the test too: at the end of the call phase the
+  plugin runs the ``nonfinite`` check (:func:`spectrace.checks.calls.check_nonfinite`,
+  what ``t.detect(["nonfinite"])`` runs) over each adopted trace's calls, so the message
+  names the first module that held one; a test that expects them claims the finding
+  (``t.detect(["nonfinite"])`` then ``t.assert_finding("nonfinite")``);
 - it does **not** hook models the test never traces: nothing patches
   ``torch.nn.Module.__call__``. A test that runs a model without any trace is invisible.
-- findings come from whoever emits them (the integrations, the EAGLE-3 reference pipeline,
-  ``t.detect()`` which runs the runtime detectors); the plugin runs no detector by itself.
+- other findings come from whoever emits them (the integrations, the EAGLE-3 reference
+  pipeline, ``t.detect()`` which runs the runtime detectors); of the detectors the plugin
+  runs ``nonfinite`` alone (``fc_bypass`` needs one draft forward per step to be right).
 
 ``@pytest.mark.no_spectrace`` turns that off for one test (the fixture still works).
 ``--spectrace-dir DIR`` writes every trace of a test to
@@ -64,7 +70,7 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
         "--spectrace",
         action="store_true",
         default=False,
-        help="fail a test when a spectrace trace made during it holds an error finding; close every such trace at teardown",
+        help="fail a test when a spectrace trace made during it holds an error finding or a NaN/Inf; close every such trace at teardown",
     )
     group.addoption(
         "--spectrace-dir",
@@ -203,6 +209,7 @@ class SpectraceSession:
         from .assertions import FindingError, explain, unexpected_findings
 
         for index, trace in enumerate(self.traces):
+            _detect_nonfinite(trace)
             found = unexpected_findings(trace, "error")
             if found:
                 codes = ", ".join(sorted({f.code for f in found}))
@@ -228,6 +235,12 @@ class SpectraceSession:
                 trace.close()
             except Exception:
                 pass
+
+
+def _detect_nonfinite(trace: Trace) -> None:
+    """NaN or Inf in a traced tensor becomes a ``nonfinite`` error finding (once per module):
+    a model that produced them fails its test even when the test never asked."""
+    trace.detect(("nonfinite",))
 
 
 def session_for(item: pytest.Item, create: bool = True) -> SpectraceSession | None:

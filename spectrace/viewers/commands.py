@@ -1,7 +1,10 @@
 """``spectrace view`` and ``spectrace diff``: argument parsing, paging, live follow, exit codes.
 
-Exit status: 0 when something was shown (partly bad input is a warning on stderr, one
-line each), 2 when nothing was readable or the arguments are wrong, 1 for a bug of ours.
+``view`` exits 0 when something was shown (partly bad input is a warning on stderr, one
+line each); 1 when ``--fail-on`` is given and a finding at or above that severity is
+shown; 2 when nothing was readable, the arguments are wrong, or a filter (``--module``,
+``--rank``, ``--step``, ``--finding``) matches nothing in the trace (one line naming the
+filter and what the trace holds). ``diff`` exits like diff(1). 1 is also a bug of ours.
 Never a traceback (``SPECTRACE_DEBUG=1`` shows one). Every line on stderr is escaped like
 the view itself (:func:`.terminal.printable`): a file name cannot drive the terminal.
 
@@ -22,13 +25,16 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
+from spectrace.records import SEVERITY_RANK
+
 from .diff import DEFAULT_RTOL, diff_traces, render_diff
 from .loader import TraceFollower, TraceSet, load_traces, shown_path
-from .model import DEFAULT_WINDOW, ViewBuilder, ViewFilter, build_view
+from .model import DEFAULT_WINDOW, TraceView, ViewBuilder, ViewFilter, build_view
 from .render import iter_lines, make_console, render_view
 from .terminal import write_line
 
 FOLLOW_INTERVAL_S = 0.5
+FAIL_ON = ("error", "warning")
 
 VIEW_EXAMPLES = """examples:
   spectrace view traces/                      every process of one run
@@ -37,6 +43,12 @@ VIEW_EXAMPLES = """examples:
   spectrace view traces/ --follow             re-render as the server writes
   spectrace view traces/ --window 128         data path: recent span of 128 steps
   spectrace view traces/ --json | jq .findings
+  spectrace view traces/ --fail-on error      in CI: exit 1 on an error finding
+
+exit status:
+  0  the view was shown (with --fail-on: and no finding at or above that severity)
+  1  --fail-on: a finding at or above that severity is shown
+  2  nothing readable, a bad argument, or a filter that matches nothing
 """
 
 DIFF_EXAMPLES = """examples:
@@ -79,9 +91,11 @@ def _view_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("path", help="a trace-*.jsonl file or a folder of them")
-    p.add_argument("--module", metavar="GLOB", help="only modules matching GLOB (full name or dotted suffix)")
+    p.add_argument(
+        "--module", metavar="GLOB", help="only modules matching GLOB (full name or dotted suffix): findings, data path, module table"
+    )
     p.add_argument("--rank", type=int, metavar="N", help="only the process of this rank")
-    p.add_argument("--step", type=_step_range, metavar="N|A:B", help="only these steps")
+    p.add_argument("--step", type=_step_range, metavar="N|A:B", help="only these steps (A: or :B leave one end open)")
     p.add_argument("--finding", metavar="CODE", help="only findings with this code")
     p.add_argument("--modules", action="store_true", help="show the per-module table")
     p.add_argument(
@@ -93,6 +107,12 @@ def _view_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--follow", "-f", action="store_true", help="re-render as lines are appended (Ctrl-C quits)")
     p.add_argument("--json", action="store_true", help="print the view model as JSON")
+    p.add_argument(
+        "--fail-on",
+        choices=FAIL_ON,
+        metavar="{error,warning}",
+        help="exit 1 when a finding of this severity or worse is shown (error; warning: warnings and errors)",
+    )
     p.add_argument("--no-pager", action="store_true", help="never page long output")
     p.add_argument("--interval", type=float, default=FOLLOW_INTERVAL_S, help=argparse.SUPPRESS)
     return p
@@ -182,9 +202,13 @@ def _view(argv: list[str]) -> int:
         return 2
     _warn_problems("spectrace view", ts)
     view = build_view(ts, flt)
+    if view.filter_problem:
+        _err(f"spectrace view: error: {view.filter_problem}")
+        return 2
+    status = _fail_on_status(view, args.fail_on)
     if args.json:
         sys.stdout.write(view.model_dump_json(indent=2) + "\n")
-        return 0
+        return status
     console = make_console()
     renderable = render_view(view, modules=args.modules)
     if not args.no_pager and console.is_terminal:
@@ -192,9 +216,17 @@ def _view(argv: list[str]) -> int:
             os.environ.setdefault("LESS", "-R")  # let less pass colours through
             with console.pager(styles=True):
                 console.print(renderable)
-            return 0
+            return status
     console.print(renderable)
-    return 0
+    return status
+
+
+def _fail_on_status(view: TraceView, fail_on: str | None) -> int:
+    """1 when a shown finding is at least as severe as ``--fail-on``: CI gates on the exit."""
+    if fail_on is None:
+        return 0
+    worst = SEVERITY_RANK[fail_on]
+    return 1 if any(SEVERITY_RANK.get(f.severity, 9) <= worst for f in view.findings) else 0
 
 
 def _follow(args: argparse.Namespace, flt: ViewFilter) -> int:

@@ -58,6 +58,15 @@ class ViewFilter(BaseModel):
     def module_ok(self, name: str | None) -> bool:
         return self.module is None or (name is not None and name_matches(name, self.module))
 
+    def finding_ok(self, fd: Any) -> bool:
+        """A finding record passes ``--step`` and ``--module`` (``--finding`` is applied apart)."""
+        return self.step_ok(fd.step) and (not self.module or self.module_ok(fd.module))
+
+    @property
+    def steps_text(self) -> str:
+        lo, hi = self.step_min, self.step_max
+        return f"{lo}" if lo == hi and lo is not None else f"{'' if lo is None else lo}:{'' if hi is None else hi}"
+
 
 def name_matches(name: str, pattern: str) -> bool:
     """``--module`` and the name rules: the one glob dialect, on the full dotted name or any
@@ -270,6 +279,7 @@ class DataPath(BaseModel):
     roles: bool = False  # the trace names each call's role (else stages are told by names)
     draft_vocab: int | None = None  # the draft lm_head's output width
     target_vocab: int | None = None  # the target lm_head's output width (d2t maps between them)
+    module_filter: str | None = None  # --module: the stages it names; the others say so
 
 
 class AcceptanceView(BaseModel):
@@ -298,6 +308,9 @@ class TraceView(BaseModel):
     datapath: DataPath
     acceptance: AcceptanceView
     modules: list[ModuleRow] = []
+    # A filter that matched nothing, in one line naming it and what the trace holds: the
+    # view of an empty selection would read as a healthy run.
+    filter_problem: str | None = None
 
 
 # ------------------------------------------------------------------------------- building
@@ -328,13 +341,15 @@ class ViewBuilder:
         flt = self.flt
         files = [f for f in ts.files if flt.rank is None or f.rank == flt.rank]
         states = [self._update(f) for f in files]
-        return TraceView(
+        view = TraceView(
             header=_header(ts, files, states, flt),
             findings=_findings(files, flt),
             datapath=_datapath(files, states, flt),
             acceptance=_acceptance(files, flt),
             modules=_ModuleAcc.merged([s.modules for s in states]),
         )
+        view.filter_problem = _filter_problem(ts, files, view, flt, self._module_ok)
+        return view
 
     def _update(self, f: TraceFile) -> _FileState:
         state = self._files.get(f.path)
@@ -351,11 +366,12 @@ class ViewBuilder:
             ok = module_ok.get(c.module)
             if ok is None:
                 ok = module_ok[c.module] = flt.module_ok(c.module)
-            if ok:
-                state.modules.feed(c)
             if c.role:
                 state.roled = True
-                state.path.feed(c, c.role)
+            if ok:
+                state.modules.feed(c)
+                if c.role:  # --module narrows the data path too
+                    state.path.feed(c, c.role)
         state.done = len(calls)
         return state
 
@@ -567,7 +583,7 @@ def _findings(files: list[TraceFile], flt: ViewFilter) -> list[FindingGroup]:
         for fd in f.findings:
             if flt.finding and fd.code != flt.finding:
                 continue
-            if not flt.step_ok(fd.step) or (flt.module and not flt.module_ok(fd.module)):
+            if not flt.finding_ok(fd):
                 continue
             key = (fd.code, fd.severity)
             g = groups.get(key)
@@ -1188,10 +1204,10 @@ def _datapath(files: list[TraceFile], states: list[_FileState], flt: ViewFilter)
         draft = {id(c) for c in _draft_calls(legacy)} if legacy else set()
         acc = _PathAcc(window)
         for c in legacy:
-            role = _legacy_role(c, draft)
+            role = _legacy_role(c, draft) if flt.module_ok(c.module) else None
             if role is not None:
                 acc.feed(c, role)
-        acc.draft = [c for c in legacy if id(c) in draft]
+        acc.draft = [c for c in legacy if id(c) in draft and flt.module_ok(c.module)]
         accs.append(acc)
     top = sorted(set().union(*(s.top for s in states)))[-window:] if states else []
     floor = top[0] if top else None
@@ -1199,13 +1215,16 @@ def _datapath(files: list[TraceFile], states: list[_FileState], flt: ViewFilter)
     sl = _Slicer(run, win)
     draft_list = [c for acc in accs for c in acc.draft]
 
-    findings = [fd for f in files for fd in f.findings]
+    # What --step and --module let through: the data path states no finding the list hides.
+    findings = [fd for f in files for fd in f.findings if flt.finding_ok(fd)]
     captures = [CaptureView(**c.model_dump(include=set(CaptureView.model_fields) - {"layers"})) for f in files for c in f.captures]
     captures = _unique_models(captures)
     roled = any(s.roled for s in states)
     for cap in captures:
         # Only a trace with roles can name the target's layers; an older one says nothing.
         cap.layers = _boundary_layers(cap, info, sl) if roled else []
+    if flt.module:
+        captures = _captures_matching(captures, flt)
 
     def stage(name: str) -> StageView:
         return _stage(name, STAGE_ROLES[name], info, sl, window)
@@ -1238,15 +1257,105 @@ def _datapath(files: list[TraceFile], states: list[_FileState], flt: ViewFilter)
     if bypass:
         fc.status = "bypassed"
         fc.note = bypass[0].message
-    elif fc.calls == 0 and draft_list:
+    elif fc.calls == 0 and draft_list and not flt.module:
         # The check decides (the decoder layer ran in steps where fc never did); shown here.
+        # Not under --module: the calls it would see are only those the filter kept.
         for found in check_fc_called(draft_list):
             fc.status, fc.note = "bypassed", found.message
     elif fc.calls and dp.fc.widths.verdict == "bypass":
         fc.status, fc.note = "bypassed", dp.fc.widths.note + "; fc was skipped"
     dp.draft_vocab = (_last_dims(dp.lm_head.out_shapes) or [None])[-1]
     dp.target_vocab = (_last_dims(dp.target_lm_head.out_shapes) or [None])[-1]
+    if flt.module:
+        dp.module_filter = flt.module
+        _narrow_datapath(dp, flt)
     return dp
+
+
+NOT_IN_FILTER = "not in --module"
+
+
+def _captures_matching(captures: list[CaptureView], flt: ViewFilter) -> list[CaptureView]:
+    """The captures ``--module`` names: by the capturing model, or by a captured layer."""
+    out = []
+    for cap in captures:
+        if flt.module_ok(cap.module):
+            out.append(cap)
+            continue
+        layers = [b for b in cap.layers if flt.module_ok(b.module)]
+        if layers:
+            out.append(cap.model_copy(update={"layers": layers}))
+    return out
+
+
+def _narrow_datapath(dp: DataPath, flt: ViewFilter) -> None:
+    """Under ``--module``: a stage none of whose calls (or findings) matched says so, rather
+    than "not seen", which would read as a stage the run never reached."""
+    for name in ("aux", "fc", "layer", "norm", "lm_head", "target_lm_head"):
+        stage: StageView = getattr(dp, name)
+        if stage.calls == 0 and stage.status == "not seen":
+            stage.status = NOT_IN_FILTER
+    d2t = dp.d2t
+    if d2t.status != "not seen" and not any(flt.module_ok(m) or flt.module_ok(f"{m}.d2t") for m in d2t.modules):
+        dp.d2t = StageView(role="d2t", status=NOT_IN_FILTER)
+    elif d2t.status == "not seen":
+        d2t.status = NOT_IN_FILTER
+    if dp.lm_head.status == NOT_IN_FILTER:
+        dp.draft_vocab = None
+    if dp.target_lm_head.status == NOT_IN_FILTER:
+        dp.target_vocab = None
+    dp.fingerprints = [fp for fp in dp.fingerprints if flt.module_ok(fp.module)]
+
+
+# ------------------------------------------------------------------------ empty filters
+MAX_NAMES_LISTED = 6
+
+
+def _listed(names: Iterable[str]) -> str:
+    names = list(names)
+    more = f", … ({len(names)} in all)" if len(names) > MAX_NAMES_LISTED else ""
+    return ", ".join(names[:MAX_NAMES_LISTED]) + more
+
+
+def _filter_problem(ts: TraceSet, files: list[TraceFile], view: TraceView, flt: ViewFilter, module_ok: dict[str, bool]) -> str | None:
+    """One line for the first filter that matched nothing (rank, step, module, finding), naming
+    what the trace holds; None when each filter given kept something."""
+    if flt.rank is not None and not files:
+        ranks = sorted({f.rank for f in ts.files if f.rank is not None})
+        held = f"ranks present: {', '.join(map(str, ranks))}" if ranks else "no process of these traces records a rank"
+        return f"--rank {flt.rank} matches no process ({held})"
+    stepped = flt.step_min is not None or flt.step_max is not None
+    if (
+        stepped
+        and view.header.steps_traced == 0
+        and not any(fd.step is not None and flt.step_ok(fd.step) for f in files for fd in f.findings)
+    ):
+        steps = {c.step for f in files for c in f.calls} | {s for f in files for s in f.acceptance.steps()}
+        held = f"steps {min(steps)}..{max(steps)} traced" if steps else "no step traced"
+        empty = (
+            " is an empty range"
+            if flt.step_min is not None and flt.step_max is not None and flt.step_min > flt.step_max
+            else " matches no step"
+        )
+        return f"--step {flt.steps_text}{empty} ({held})"
+    if flt.module:
+        named = (
+            any(module_ok.values())
+            or any(flt.module_ok(fd.module) for f in files for fd in f.findings)
+            or any(flt.module_ok(c.module) for f in files for c in f.captures)
+        )
+        if not named:
+            names = sorted(module_ok) or sorted({fd.module for f in files for fd in f.findings if fd.module})
+            held = f"modules: {_listed(names)}" if names else "no module recorded"
+            return f"--module {flt.module!r} matches no module ({held})"
+    if flt.finding and not view.findings:
+        codes = dict.fromkeys(fd.code for f in files for fd in f.findings if flt.finding_ok(fd))
+        if not (flt.module or stepped):
+            codes.update(dict.fromkeys(code for f in files for code, _ in f.findings_folded))
+        unknown = "" if flt.finding in CATALOGUE else "not a finding code; "
+        held = f"codes shown without it: {_listed(codes)}" if codes else "no finding shown without it"
+        return f"--finding {flt.finding} matches no finding ({unknown}{held})"
+    return None
 
 
 def _fingerprints(files: list[TraceFile]) -> list[FingerprintView]:

@@ -27,6 +27,7 @@ from rich.tree import Tree
 from spectrace.records import TensorStats
 
 from .model import (
+    NOT_IN_FILTER,
     AcceptanceView,
     DataPath,
     FcWidths,
@@ -272,6 +273,8 @@ class DataPathTree:
                         style="dim",
                     )
                 )
+        elif dp.module_filter:
+            tree.add(Text(f"target capture  {NOT_IN_FILTER}", style="dim"))
         else:
             tree.add(Text("target capture  no capture record", style="yellow"))
         t = _stage_text("aux concat", dp.aux)
@@ -395,6 +398,8 @@ def _status_style(status: str) -> str:
         return "green"
     if status in ("bypassed", "missing", "ignored", "disabled"):
         return "bold red"
+    if status == NOT_IN_FILTER:
+        return "dim"
     return "yellow"
 
 
@@ -541,8 +546,10 @@ class ModuleTable:
 
 def render_view(view: TraceView, *, modules: bool = False) -> Group:
     """The whole screen, top to bottom."""
-    parts: list[object] = [
-        HeaderPanel(view.header),
+    parts: list[object] = [HeaderPanel(view.header)]
+    if view.filter_problem:  # --follow shows it; a plain view exits 2 on it instead
+        parts.append(Text(view.filter_problem, style="bold yellow"))
+    parts += [
         FindingsView(view.findings),
         Text(""),
         DataPathTree(view.datapath),
