@@ -38,16 +38,7 @@ def test_help_still_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out.startswith("usage: spectrace COMMAND")
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(
-            name,
-            marks=pytest.mark.xfail(strict=True, reason="the audit parser's help carries no example yet") if name == "audit" else (),
-        )
-        for name in COMMANDS
-    ],
-)
+@pytest.mark.parametrize("name", COMMANDS)
 def test_every_command_help_has_an_example(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([name, "--help"]) == 0
     out = capsys.readouterr().out

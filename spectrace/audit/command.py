@@ -46,7 +46,14 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description="Audit an EAGLE-3 draft checkpoint against the serving engine before launch.")
+    p = _Parser(
+        prog=PROG,
+        description="Audit an EAGLE-3 draft checkpoint against the serving engine before launch.",
+        epilog="examples: spectrace audit ./my-draft --target-config ./target/config.json (SGLang 0.5.23's rules); "
+        "spectrace audit ./my-draft --engine sglang==0.5.17 --json; "
+        "spectrace audit ./my-draft --engine vllm==0.32.0. "
+        "Exit status: 0 no error finding, 1 an error finding, 2 bad input.",
+    )
     p.add_argument("draft_dir", metavar="DRAFT_DIR", help="the draft checkpoint directory (config.json + weights)")
     p.add_argument(
         "--engine", default="sglang", metavar="ENGINE",
