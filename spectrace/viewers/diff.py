@@ -370,20 +370,17 @@ class DiffView:
         for side, lines in (("A", r.a_not_closed), ("B", r.b_not_closed)):
             for line in lines:
                 yield Text(f"{side} {line}", style="bold red" if ": not closed" in line else "yellow")
+        lines = _lines(r.differences)
+        width = max((len(ds[0].stage or "") for ds in lines if ds[0].section == "data path"), default=0)
         section = None
-        shown = 0
-        modules = [d for d in r.differences if d.section == "modules"]
-        for d in r.differences:
-            if d.section == "modules":
-                shown += 1
-                if shown > MAX_MODULE_LINES:
-                    continue
-            if d.section != section:
-                section = d.section
+        modules = [ds for ds in lines if ds[0].section == "modules"]
+        for ds in [ds for ds in lines if ds[0].section != "modules"] + modules[:MAX_MODULE_LINES]:
+            if ds[0].section != section:
+                section = ds[0].section
                 yield Text(section, style="bold")
-            yield _line(d)
+            yield _line(ds, width)
         if len(modules) > MAX_MODULE_LINES:
-            yield Text(f"  ... {len(modules) - MAX_MODULE_LINES} more per-module differences (--json lists them all)", style="dim")
+            yield Text(f"  ... {len(modules) - MAX_MODULE_LINES} more modules differ (--json lists them all)", style="dim")
         if r.set_aside:
             n = len(r.set_aside)
             yield Text(
@@ -393,12 +390,34 @@ class DiffView:
         yield Text(r.verdict, style="bold green" if not r.differences else "bold red")
 
 
-def _line(d: Difference) -> Text:
+def _lines(diffs: list[Difference]) -> list[list[Difference]]:
+    """One screen line per module and kind: a module's drifted statistics share a line
+    (one difference each in ``--json``)."""
+    out: list[list[Difference]] = []
+    for d in diffs:
+        last = out[-1][0] if out else None
+        if (
+            last is not None
+            and d.kind in ("stats", "fingerprint")
+            and (last.kind, last.where, last.section) == (d.kind, d.where, d.section)
+        ):
+            out[-1].append(d)
+        else:
+            out.append([d])
+    return out
+
+
+def _line(ds: list[Difference], stage_width: int) -> Text:
+    d = ds[0]
     line = Text("  ")
-    if d.section == "data path" and d.stage:
-        line.append(f"{d.stage:<7}", style="bold")
+    if d.section == "data path":
+        line.append(f"{d.stage or '':<{stage_width}}  ", style="bold")
     line.append(d.where, style="cyan")
-    line.append(f"  {d.detail}")
+    details = [x.detail for x in ds]
+    label = details[0][: details[0].find(")") + 1] if d.kind == "fingerprint" and details[0].startswith("(") else ""
+    if label and len(ds) > 1 and all(x.startswith(label + " ") for x in details):
+        details = [details[0]] + [x[len(label) + 1 :] for x in details[1:]]  # "(b1 vs b0)" once
+    line.append("  " + "; ".join(details))
     message = d.a or d.b if d.kind == "finding" else None
     if message:
         # One line each: the whole message is in --json and in `spectrace view`.
