@@ -144,3 +144,16 @@ def test_per_module_detail_is_capped_on_screen_not_in_json(traces, monkeypatch):
 def test_shape_signatures(a, b, same):
     aside = set_aside_dims(a, b)
     assert (shape_signatures(a, aside) == shape_signatures(b, aside)) is same
+
+
+def _doc_block(page: str, first_line: str) -> str:
+    text = (REPO / "docs" / page).read_text(encoding="utf-8")
+    blocks = re.findall(r"```text\n(.*?)```", text, flags=re.S)
+    return next(b for b in blocks if b.startswith(first_line))
+
+
+def test_the_documented_diff_is_what_diff_prints(traces):
+    result = diff_traces(load_traces(traces / "healthy"), load_traces(traces / "fc_bypass"))
+    result.a, result.b = "spectrace-demo/healthy", "spectrace-demo/fc_bypass"
+    shown = "\n".join(iter_lines(render_diff(result), width=100)) + "\n"
+    assert shown == _doc_block("diff.md", "A spectrace-demo/healthy")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -158,3 +159,11 @@ def test_load_imports_no_torch(demo):
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_the_documented_summary_is_what_load_prints(demo):
+    t = spectrace.load(demo / "fc_bypass")
+    t.traces.source = "spectrace-demo/fc_bypass"
+    text = (REPO / "docs" / "python.md").read_text(encoding="utf-8")
+    block = next(b for b in re.findall(r"```text\n(.*?)```", text, flags=re.S) if b.startswith("spectrace trace "))
+    assert t.summary(width=100) + "\n" == block
