@@ -370,11 +370,11 @@ class DiffView:
         for side, lines in (("A", r.a_not_closed), ("B", r.b_not_closed)):
             for line in lines:
                 yield Text(f"{side} {line}", style="bold red" if ": not closed" in line else "yellow")
-        lines = _lines(r.differences)
-        width = max((len(ds[0].stage or "") for ds in lines if ds[0].section == "data path"), default=0)
+        groups = _lines(r.differences)
+        width = max((len(ds[0].stage or "") for ds in groups if ds[0].section == "data path"), default=0)
         section = None
-        modules = [ds for ds in lines if ds[0].section == "modules"]
-        for ds in [ds for ds in lines if ds[0].section != "modules"] + modules[:MAX_MODULE_LINES]:
+        modules = [ds for ds in groups if ds[0].section == "modules"]
+        for ds in [ds for ds in groups if ds[0].section != "modules"] + modules[:MAX_MODULE_LINES]:
             if ds[0].section != section:
                 section = ds[0].section
                 yield Text(section, style="bold")
