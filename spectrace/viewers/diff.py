@@ -47,7 +47,7 @@ from .render import num, shape_pattern
 DEFAULT_RTOL = 0.25
 ATOL = 1e-6  # below this both numbers are zero for our purposes
 
-MAX_MODULE_LINES = 12  # per-module differences shown in the text; --json has them all
+MAX_MODULE_LINES = 12  # lines of per-module differences on screen (one per module and kind); --json has them all
 
 Kind = Literal["module", "shape", "dtype", "stats", "capture", "fingerprint", "acceptance", "finding"]
 # The text and the JSON list differences in this order: what explains an acceptance change
