@@ -4,6 +4,7 @@
 >>> with spectrace.trace(model) as t:
 ...     model(ids)
 >>> [c.module for c in t.calls()]
+>>> spectrace.load("traces/")  # a written trace: findings, data path, acceptance
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "trace", "Trace", "Settings"]
+__all__ = ["__version__", "trace", "Trace", "Settings", "load"]
 
 
 def __getattr__(name: str) -> Any:
@@ -22,6 +23,10 @@ def __getattr__(name: str) -> Any:
         from . import api
 
         return getattr(api, name)
+    if name == "load":  # read a trace for a notebook or a script (no torch)
+        from .notebook import load
+
+        return load
     if name == "Settings":
         from .settings import Settings
 
