@@ -55,6 +55,10 @@ DIFF_EXAMPLES = """examples:
   spectrace diff trained/ served/             what changed between two runs
   spectrace diff a.jsonl b.jsonl --rtol 0.1   tighter statistics tolerance
   spectrace diff trained/ served/ --json
+
+The data path, the capture, acceptance and findings come first, then other modules; shapes
+are compared with the batch and token dimensions set aside (docs/diff.md).
+exit status: 0 the traces agree, 1 they differ, 2 bad input
 """
 
 
