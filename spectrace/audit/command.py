@@ -57,11 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("draft_dir", metavar="DRAFT_DIR", help="the draft checkpoint directory (config.json + weights)")
     p.add_argument(
         "--engine", default="sglang", metavar="ENGINE",
-        help="sglang, sglang==VERSION (e.g. sglang==0.5.17; default sglang = 0.5.23), vllm==VERSION (e.g. vllm==0.32.0), or vllm (best effort)",
+        help="sglang, sglang==VERSION (e.g. sglang==0.5.17; default sglang = 0.5.23; a release before 0.5.14, "
+        "e.g. sglang==0.5.13, is its midlayer-only loader), vllm==VERSION (e.g. vllm==0.32.0), or vllm (best effort)",
     )  # fmt: skip
     p.add_argument(
         "--engine-version", default=None, metavar="VERSION",
-        help="SGLang release: 0.5.23 (default), another release such as 0.5.17, or 'older' (a midlayer-only loader)",
+        help="the SGLang release alone, kept for old scripts: prefer --engine sglang==VERSION "
+        "('older' means any release before 0.5.14)",
     )  # fmt: skip
     p.add_argument("--target-config", metavar="PATH", help="the target's config.json (or its directory)")
     p.add_argument("--json", action="store_true", help="print findings and a checkpoint summary as JSON")
@@ -181,11 +183,13 @@ def render(findings: list[Finding], info: dict[str, Any]) -> None:
     cap = info["engine_capture"]
     console.print(
         f"[bold]spectrace audit[/] {escape(info['path'])}  format={info['format']}  tensors={info['num_tensors']}  "
-        f"engine={engine['name']} {engine['version']}"
+        f"engine={escape(engine.get('spec') or engine['name'] + '==' + engine['version'])}"
     )
     trained = "; ".join(f"{r['trainer']}: {r['boundaries']}" for r in info["trained_readings"]) or "unknown"
     captured = cap["boundaries"] if cap["boundaries"] is not None else "unknown (no --target-config)"
-    console.print(escape(f"trained boundaries: {trained}   engine captures: {captured}"))
+    # The capture rule and the releases it holds for: a rule is a fact of some releases only.
+    rule = f" ({cap['rule']} rule" + (f", {cap['rule_releases']})" if cap.get("rule_releases") else ")")
+    console.print(escape(f"trained boundaries: {trained}   engine captures: {captured}{rule}"))
     if not findings:
         console.print("[green]no findings[/]")
     else:

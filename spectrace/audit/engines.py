@@ -122,6 +122,40 @@ class Engine:
     ids_sources: tuple[str, ...]  # where the engine reads aux ids: "top_level", "eagle_config"
     fc_aux_count: int | None  # fc built for this many aux states; None: SGLang's num_aux (Dims.num_aux)
     assumptions: tuple[str, ...] = field(default=())
+    # Said only of a speculators-format checkpoint (how this engine would meet one).
+    speculators_assumptions: tuple[str, ...] = field(default=())
+    # Said only when the checkpoint carries a training flag (norm_before_fc, ...) or is in
+    # the speculators format, whose trainer writes them: otherwise they are about nothing.
+    flag_assumptions: tuple[str, ...] = field(default=())
+    # The release as the user named it (``--engine sglang==0.5.10``) where ``version`` is a
+    # model shared by several (``older``: every release before 0.5.14).
+    release: str = ""
+
+    @property
+    def spec(self) -> str:
+        """The ``--engine`` argument that audits against this engine, as the output names it."""
+        if self.version == "older":
+            return f"{self.name}=={self.release}" if self.release else f"{self.name}<{SGLANG_DRAFT_READ[0]}"
+        if self.version == "recent":
+            return self.name
+        return f"{self.name}=={self.version}"
+
+    @property
+    def label(self) -> str:
+        """The engine in prose: ``SGLang 0.5.23``, ``SGLang 0.5.10 (a loader before 0.5.14)``."""
+        product = "SGLang" if self.name == "sglang" else "vLLM"
+        if self.version == "older":
+            first = SGLANG_DRAFT_READ[0]
+            return f"{product} {self.release} (a loader before {first})" if self.release else f"{product} before {first}"
+        return f"{product} {self.version}"
+
+    def assumptions_for(self, cfg: DraftConfigFile) -> list[str]:
+        """What the audit of ``cfg`` assumed about this engine: the notes that concern it."""
+        speculators = cfg.format == "speculators"
+        notes = [*(self.speculators_assumptions if speculators else ()), *self.assumptions]
+        if speculators or cfg.flags:
+            notes += self.flag_assumptions
+        return notes
 
     # ------------------------------------------------------------ flags
 
@@ -276,6 +310,14 @@ def _flag_assumption(version: str) -> str:
     )
 
 
+def _speculators_assumption(version: str) -> str:
+    return (
+        f"SGLang {version} has no reader for the speculators format: a speculators checkpoint is audited as a hand "
+        "conversion that flattens transformer_layer_config, sets architectures [LlamaForCausalLMEagle3] and keeps "
+        "tensor names and other top-level keys as they are"
+    )
+
+
 _SGLANG_IDS = (
     "aux ids are read from eagle_config.eagle_aux_hidden_state_layer_ids only; none there -> the target "
     "captures its defaults [2, n//2, n-3] as boundaries (no +1)"
@@ -290,13 +332,9 @@ SGLANG_0523 = Engine(
     unknown_names_raise=False,
     ids_sources=("eagle_config",),
     fc_aux_count=None,
-    assumptions=(
-        "SGLang 0.5.23 has no reader for the speculators format: a speculators checkpoint is audited as a hand "
-        "conversion that flattens transformer_layer_config, sets architectures [LlamaForCausalLMEagle3] and keeps "
-        "tensor names and other top-level keys as they are",
-        _SGLANG_IDS,
-        _flag_assumption("0.5.23"),
-    ),
+    speculators_assumptions=(_speculators_assumption("0.5.23"),),
+    assumptions=(_SGLANG_IDS,),
+    flag_assumptions=(_flag_assumption("0.5.23"),),
 )
 
 SGLANG_OLDER = Engine(
@@ -308,11 +346,12 @@ SGLANG_OLDER = Engine(
     unknown_names_raise=False,
     ids_sources=("eagle_config",),
     fc_aux_count=3,
+    speculators_assumptions=(_speculators_assumption("before 0.5.14"),),
     assumptions=(
-        "older SGLang expects the decoder layer as midlayer.* and drops layers.0.* without a word",
+        "SGLang before 0.5.14 expects the decoder layer as midlayer.* and drops layers.0.* without a word",
         "aux ids are read from eagle_config only; DeepSeek targets apply +1 to every id",
-        _flag_assumption("older"),
     ),
+    flag_assumptions=(_flag_assumption("older"),),
 )
 
 VLLM = Engine(
@@ -349,12 +388,14 @@ def sglang_release(version: str) -> Engine:
     release's draft flags (``rules.conventions.SGLANG_DRAFT_FLAGS``) and its capture rules
     (``rules.conventions.SGLANG_CAPTURE``)."""
     if not _VERSION.match(version):
-        raise ValueError(f"unknown SGLang version {version!r} (a release such as 0.5.17, or 'older')")
+        raise ValueError(f"unknown SGLang version {version!r} (a release such as 0.5.17)")
     if version_tuple(version) < version_tuple(SGLANG_LOADER_READ[0]):
-        raise ValueError(
-            f"SGLang {version}: spectrace has read the draft loader of {SGLANG_LOADER_READ[0]} to "
-            f"{SGLANG_LOADER_READ[-1]} only; use --engine-version older for a loader that knows midlayer.* only"
+        # The loader before the first release read knows midlayer.* only: that one model.
+        unread = (
+            f"SGLang {version}'s own loader was not read: it is modelled as the midlayer-only loader "
+            f"of the releases before {SGLANG_LOADER_READ[0]}"
         )
+        return replace(SGLANG_OLDER, release=version, assumptions=(unread, *SGLANG_OLDER.assumptions))
     read = version in SGLANG_LOADER_READ
     note = (
         f"the draft loader is modelled on every release from {SGLANG_LOADER_READ[0]} to {SGLANG_LOADER_READ[-1]} "
@@ -364,7 +405,9 @@ def sglang_release(version: str) -> Engine:
         SGLANG_0523,
         version=version,
         draft_class=f"LlamaForCausalLMEagle3 (sglang/srt/models/llama_eagle3.py, {version})",
-        assumptions=(note, _SGLANG_IDS, _flag_assumption(version)),
+        speculators_assumptions=(_speculators_assumption(version),),
+        assumptions=(note, _SGLANG_IDS),
+        flag_assumptions=(_flag_assumption(version),),
     )
 
 

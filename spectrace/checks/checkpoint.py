@@ -27,6 +27,7 @@ from ..rules.conventions import (
     default_ids,
     engine_boundaries,
     first_sglang_implementing,
+    sglang_capture_facts,
     sglang_flag_applies,
 )
 from ..rules.readings import IDS_KEY, Reading
@@ -66,7 +67,7 @@ class AuditResult:
 
 
 def _engine_label(engine: Engine) -> str:
-    return f"{'SGLang' if engine.name == 'sglang' else 'vLLM'} {engine.version}"
+    return engine.label
 
 
 def _listing(names: Sequence[str]) -> str:
@@ -333,6 +334,12 @@ class EngineCapture:
     boundaries: list[int] | None  # None: defaults on an unknown layer count
     dropped_ids: list[int]
     error: str | None
+    releases: str = ""  # the engine releases this rule holds for, in words ("SGLang >= 0.5.22")
+
+    @property
+    def rule_named(self) -> str:
+        """The rule with the releases it applies to: what a fix quotes."""
+        return f"the {self.rule} rule" + (f" of {self.releases}" if self.releases else "")
 
 
 def _sglang_defaults(n: int) -> list[int]:
@@ -351,12 +358,21 @@ def engine_capture(cfg: DraftConfigFile, engine: Engine, target: TargetConfig | 
             break
     arch = (target.architectures[0] if target and target.architectures else "") or (target.model_type if target else "")
     rule = engine.capture_rule(arch)
+    releases = _rule_releases(engine, arch)
     n = target.num_hidden_layers if target else None
     if ids is None:
-        return EngineCapture(None, "defaults [2, n//2, n-3]", rule, _sglang_defaults(n) if n else None, [], None)
+        return EngineCapture(None, "defaults [2, n//2, n-3]", rule, _sglang_defaults(n) if n else None, [], None, releases)
     # Without a target the layer count only decides what is dropped: assume enough layers.
     res = engine_boundaries(ids, rule, n if n else max(ids) + 2)
-    return EngineCapture(ids, source, rule, res.boundaries, res.dropped_ids if n else [], res.error if n else None)
+    return EngineCapture(ids, source, rule, res.boundaries, res.dropped_ids if n else [], res.error if n else None, releases)
+
+
+def _rule_releases(engine: Engine, arch: str) -> str:
+    """The SGLang releases whose capture facts for this target are the ones applied (``SGLANG_CAPTURE``)."""
+    if engine.name != "sglang":
+        return ""
+    facts = sglang_capture_facts(arch or "LlamaForCausalLM", "0.5.0" if engine.version == "older" else engine.version)
+    return f"SGLang {facts.span}" if facts is not None else ""
 
 
 def trained_readings(cfg: DraftConfigFile, n: int | None) -> list[Reading]:
@@ -409,7 +425,7 @@ def check_aux_layers(cfg: DraftConfigFile, engine: Engine, target: TargetConfig 
                 + ("" if n else "; pass --target-config to see which layers the target captures instead"),
                 module="config.json",
                 evidence={"top_level_ids": cfg.top_level_ids, "eagle_config_ids": cfg.eagle_config_ids},
-                fix=f"put the ids in eagle_config.{IDS_KEY}" + (f" as {fix_ids} (the {cap.rule} rule)" if fix_ids is not None else ""),
+                fix=f"put the ids in eagle_config.{IDS_KEY}" + (f" as {fix_ids} ({cap.rule_named})" if fix_ids is not None else ""),
             )
         )
     if cap.boundaries is None or not readings:
@@ -419,11 +435,15 @@ def check_aux_layers(cfg: DraftConfigFile, engine: Engine, target: TargetConfig 
     bad_alt = [r for r in others if not matches[r.convention]]
     if matches[primary.convention] and not bad_alt:
         return out
+    if primary.ids is None and cap.ids is None and sorted(set(primary.boundaries)) == cap.boundaries:
+        # Trainer and engine took the same defaults; the engine only collapsed a layer the
+        # defaults name twice on a shallow target. One cause, reported once: short_capture.
+        return out
     n_eff = n or max(max(primary.boundaries), max(cap.boundaries)) + 2
     fix_ids = _ids_for(primary.boundaries, cap.rule, n_eff)
     if fix_ids is not None:
         fix = (
-            f"set eagle_config.{IDS_KEY} to {fix_ids}: under the {cap.rule} rule that captures the trained boundaries {primary.boundaries}"
+            f"set eagle_config.{IDS_KEY} to {fix_ids}: under {cap.rule_named} that captures the trained boundaries {primary.boundaries}"
         )
     elif sorted(primary.boundaries) != primary.boundaries:
         fix = (
@@ -491,19 +511,37 @@ def check_short_capture(cfg: DraftConfigFile, engine: Engine, target: TargetConf
     want = len(readings[0].boundaries) if readings else 3
     out = []
     if cap.boundaries is not None and (len(cap.boundaries) < want or cap.dropped_ids):
-        how = cap.error or (
-            f"{_engine_label(engine)}'s capture loop never reaches them and drops them silently; the fused input "
-            f"is {len(cap.boundaries)} x hidden wide instead of {want} x hidden"
-        )
-        out.append(
-            finding(
-                "short_capture",
-                f"the target has {n} layers; {cap.source} {cap.ids if cap.ids is not None else ''} captures only "
-                f"{len(cap.boundaries)} distinct boundaries {cap.boundaries} of {want} (ids dropped: {cap.dropped_ids}): {how}",
-                module="config.json",
-                evidence={"target_layers": n, "engine_ids": cap.ids, "engine_boundaries": cap.boundaries, "wanted": want},
+        label = _engine_label(engine)
+        wide = f"the fused input is {len(cap.boundaries)} x hidden wide instead of {want} x hidden"
+        evidence: dict[str, Any] = {"target_layers": n, "engine_ids": cap.ids, "engine_boundaries": cap.boundaries, "wanted": want}
+        if cap.ids is None:
+            # No ids anywhere the engine reads: its defaults name the same layer twice on a
+            # target this shallow. No id was dropped, and none can be "moved below n".
+            defaults = default_ids("sglang", n)
+            message = (
+                f"the target has {n} layers and {label} finds no ids in eagle_config, so it captures its defaults "
+                f"[2, n//2, n-3] = {defaults}: only {len(cap.boundaries)} distinct boundaries {cap.boundaries} of {want}, "
+                f"the same layer named twice on so shallow a target; {cap.error or wide}"
             )
-        )
+            fix = (
+                f"set eagle_config.{IDS_KEY} to the {want} distinct layers below {n} the draft was trained on, "
+                "or serve it with the deeper target it was trained for"
+            )
+        elif cap.dropped_ids:
+            message = (
+                f"the target has {n} layers; {cap.source} {cap.ids} captures only {len(cap.boundaries)} distinct "
+                f"boundaries {cap.boundaries} of {want}: ids {cap.dropped_ids} are past its last layer; "
+                + (cap.error or f"{label}'s capture loop never reaches them and drops them silently; {wide}")
+            )
+            evidence["dropped_ids"] = cap.dropped_ids
+            fix = "use layer ids below the target's layer count; the engine drops the others without a word"
+        else:
+            message = (
+                f"the target has {n} layers; {cap.source} {cap.ids} names only {len(cap.boundaries)} distinct "
+                f"boundaries {cap.boundaries} of {want}: {cap.error or wide}"
+            )
+            fix = f"give {want} distinct ids in eagle_config.{IDS_KEY}, below the target's layer count {n}"
+        out.append(finding("short_capture", message, module="config.json", evidence=evidence, fix=fix))
     for r in readings[:1]:
         beyond = [b for b in r.boundaries if b > n]
         if beyond:
@@ -743,13 +781,16 @@ def audit(
         "engine": {
             "name": engine.name,
             "version": engine.version,
+            "spec": engine.spec,
             "draft_class": engine.draft_class,
-            "assumptions": list(engine.assumptions),
+            "assumptions": engine.assumptions_for(cfg),
         },  # fmt: skip
         "trained_readings": [
             {"trainer": r.convention, "ids": r.ids, "boundaries": r.boundaries, "source": r.source} for r in trained_readings(cfg, n)
         ],
-        "engine_capture": {"ids": cap.ids, "source": cap.source, "rule": cap.rule, "boundaries": cap.boundaries},
+        "engine_capture": {
+            "ids": cap.ids, "source": cap.source, "rule": cap.rule, "rule_releases": cap.releases, "boundaries": cap.boundaries,
+        },  # fmt: skip
         "weights": {
             "loaded": sorted(name for name in tensors if name not in not_loaded),
             "dropped": replay.dropped,

@@ -87,7 +87,8 @@ def trained_readings(
     - Top-level ids are the trainer's own (only speculators writes them; SGLang never
       reads them): one speculators reading.
     - ``eagle_config`` ids may come from SpecForge or a hand conversion from speculators:
-      both readings, the speculators one first when the file carries speculators' keys.
+      both readings, the speculators one first when the file carries speculators' keys;
+      only one when the other names a boundary below 0 (id -1 exists under SpecForge only).
     - No ids: both trainers' defaults name the same boundaries, one reading.
     """
     if stated is not None:
@@ -98,7 +99,12 @@ def trained_readings(
     if eagle_config_ids:
         ids = list(eagle_config_ids)
         order = ["speculators", "specforge"] if speculators_hints else ["specforge", "speculators"]
-        return [Reading(t, ids, trainer_boundaries(ids, t), f"eagle_config.{IDS_KEY}") for t in order]
+        both = [Reading(t, ids, trainer_boundaries(ids, t), f"eagle_config.{IDS_KEY}") for t in order]
+        # A reading that names a boundary below 0 is no reading: id -1 is the embedding
+        # under SpecForge's convention and names nothing under speculators' (0 is the
+        # embedding there), so [-1, 1, 3] can only be SpecForge's.
+        possible = [r for r in both if min(r.boundaries) >= 0]
+        return possible or both
     if num_layers:
         return [Reading("trainer default", None, default_ids("speculators", num_layers), "no ids in the config: the trainer's default")]
     return []
