@@ -61,6 +61,7 @@ EVIDENCE_KEYS: dict[str, str] = {
     "draft_tokens": "draft tokens proposed per verify step (k)",
     "draft_vocab_size": "`draft_vocab_size` of the draft config",
     "dropped": "checkpoint tensor names no parameter consumed",
+    "dropped_ids": "the ids the engine's capture loop never reaches (past the target's last layer), dropped without a word",
     "eagle_config_ids": "`eagle_config.eagle_aux_hidden_state_layer_ids` of the draft config",
     "embed_width": "the draft's embedding width (a fused input this wide makes the engine skip fc)",
     "enabled": "whether aux capture is on in the target",
