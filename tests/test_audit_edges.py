@@ -80,6 +80,21 @@ def test_minus_one_with_speculators_keys_is_still_specforge(tmp_path: Path) -> N
     assert not [f for f in out["findings"] if f["code"] == "aux_layers_mismatch"]
 
 
+def test_the_runtime_capture_check_reads_minus_one_the_same_way() -> None:
+    from spectrace.checks.capture import check_capture
+    from spectrace.records import Capture
+    from spectrace.rules.conventions import engine_boundaries
+
+    config = json.loads((SPECFORGE / "config.json").read_text())
+    config["eagle_config"][IDS] = [-1, 1, 3]
+    captured = engine_boundaries([-1, 1, 3], "sglang_llama", 8)  # what SGLang's Llama target captures
+    capture = Capture(
+        module="target", requested_ids=[-1, 1, 3], boundaries=captured.boundaries, num_layers=8, hidden_size=64, rule="sglang_llama"
+    )
+    assert captured.boundaries == [0, 2, 4]
+    assert [f for f in check_capture(capture, config) if f.code == "aux_layers_mismatch"] == []
+
+
 def test_ids_both_trainers_can_mean_stay_ambiguous(tmp_path: Path) -> None:
     out = report(SPECFORGE, "--target-config", TARGET)
     [warn] = [f for f in out["findings"] if f["code"] == "aux_layers_mismatch"]

@@ -442,9 +442,7 @@ def check_aux_layers(cfg: DraftConfigFile, engine: Engine, target: TargetConfig 
     n_eff = n or max(max(primary.boundaries), max(cap.boundaries)) + 2
     fix_ids = _ids_for(primary.boundaries, cap.rule, n_eff)
     if fix_ids is not None:
-        fix = (
-            f"set eagle_config.{IDS_KEY} to {fix_ids}: under {cap.rule_named} that captures the trained boundaries {primary.boundaries}"
-        )
+        fix = f"set eagle_config.{IDS_KEY} to {fix_ids}: under {cap.rule_named} that captures the trained boundaries {primary.boundaries}"
     elif sorted(primary.boundaries) != primary.boundaries:
         fix = (
             f"the engine captures layers in ascending order; retrain with sorted ids or permute fc.weight's input "
@@ -789,7 +787,11 @@ def audit(
             {"trainer": r.convention, "ids": r.ids, "boundaries": r.boundaries, "source": r.source} for r in trained_readings(cfg, n)
         ],
         "engine_capture": {
-            "ids": cap.ids, "source": cap.source, "rule": cap.rule, "rule_releases": cap.releases, "boundaries": cap.boundaries,
+            "ids": cap.ids,
+            "source": cap.source,
+            "rule": cap.rule,
+            "rule_releases": cap.releases,
+            "boundaries": cap.boundaries,
         },  # fmt: skip
         "weights": {
             "loaded": sorted(name for name in tensors if name not in not_loaded),
