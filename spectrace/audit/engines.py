@@ -449,7 +449,8 @@ def vllm_engine(version: str) -> Engine:
 
 
 def get_engine(name: str, version: str | None = None) -> Engine:
-    """``sglang`` (0.5.23 by default, ``older``, or a release such as ``0.5.17``) or ``vllm``
+    """``sglang`` (0.5.23 by default, a release such as ``0.5.17``; a release before 0.5.14, or
+    ``older``, is the midlayer-only loader) or ``vllm``
     (best effort, or a release such as ``0.32.0``)."""
     if name == "vllm":
         if version is not None:
