@@ -43,7 +43,9 @@ pytestmark = pytest.mark.usefixtures("no_spectrace_env")
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECTRACE", "OTEL_"))}
+    # No SPECTRACE_* / OTEL_* of this process, and no RANK: the SGLang harness sets RANK=0 in
+    # a test process, and a child that inherits it names its trace "...-rank0.jsonl".
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECTRACE", "OTEL_")) and k not in ("RANK", "LOCAL_RANK")}
     env.update(extra)
     return env
 
