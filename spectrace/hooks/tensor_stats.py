@@ -66,13 +66,13 @@ def stats_supported(tensor: torch.Tensor) -> bool:
         # A subclass (FakeTensor, DTensor, ...) may trace, fake or communicate on every op.
         if type(tensor) is not torch.Tensor and not isinstance(tensor, torch.nn.Parameter):
             return False
+        # (is_meta is the device test for these two types: no torch.device is built.)
         if tensor.is_meta or tensor.is_nested or tensor.layout != torch.strided or tensor.is_quantized:
             return False
-        if tensor.dtype == torch.bool or tensor.dtype in _NO_ARITHMETIC:
+        dtype = tensor.dtype
+        if dtype == torch.bool or dtype in _NO_ARITHMETIC:
             return False
-        if tensor.device.type == "meta" or tensor.numel() == 0:
-            return False
-        return True
+        return tensor.numel() != 0
     except Exception:  # a tensor subclass that cannot even say this has no statistics
         return False
 
@@ -92,6 +92,12 @@ def _as_real(tensor: torch.Tensor) -> torch.Tensor:
 # ------------------------------------------------------------------ one tensor
 def cpu_stats(x: torch.Tensor) -> torch.Tensor:
     """Exact float32-accumulated statistics on the CPU (float64 row, no extra passes)."""
+    return torch.tensor(cpu_row(x), dtype=torch.float64)
+
+
+def cpu_row(x: torch.Tensor) -> list[float]:
+    """:func:`cpu_stats` as a host list (a traced CPU step keeps it so: no tensor per row,
+    no reduction at the step's end). The same numbers: float64 holds each one exactly."""
     x = _as_real(x)
     if x.dtype in (torch.float32, torch.float64) and x.is_contiguous():
         flat = x.view(-1)
@@ -112,7 +118,7 @@ def cpu_stats(x: torch.Tensor) -> torch.Tensor:
         inf = int(torch.isinf(x).sum())
         if nan:
             absmax = math.nan
-    return torch.tensor([total, sumsq, absmax, nan, inf], dtype=torch.float64)
+    return [total, sumsq, absmax, float(nan), float(inf)]
 
 
 def torch_stats(x: torch.Tensor) -> torch.Tensor:
