@@ -349,7 +349,7 @@ if __name__ != "__main__":
     def test_statistics_readback_that_raises_keeps_the_calls(small, monkeypatch, capfd) -> None:
         from spectrace.hooks import readback
 
-        def broken(rows: Any) -> Any:
+        def broken(*args: Any) -> Any:
             raise RuntimeError("device lost")
 
         monkeypatch.setattr(readback, "host_rows", broken)  # CPU rows: already on the host

@@ -34,15 +34,35 @@ def collect(args: tuple[Any, ...], kwargs: dict[str, Any] | None, output: Any = 
         for index, item in enumerate(args):
             if len(found) >= MAX_TENSORS_PER_SIDE:
                 break
-            _walk(item, f"input[{index}]", 1, found, MAX_TENSORS_PER_SIDE)
+            if item is not None:
+                _walk(item, _INPUT_PATHS[index] if index < len(_INPUT_PATHS) else f"input[{index}]", 1, found, MAX_TENSORS_PER_SIDE)
         if kwargs:
             for key, item in kwargs.items():
                 if len(found) >= MAX_TENSORS_PER_SIDE:
                     break
-                _walk(item, f"kwarg.{key}", 1, found, MAX_TENSORS_PER_SIDE)
+                if item is None:
+                    continue  # the common unused kwarg: no call for it
+                path = _KWARG_PATHS.get(key)
+                if path is None:
+                    path = _kwarg_path(key)
+                _walk(item, path, 1, found, MAX_TENSORS_PER_SIDE)
+    elif type(output) is torch.Tensor:
+        found.append(("output", output))  # most modules return one tensor
     else:
         _walk(output, "output", 0, found, MAX_TENSORS_PER_SIDE)
     return found
+
+
+# Argument names repeat on every call: built once.
+_INPUT_PATHS = tuple(f"input[{i}]" for i in range(MAX_TENSORS_PER_SIDE))
+_KWARG_PATHS: dict[str, str] = {}
+
+
+def _kwarg_path(key: str) -> str:
+    path = f"kwarg.{key}"
+    if len(_KWARG_PATHS) < 4096 and isinstance(key, str):  # bounded: names are few, keys are not always
+        _KWARG_PATHS[key] = path
+    return path
 
 
 def _walk(value: Any, path: str, depth: int, found: list[tuple[str, torch.Tensor]], cap: int) -> None:
