@@ -837,7 +837,8 @@ def _meta_fields(raw: RawTensor, values: dict[int, list[list[float] | None]]) ->
 # gives (tests/test_roles.py compares the two), at a third of the cost.
 _PIECES_MAX = 4096  # cached pieces per table: the tables are cleared when full (bounded memory)
 _module_pieces: dict[tuple[str, str, str], str] = {}
-_meta_pieces: dict[tuple[Any, ...], str] = {}
+_meta_pieces: dict[tuple[Any, ...], str] = {}  # a tensor description up to its statistics
+_NO_STATS = "null}"
 
 
 def _piece(value: Any) -> str:
@@ -884,16 +885,24 @@ def _call_text(raw: RawCall, values: dict[int, list[list[float] | None]]) -> str
 
 
 def _meta_text(raw: RawTensor, values: dict[int, list[list[float] | None]]) -> str:
-    if raw[5] < 0:  # no statistics: the same text every time this tensor kind is seen
-        key = raw[:4]
-        try:
-            text = _meta_pieces.get(key)
-        except TypeError:  # a symbolic size does not hash
+    # The description up to its statistics is the same every time this tensor kind is seen.
+    key = raw[:4]
+    try:
+        head = _meta_pieces.get(key)
+    except TypeError:  # a symbolic size does not hash
+        return _piece(_meta_fields(raw, values))
+    if head is None:
+        text = _piece(_meta_fields((*key, 0, -1, 0), values))
+        if not text.endswith(_NO_STATS):
             return _piece(_meta_fields(raw, values))
-        if text is None:
-            text = _piece(_meta_fields(raw, values))
-            if len(_meta_pieces) >= _PIECES_MAX:
-                _meta_pieces.clear()
-            _meta_pieces[key] = text
-        return text
-    return _piece(_meta_fields(raw, values))
+        head = text[: -len(_NO_STATS)]
+        if len(_meta_pieces) >= _PIECES_MAX:
+            _meta_pieces.clear()
+        _meta_pieces[key] = head
+    index = raw[5]
+    if index >= 0:
+        rows = values.get(raw[4])
+        row = rows[index] if rows is not None and index < len(rows) else None
+        if row is not None:
+            return f"{head}{_piece(stats_for(row, raw[6], raw[2]))}}}"
+    return head + _NO_STATS
