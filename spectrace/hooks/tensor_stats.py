@@ -98,6 +98,19 @@ def cpu_stats(x: torch.Tensor) -> torch.Tensor:
 def cpu_row(x: torch.Tensor) -> list[float]:
     """:func:`cpu_stats` as a host list (a traced CPU step keeps it so: no tensor per row,
     no reduction at the step's end). The same numbers: float64 holds each one exactly."""
+    if x.dtype is torch.float32 and x.is_contiguous():
+        # The common CPU case, without the dtype dispatch below: the same reductions.
+        flat = x.view(-1)
+        total = torch.sum(flat).item()
+        sumsq = torch.dot(flat, flat).item()
+        if math.isinf(sumsq) and math.isfinite(total):
+            sumsq = float(torch.linalg.vector_norm(x, 2, dtype=torch.float64)) ** 2
+        low, high = torch.aminmax(flat)
+        absmax = max(-low.item(), high.item())
+        if math.isfinite(total):
+            return [total, sumsq, absmax, 0.0, 0.0]
+        nan = int(torch.isnan(flat).sum())
+        return [total, sumsq, math.nan if nan else absmax, float(nan), float(torch.isinf(flat).sum())]
     x = _as_real(x)
     if x.dtype in (torch.float32, torch.float64) and x.is_contiguous():
         flat = x.view(-1)
