@@ -65,11 +65,18 @@ def _kwarg_path(key: str) -> str:
     return path
 
 
+# Types whose objects the walk never enters (an engine's cache or batch object, an enum):
+# learnt on first sight, so a kwarg like a KV cache costs one set lookup per call.
+_LEAVES: set[type] = set(_SKIP)
+_LEAVES_MAX = 1024
+
+
 def _walk(value: Any, path: str, depth: int, found: list[tuple[str, torch.Tensor]], cap: int) -> None:
     if isinstance(value, torch.Tensor):
         found.append((path, value))
         return
-    if depth >= MAX_DEPTH or isinstance(value, _SKIP):
+    cls = type(value)
+    if cls in _LEAVES or depth >= MAX_DEPTH or isinstance(value, _SKIP):
         return
     if isinstance(value, (tuple, list)):
         for index, item in enumerate(value):
@@ -89,6 +96,11 @@ def _walk(value: Any, path: str, depth: int, found: list[tuple[str, torch.Tensor
             if len(found) >= cap:
                 return
             _walk(getattr(value, f.name, None), f"{path}.{f.name}", depth + 1, found, cap)
+        return
+    # None of the kinds above; whether a type is one depends on the type alone (a name
+    # ending in Output may still grow ``items``: those are asked every time).
+    if not cls.__name__.endswith("Output") and len(_LEAVES) < _LEAVES_MAX:
+        _LEAVES.add(cls)
 
 
 def _is_model_output(value: Any) -> bool:
