@@ -138,7 +138,8 @@ class StepStats:
         hit = self._seen.get(key) if reuse else None
         if hit is not None and hit[0]() is tensor and tensor._version == hit[1]:
             return hit[2]
-        x = tensor.detach()
+        # Read through a detached alias only where autograd would otherwise record the reductions.
+        x = tensor.detach() if tensor.requires_grad else tensor
         if x.is_cpu:
             entry: tuple[Any, ...] = ("host", cpu_row(x))
         elif fused_ok(x):

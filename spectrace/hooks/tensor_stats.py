@@ -42,7 +42,7 @@ _FLOAT8 = tuple(
 
 # Index dtypes hold token ids, positions and id maps: their mean is no statistic, and for
 # a one-token decode step it *is* the token id. They get shape and dtype only.
-INDEX_DTYPES = ("int16", "int32", "int64", "uint16", "uint32", "uint64")
+INDEX_DTYPES = frozenset({"int16", "int32", "int64", "uint16", "uint32", "uint64"})
 
 
 # Sub-byte and bit dtypes: no arithmetic kernels exist for them.
@@ -178,7 +178,7 @@ def to_stats(row: Sequence[float], numel: int) -> TensorStats:
 
 def stats_fields(row: Sequence[float], numel: int) -> dict[str, Any]:
     """The fields of :class:`TensorStats` from one row (what :func:`to_stats` validates)."""
-    total, sumsq, absmax, nan, inf = (float(v) for v in row[:ROW])
+    total, sumsq, absmax, nan, inf = map(float, row[:ROW])
     mean = total / numel
     # Population variance from the two sums; clamp the tiny negatives rounding leaves.
     var = max(sumsq / numel - mean * mean, 0.0) if numel > 0 else 0.0
