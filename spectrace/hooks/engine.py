@@ -834,7 +834,7 @@ def _meta_fields(raw: RawTensor, values: dict[int, list[list[float] | None]]) ->
 # A call's JSON is mostly the same from step to step: the module's names, and the
 # descriptions of tensors without statistics. Built from pieces that pydantic-core wrote,
 # joined in the field order of _call_fields, it is the text _dumps(_call_fields(...))
-# gives (tests/test_roles.py compares the two), at a third of the cost.
+# gives (tests/test_call_text.py compares the two), at a third of the cost.
 _PIECES_MAX = 4096  # cached pieces per table: the tables are cleared when full (bounded memory)
 _module_pieces: dict[tuple[str, str, str], str] = {}
 _meta_pieces: dict[tuple[Any, ...], str] = {}  # a tensor description up to its statistics
