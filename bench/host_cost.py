@@ -1,19 +1,26 @@
 """Host time spectrace adds per hooked module call, on a tiny CPU model (no GPU noise).
 
-    python bench/host_cost.py [--repeats 5]
+    python bench/host_cost.py [--repeats 5] [--json FILE]
 
 A tiny Llama (8 layers, hidden 64, 16 tokens) is so cheap that the difference between a
 traced and a bare forward is almost all spectrace's Python: the figure to watch when
-changing the hot path. Prints the median over repeats.
+changing the hot path. One run measures the bare forward, shapes only (``stats="off"``)
+and statistics (``stats="basic"``) side by side, interleaved per repeat so the machine's
+drift hits all three alike, and prints the medians over repeats. Alongside the wall-clock
+difference it prints the hooks' own accounting: the time spent inside spectrace's hooks
+and step wrapper per hooked call (``Tracer.host_ns``), the host's share of that
+difference by construction.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
 import time
+from typing import Any
 
 import torch
 
@@ -23,40 +30,91 @@ from conftest import tiny_llama  # noqa: E402
 
 import spectrace  # noqa: E402
 
+MODES = ("off", "basic")  # shapes only, statistics
 
-def one(iters: int = 50) -> tuple[float, float, int]:
+
+def _per_forward(model: torch.nn.Module, ids: torch.Tensor, iters: int) -> float:
+    for _ in range(3):  # warm-up
+        model(ids)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        model(ids)
+    return (time.perf_counter() - t0) / iters
+
+
+def _accounted(t: Any, model: torch.nn.Module, ids: torch.Tensor, iters: int) -> float:
+    """Seconds per forward spent inside spectrace's hooks and its step end (the hooks' own
+    accounting: each wrapped in a perf_counter timer, as bench/overhead.py does)."""
+    spent = [0.0]
+
+    def timed(fn: Any) -> Any:
+        def wrapper(*a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[0] += time.perf_counter() - t0
+
+        return wrapper
+
+    for m in model.modules():
+        for hooks in (m._forward_hooks, m._forward_pre_hooks):
+            for key, fn in list(hooks.items()):
+                if str(getattr(fn, "__module__", "")).startswith("spectrace"):
+                    hooks[key] = timed(fn)
+    t.tracer.finish_step = timed(t.tracer.finish_step)
+    model(ids)
+    spent[0] = 0.0
+    for _ in range(iters):
+        model(ids)
+    return spent[0] / iters
+
+
+def one(iters: int = 50) -> dict[str, Any]:
+    """One round: bare, shapes only and statistics on the same model, seconds per forward."""
     model = tiny_llama(layers=8, hidden=64)
     ids = torch.randint(0, 128, (1, 16))
-
-    def per_forward() -> float:
-        for _ in range(3):  # warm-up
-            model(ids)
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            model(ids)
-        return (time.perf_counter() - t0) / iters
-
+    out: dict[str, Any] = {}
     with torch.no_grad():
-        bare = per_forward()
-        with spectrace.trace(model, stats="basic") as t:
-            traced = per_forward()
-            hooked = len(t.hooked)
-    return bare, traced, hooked
+        out["bare"] = _per_forward(model, ids, iters)
+        for mode in MODES:
+            with spectrace.trace(model, stats=mode) as t:
+                out[mode] = _per_forward(model, ids, iters)
+                out["hooked"] = len(t.hooked)
+                out[f"{mode}_accounted"] = _accounted(t, model, ids, iters)
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--json", help="write the figures to this file as JSON")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    per_call = []
-    for _ in range(args.repeats):
-        bare, traced, hooked = one()
-        per_call.append((traced - bare) / hooked * 1e6)
-    print(
-        f"hooked modules {hooked}; bare {bare * 1e3:.2f} ms; host time per hooked call: median {statistics.median(per_call):.0f} us "
-        f"(repeats: {', '.join(f'{v:.0f}' for v in per_call)})"
-    )
+    rounds = [one(args.iters) for _ in range(args.repeats)]
+    hooked = rounds[0]["hooked"]
+    bare = statistics.median(r["bare"] for r in rounds)
+    result: dict[str, Any] = {"hooked_modules": hooked, "bare_forward_ms": round(bare * 1e3, 3), "repeats": args.repeats}
+    print(f"hooked modules {hooked}; bare forward {bare * 1e3:.2f} ms (median of {args.repeats})")
+    for mode, label in zip(MODES, ("shapes only", "statistics")):
+        per_call = [(r[mode] - r["bare"]) / hooked * 1e6 for r in rounds]
+        med = statistics.median(per_call)
+        traced = statistics.median(r[mode] for r in rounds)
+        accounted = statistics.median(r[f"{mode}_accounted"] / hooked * 1e6 for r in rounds)
+        result[label] = {
+            "traced_forward_ms": round(traced * 1e3, 3),
+            "us_per_hooked_call": round(med, 1),
+            "us_per_hooked_call_repeats": [round(v, 1) for v in per_call],
+            "us_per_hooked_call_accounting": round(accounted, 1),
+        }
+        print(
+            f"{label:12s}: traced {traced * 1e3:.2f} ms; host time per hooked call: median {med:.1f} us "
+            f"(accounting {accounted:.1f} us; repeats: {', '.join(f'{v:.0f}' for v in per_call)})"
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":

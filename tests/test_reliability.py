@@ -338,7 +338,7 @@ if __name__ != "__main__":
         def broken(tensor: Any) -> Any:
             raise FloatingPointError("reduction kernel failed")
 
-        monkeypatch.setattr(readback, "cpu_stats", broken)
+        monkeypatch.setattr(readback, "cpu_row", broken)
         model, ids, ref = small
         t, _ = _run_traced(model, ids, ref, steps=3)
         assert len(t.calls()) == 3 * 5 and all(m.stats is None for c in t.calls() for m in c.outputs)
@@ -349,10 +349,10 @@ if __name__ != "__main__":
     def test_statistics_readback_that_raises_keeps_the_calls(small, monkeypatch, capfd) -> None:
         from spectrace.hooks import readback
 
-        def broken(rows: Any) -> Any:
+        def broken(*args: Any) -> Any:
             raise RuntimeError("device lost")
 
-        monkeypatch.setattr(readback, "reduce_rows", broken)
+        monkeypatch.setattr(readback, "host_rows", broken)  # CPU rows: already on the host
         model, ids, ref = small
         t, _ = _run_traced(model, ids, ref, steps=3)
         assert len(t.calls()) == 3 * 5  # the calls of every step still arrive, without statistics

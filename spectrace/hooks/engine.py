@@ -85,6 +85,14 @@ def _device_name(device: Any) -> str:
     return name
 
 
+def _device_of(tensor: torch.Tensor) -> str:
+    # A plain CPU tensor says so without building a torch.device (a third of a shape note);
+    # a subclass may report a device of its own, so it is asked.
+    if type(tensor) is torch.Tensor and tensor.is_cpu:
+        return "cpu"
+    return _device_name(tensor.device)
+
+
 def _capturing() -> bool:
     """True while a CUDA graph is being captured (no new work may be queued then)."""
     try:
@@ -119,6 +127,7 @@ class _ThreadSteps:
         self.context: StepContext | None = None
         self.on_device = False  # any traced tensor of this step lives on an accelerator
         self.calls: list[RawCall] = []
+        self.seen = 0  # calls seen this step, added to the calls_seen counter at its end (one lock per step)
         self.stats = StepStats()
 
 
@@ -128,6 +137,8 @@ class _FinishedStep:
     def __init__(self, step: int, calls: list[RawCall], start_ns: int, end_ns: int, readback: Readback | None) -> None:
         self.step, self.calls, self.start_ns, self.end_ns, self.readback = step, calls, start_ns, end_ns, readback
 
+
+_NO_INPUTS: list[RawTensor] = []  # a call whose inputs could not be noted (never appended to)
 
 GRAPH_DRAIN_EVERY = 8  # sampled replays per hand-off to the record worker (the ring holds 128)
 GRAPH_OBSERVE_EVERY = 4  # graph read-backs per one the live checks see
@@ -356,6 +367,9 @@ class Tracer:
         state = self._thread()
         calls, state.calls = state.calls, []
         on_device, state.on_device = state.on_device, False
+        if state.seen:
+            seen, state.seen = state.seen, 0
+            self.recorder.count("calls_seen", seen)
         step, start, end = state.step, state.start_ns or time.time_ns(), time.time_ns()
         readback = None
         try:
@@ -468,6 +482,14 @@ class Tracer:
         calls: list[Call] = []
         texts: list[str] = []
         try:
+            if not objects and not self.observers and _dumps is _dumps_core:
+                # Only the JSON is wanted: written piece by piece, the same text (see _call_text).
+                for n, raw in enumerate(item.calls, 1):
+                    texts.append(_call_text(raw, self._values))
+                    if on_worker and n % 4 == 0:
+                        self._worker.pause_point()  # the host is awake again: step aside
+                self._emit_step(item.step, calls, item.start_ns, item.end_ns, texts)
+                return
             for n, raw in enumerate(item.calls, 1):
                 fields = _call_fields(raw, self._values)
                 texts.append(_dumps(fields))
@@ -511,12 +533,14 @@ class Tracer:
             if torch.compiler.is_compiling():
                 return None  # nothing of ours in a compiled graph (see Tracer._compiled)
             try:
-                state = self._thread()
-                if state.warming or not self._sampled(state):
-                    return
                 local = self._local.__dict__
-                stack = local.setdefault("inputs", [])
-                stack.append([])  # the post-hook pops one entry per call, whatever happens here
+                state = local.get("steps") or self._thread()
+                if state.warming or (self.sample > 1 and not self._sampled(state)):
+                    return
+                stack = local.get("inputs")
+                if stack is None:
+                    stack = local["inputs"] = []
+                stack.append(_NO_INPUTS)  # the post-hook pops one entry per call, whatever happens here
                 if local.get("depth", 0) == 0:  # a hooked module called outside any wrapped root
                     state.capturing = _capturing()
                 found = inputs_of(args, kwargs) if inputs_of is not None else collect(args, kwargs, side="input")
@@ -536,19 +560,23 @@ class Tracer:
             if owner is not None and owner() is not module or torch.compiler.is_compiling():
                 return None
             try:
-                state = self._thread()
-                if not state.warming and not self._sampled(state):
-                    self.recorder.count("calls_seen")  # an unsampled step: counted, nothing collected
+                local = self._local.__dict__
+                state = local.get("steps") or self._thread()
+                if not state.warming and self.sample > 1 and not self._sampled(state):
+                    state.seen += 1  # an unsampled step: counted, nothing collected
                     return None
                 items = outputs_of(output, args, kwargs) if outputs_of is not None else None
+                plain = None
                 if items is None:
-                    items = [(arg, t, None, None) for arg, t in collect((), None, output, side="output")]
+                    plain = collect((), None, output, side="output")
+                    if state.warming:
+                        items = [(arg, t, None, None) for arg, t in plain]
                 if state.warming:
                     self._warm(items)  # the pre-hook kept nothing
                     return None
-                stack = self._local.__dict__.get("inputs")
+                stack = local.get("inputs")
                 inputs = stack.pop() if stack else []
-                self._finish_call(name, module_type, root, role, inputs, items)
+                self._finish_call(name, module_type, root, role, inputs, items, plain)
             except Exception as exc:
                 self.recorder.internal_error(f"post-hook {name}: {type(exc).__name__}: {exc}")
             return None
@@ -564,22 +592,37 @@ class Tracer:
             self.recorder.internal_error(f"observe {name}: {type(exc).__name__}: {exc}")
 
     def _finish_call(
-        self, name: str, module_type: str, root: str, role: str | None, inputs: list[RawTensor], items: list[ViewItem]
+        self,
+        name: str,
+        module_type: str,
+        root: str,
+        role: str | None,
+        inputs: list[RawTensor],
+        items: list[ViewItem] | None,
+        plain: list[tuple[str, torch.Tensor]] | None = None,
     ) -> None:
-        state = self._thread()
+        """One call's record note; its outputs either as an output view's ``items`` or, from
+        the generic walk, as ``plain`` (arg, tensor) pairs."""
+        local = self._local.__dict__
+        state = local.get("steps") or self._thread()
         if state.warming:
+            if items is None:
+                items = [(arg, t, None, None) for arg, t in plain or ()]
             self._warm(items)  # an engine's warm-up before capture: compile now, not mid-capture
             return
-        self.recorder.count("calls_seen")
-        if not self._sampled(state):
+        state.seen += 1
+        if self.sample > 1 and not self._sampled(state):
             return
         with self._counter_lock:
             self._seq += 1
             seq = self._seq
-        outside = self._local.__dict__.get("depth", 0) == 0  # a hooked module called outside any wrapped root
+        outside = local.get("depth", 0) == 0  # a hooked module called outside any wrapped root
         if outside:
             state.capturing = _capturing()
-        outputs = self._note_items(items, state, name, module_type, role)
+        if plain is not None:
+            outputs = self._note(plain, state, name, module_type, role, reuse=False)
+        else:
+            outputs = self._note_items(items or [], state, name, module_type, role)
         ctx = state.context
         state.calls.append((state.step, seq, name, module_type, root, inputs, outputs, time.time(), state.capturing, role, ctx))
         if state.capturing and self.graph_slots is None:
@@ -627,7 +670,7 @@ class Tracer:
         shape = tuple(tensor.shape)
         if cols is not None and shape:
             shape = (*shape[:-1], cols[1] - cols[0])
-        return (arg, shape, _dtype_name(tensor.dtype), _device_name(tensor.device), state.stats.generation, -1, 0)
+        return (arg, shape, _dtype_name(tensor.dtype), _device_of(tensor), state.stats.generation, -1, 0)
 
     def _graph_slot(
         self,
@@ -669,7 +712,21 @@ class Tracer:
         """Shapes of every tensor, and statistics enqueued for the ones that get them
         (inside a graph being captured: a slot of its statistics table)."""
         noted: list[RawTensor] = []
-        want = self.stats_mode != "off"
+        generation = state.stats.generation  # a step ends in finish_step only: fixed here
+        if self.stats_mode == "off":
+            # Shapes only: the loop below without its statistics branch (the hottest path).
+            for arg, tensor in tensors:
+                try:
+                    shape = tuple(tensor.shape)
+                except Exception:  # nested/jagged tensors have no single shape
+                    shape = ()
+                dtype = _DTYPE_NAMES.get(tensor.dtype) or _dtype_name(tensor.dtype)
+                device = _device_of(tensor)
+                if device != "cpu":
+                    state.on_device = True
+                noted.append((arg, shape, dtype, device, generation, -1, 0))
+            return noted
+        want = True
         # "basic" summarises the first tensor of each side that statistics apply to (the
         # hidden states); "full" every tensor. Shapes are always recorded for all of them.
         # Rotary cos/sin, masks and ids repeat in every layer and would double the cost.
@@ -680,7 +737,7 @@ class Tracer:
                 shape = tuple(tensor.shape)
             except Exception:  # nested/jagged tensors have no single shape
                 shape = ()
-            dtype = _dtype_name(tensor.dtype)
+            dtype = _DTYPE_NAMES.get(tensor.dtype) or _dtype_name(tensor.dtype)
             index = -1
             numel = 0
             if want and budget != 0 and dtype not in INDEX_DTYPES and stats_supported(tensor):
@@ -697,10 +754,10 @@ class Tracer:
                         index = state.stats.add(tensor, reuse)
                     except Exception as exc:
                         self.recorder.internal_error(f"statistic on {tensor.dtype}: {type(exc).__name__}: {exc}")
-            device = _device_name(tensor.device)
+            device = _device_of(tensor)
             if device != "cpu":
                 state.on_device = True
-            noted.append((arg, shape, dtype, device, state.stats.generation, index, numel))
+            noted.append((arg, shape, dtype, device, generation, index, numel))
         return noted
 
     def remember_token_tensor(self, tensor: torch.Tensor) -> None:
@@ -771,3 +828,81 @@ def _meta_fields(raw: RawTensor, values: dict[int, list[list[float] | None]]) ->
     except Exception:  # a symbolic (jagged) size has no single value
         dims = []
     return {"arg": arg, "shape": dims, "dtype": dtype, "device": device, "stats": stats_for(row, numel, dtype) if row is not None else None}
+
+
+# ------------------------------------------------------------ JSON, piece by piece
+# A call's JSON is mostly the same from step to step: the module's names, and the
+# descriptions of tensors without statistics. Built from pieces that pydantic-core wrote,
+# joined in the field order of _call_fields, it is the text _dumps(_call_fields(...))
+# gives (tests/test_call_text.py compares the two), at a third of the cost.
+_PIECES_MAX = 4096  # cached pieces per table: the tables are cleared when full (bounded memory)
+_module_pieces: dict[tuple[str, str, str], str] = {}
+_meta_pieces: dict[tuple[Any, ...], str] = {}  # a tensor description up to its statistics
+_NO_STATS = "null}"
+
+
+def _piece(value: Any) -> str:
+    return to_json(value, inf_nan_mode="null").decode()
+
+
+def _call_text(raw: RawCall, values: dict[int, list[list[float] | None]]) -> str:
+    """The JSON text of one :class:`Call` record from a hook's note (as _call_fields + _dumps)."""
+    step, seq, module, module_type, root, inputs, outputs, t_unix, capture, role, ctx = raw
+    names = _module_pieces.get((module, module_type, root))
+    if names is None:
+        names = f'"module":{_piece(module)},"module_type":{_piece(module_type)},"root":{_piece(root)}'
+        if len(_module_pieces) >= _PIECES_MAX:
+            _module_pieces.clear()
+        _module_pieces[(module, module_type, root)] = names
+    mode, tokens, draft = ctx if ctx is not None else (None, None, None)
+    return "".join(
+        (
+            '{"type":"call","step":',
+            _piece(step),
+            ',"seq":',
+            _piece(seq),
+            ",",
+            names,
+            ',"inputs":[',
+            ",".join([_meta_text(t, values) for t in inputs]),
+            '],"outputs":[',
+            ",".join([_meta_text(t, values) for t in outputs]),
+            '],"t_unix":',
+            _piece(t_unix),
+            ',"graph_capture":',
+            "true" if capture is True else "false" if capture is False else _piece(capture),
+            ',"role":',
+            _piece(role),
+            ',"forward_mode":',
+            _piece(mode),
+            ',"tokens":',
+            _piece(tokens),
+            ',"draft_step":',
+            _piece(draft),
+            ',"graph_replay":false,"graph":null}',
+        )
+    )
+
+
+def _meta_text(raw: RawTensor, values: dict[int, list[list[float] | None]]) -> str:
+    # The description up to its statistics is the same every time this tensor kind is seen.
+    key = raw[:4]
+    try:
+        head = _meta_pieces.get(key)
+    except TypeError:  # a symbolic size does not hash
+        return _piece(_meta_fields(raw, values))
+    if head is None:
+        text = _piece(_meta_fields((*key, 0, -1, 0), values))
+        if not text.endswith(_NO_STATS):
+            return _piece(_meta_fields(raw, values))
+        head = text[: -len(_NO_STATS)]
+        if len(_meta_pieces) >= _PIECES_MAX:
+            _meta_pieces.clear()
+        _meta_pieces[key] = head
+    index = raw[5]
+    if index >= 0:
+        rows = values.get(raw[4])
+        row = rows[index] if rows is not None and index < len(rows) else None
+        if row is not None:
+            return f"{head}{_piece(stats_for(row, raw[6], raw[2]))}}}"
+    return head + _NO_STATS

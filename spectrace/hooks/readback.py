@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from .fused_stats import fused_ok, launch_partials, programs_for
-from .tensor_stats import ROW, cpu_stats, reduce_partials, reduce_rows, torch_stats
+from .tensor_stats import ROW, cpu_row, cpu_stats, reduce_partials, reduce_rows, torch_stats
 
 
 # ------------------------------------------------------------------ one tensor
@@ -116,7 +116,9 @@ class StepStats:
         # A call may start in one step and end in the next (a hooked module around a
         # wrapped root): its rows are found by (generation, index).
         self.generation = next(_generations)
-        # entry: ("slot", buffer, slot) for fused partials, ("row", tensor) otherwise
+        # entry: ("slot", buffer, slot) for fused partials, ("host", list of floats) for a
+        # CPU tensor (computed at once: nothing on the CPU is asynchronous), ("row", tensor)
+        # otherwise
         self.entries: list[tuple[Any, ...]] = []
         self._buffers: dict[torch.device, SlotBuffer] = {}
         self._wanted: dict[torch.device, int] = {}
@@ -136,12 +138,12 @@ class StepStats:
         hit = self._seen.get(key) if reuse else None
         if hit is not None and hit[0]() is tensor and tensor._version == hit[1]:
             return hit[2]
-        x = tensor.detach()
-        device = x.device
-        if device.type == "cpu":
-            entry: tuple[Any, ...] = ("row", cpu_stats(x))
+        # Read through a detached alias only where autograd would otherwise record the reductions.
+        x = tensor.detach() if tensor.requires_grad else tensor
+        if x.is_cpu:
+            entry: tuple[Any, ...] = ("host", cpu_row(x))
         elif fused_ok(x):
-            entry = self._fused(x, device)
+            entry = self._fused(x, x.device)
         else:
             entry = ("row", torch_stats(x))
         index = len(self.entries)
@@ -179,11 +181,20 @@ class StepStats:
                 _pool.give_back(buffer, wanted.get(device, 0))
             return None
         by_device: dict[torch.device, list[int]] = {}
+        host: list[int] = []
         for index, entry in enumerate(entries):
+            if entry[0] == "host":
+                host.append(index)
+                continue
             device = entry[1].tensor.device if entry[0] == "slot" else entry[1].device
             by_device.setdefault(device, []).append(index)
         copies: list[_Copy] = []
         error: BaseException | None = None
+        if host:
+            try:
+                copies.append(host_rows([entries[i] for i in host], host))
+            except Exception as exc:
+                error = exc
         for device, indices in by_device.items():
             try:
                 copies.append(copy_rows(device, [entries[i] for i in indices], indices, buffers.get(device)))
@@ -216,12 +227,17 @@ def copy_rows(device: torch.device, entries: list[tuple[Any, ...]], indices: lis
     return _Copy(order, reduced.to("cpu"), None)
 
 
+def host_rows(entries: list[tuple[Any, ...]], indices: list[int]) -> _Copy:
+    """The CPU entries of one step: their rows are on the host already."""
+    return _Copy(indices, [e[1] for e in entries], None)
+
+
 class _Copy:
     """One device's rows of one step, copied (or being copied) to host memory."""
 
     __slots__ = ("indices", "host", "event")
 
-    def __init__(self, indices: list[int], host: torch.Tensor, event: Any) -> None:
+    def __init__(self, indices: list[int], host: torch.Tensor | list[list[float]], event: Any) -> None:
         self.indices = indices
         self.host = host
         self.event = event
@@ -266,7 +282,8 @@ class Readback:
         try:
             for copy in self.copies:
                 copy.wait()
-                for i, values in zip(copy.indices, copy.host.tolist()):
+                rows = copy.host if isinstance(copy.host, list) else copy.host.tolist()
+                for i, values in zip(copy.indices, rows):
                     out[i] = values
         finally:
             for buffer, wanted in self._buffers:

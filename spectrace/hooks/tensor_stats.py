@@ -42,7 +42,7 @@ _FLOAT8 = tuple(
 
 # Index dtypes hold token ids, positions and id maps: their mean is no statistic, and for
 # a one-token decode step it *is* the token id. They get shape and dtype only.
-INDEX_DTYPES = ("int16", "int32", "int64", "uint16", "uint32", "uint64")
+INDEX_DTYPES = frozenset({"int16", "int32", "int64", "uint16", "uint32", "uint64"})
 
 
 # Sub-byte and bit dtypes: no arithmetic kernels exist for them.
@@ -66,13 +66,13 @@ def stats_supported(tensor: torch.Tensor) -> bool:
         # A subclass (FakeTensor, DTensor, ...) may trace, fake or communicate on every op.
         if type(tensor) is not torch.Tensor and not isinstance(tensor, torch.nn.Parameter):
             return False
+        # (is_meta is the device test for these two types: no torch.device is built.)
         if tensor.is_meta or tensor.is_nested or tensor.layout != torch.strided or tensor.is_quantized:
             return False
-        if tensor.dtype == torch.bool or tensor.dtype in _NO_ARITHMETIC:
+        dtype = tensor.dtype
+        if dtype == torch.bool or dtype in _NO_ARITHMETIC:
             return False
-        if tensor.device.type == "meta" or tensor.numel() == 0:
-            return False
-        return True
+        return tensor.numel() != 0
     except Exception:  # a tensor subclass that cannot even say this has no statistics
         return False
 
@@ -92,6 +92,25 @@ def _as_real(tensor: torch.Tensor) -> torch.Tensor:
 # ------------------------------------------------------------------ one tensor
 def cpu_stats(x: torch.Tensor) -> torch.Tensor:
     """Exact float32-accumulated statistics on the CPU (float64 row, no extra passes)."""
+    return torch.tensor(cpu_row(x), dtype=torch.float64)
+
+
+def cpu_row(x: torch.Tensor) -> list[float]:
+    """:func:`cpu_stats` as a host list (a traced CPU step keeps it so: no tensor per row,
+    no reduction at the step's end). The same numbers: float64 holds each one exactly."""
+    if x.dtype is torch.float32 and x.is_contiguous():
+        # The common CPU case, without the dtype dispatch below: the same reductions.
+        flat = x.view(-1)
+        total = torch.sum(flat).item()
+        sumsq = torch.dot(flat, flat).item()
+        if math.isinf(sumsq) and math.isfinite(total):
+            sumsq = float(torch.linalg.vector_norm(x, 2, dtype=torch.float64)) ** 2
+        low, high = torch.aminmax(flat)
+        absmax = max(-low.item(), high.item())
+        if math.isfinite(total):
+            return [total, sumsq, absmax, 0.0, 0.0]
+        nan = int(torch.isnan(flat).sum())
+        return [total, sumsq, math.nan if nan else absmax, float(nan), float(torch.isinf(flat).sum())]
     x = _as_real(x)
     if x.dtype in (torch.float32, torch.float64) and x.is_contiguous():
         flat = x.view(-1)
@@ -112,7 +131,7 @@ def cpu_stats(x: torch.Tensor) -> torch.Tensor:
         inf = int(torch.isinf(x).sum())
         if nan:
             absmax = math.nan
-    return torch.tensor([total, sumsq, absmax, nan, inf], dtype=torch.float64)
+    return [total, sumsq, absmax, float(nan), float(inf)]
 
 
 def torch_stats(x: torch.Tensor) -> torch.Tensor:
@@ -159,7 +178,7 @@ def to_stats(row: Sequence[float], numel: int) -> TensorStats:
 
 def stats_fields(row: Sequence[float], numel: int) -> dict[str, Any]:
     """The fields of :class:`TensorStats` from one row (what :func:`to_stats` validates)."""
-    total, sumsq, absmax, nan, inf = (float(v) for v in row[:ROW])
+    total, sumsq, absmax, nan, inf = map(float, row[:ROW])
     mean = total / numel
     # Population variance from the two sums; clamp the tiny negatives rounding leaves.
     var = max(sumsq / numel - mean * mean, 0.0) if numel > 0 else 0.0

@@ -34,22 +34,49 @@ def collect(args: tuple[Any, ...], kwargs: dict[str, Any] | None, output: Any = 
         for index, item in enumerate(args):
             if len(found) >= MAX_TENSORS_PER_SIDE:
                 break
-            _walk(item, f"input[{index}]", 1, found, MAX_TENSORS_PER_SIDE)
+            if item is not None:
+                _walk(item, _INPUT_PATHS[index] if index < len(_INPUT_PATHS) else f"input[{index}]", 1, found, MAX_TENSORS_PER_SIDE)
         if kwargs:
             for key, item in kwargs.items():
                 if len(found) >= MAX_TENSORS_PER_SIDE:
                     break
-                _walk(item, f"kwarg.{key}", 1, found, MAX_TENSORS_PER_SIDE)
+                if item is None:
+                    continue  # the common unused kwarg: no call for it
+                path = _KWARG_PATHS.get(key)
+                if path is None:
+                    path = _kwarg_path(key)
+                _walk(item, path, 1, found, MAX_TENSORS_PER_SIDE)
+    elif type(output) is torch.Tensor:
+        found.append(("output", output))  # most modules return one tensor
     else:
         _walk(output, "output", 0, found, MAX_TENSORS_PER_SIDE)
     return found
+
+
+# Argument names repeat on every call: built once.
+_INPUT_PATHS = tuple(f"input[{i}]" for i in range(MAX_TENSORS_PER_SIDE))
+_KWARG_PATHS: dict[str, str] = {}
+
+
+def _kwarg_path(key: str) -> str:
+    path = f"kwarg.{key}"
+    if len(_KWARG_PATHS) < 4096 and isinstance(key, str):  # bounded: names are few, keys are not always
+        _KWARG_PATHS[key] = path
+    return path
+
+
+# Types whose objects the walk never enters (an engine's cache or batch object, an enum):
+# learnt on first sight, so a kwarg like a KV cache costs one set lookup per call.
+_LEAVES: set[type] = set(_SKIP)
+_LEAVES_MAX = 1024
 
 
 def _walk(value: Any, path: str, depth: int, found: list[tuple[str, torch.Tensor]], cap: int) -> None:
     if isinstance(value, torch.Tensor):
         found.append((path, value))
         return
-    if depth >= MAX_DEPTH or isinstance(value, _SKIP):
+    cls = type(value)
+    if cls in _LEAVES or depth >= MAX_DEPTH or isinstance(value, _SKIP):
         return
     if isinstance(value, (tuple, list)):
         for index, item in enumerate(value):
@@ -69,6 +96,11 @@ def _walk(value: Any, path: str, depth: int, found: list[tuple[str, torch.Tensor
             if len(found) >= cap:
                 return
             _walk(getattr(value, f.name, None), f"{path}.{f.name}", depth + 1, found, cap)
+        return
+    # None of the kinds above; whether a type is one depends on the type alone (a name
+    # ending in Output may still grow ``items``: those are asked every time).
+    if not cls.__name__.endswith("Output") and len(_LEAVES) < _LEAVES_MAX:
+        _LEAVES.add(cls)
 
 
 def _is_model_output(value: Any) -> bool:
