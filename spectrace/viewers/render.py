@@ -508,14 +508,14 @@ class AcceptancePanel:
             yield head
             return
         head.append(f"mean accept length {a.overall_mean:.2f}", style="bold")
-        head.append(f" over {len(a.steps)} steps, {a.requests} requests, k={a.draft_tokens}")
+        head.append(f" over {plural(len(a.steps), 'step')}, {plural(a.requests, 'request')}, k={a.draft_tokens}")
         yield head
         if a.steps:  # (empty when every step is past the per-step cap: totals only)
             hi = max([float((a.draft_tokens or 0) + 1)] + a.mean_accept)
             per = max(1, math.ceil(len(a.mean_accept) / SPARK_WIDTH))
             yield Text(f"   {sparkline(a.mean_accept, hi)}", style="cyan")
             yield Text(
-                f"   steps {a.steps[0]}..{a.steps[-1]}, min {min(a.mean_accept):.2f} max {max(a.mean_accept):.2f}"
+                f"   {steps_text(a.steps[0], a.steps[-1])}, min {min(a.mean_accept):.2f} max {max(a.mean_accept):.2f}"
                 f", scale 0..{hi:g}" + (f", {per} steps per cell" if per > 1 else ""),
                 style="dim",
             )
@@ -559,7 +559,7 @@ class ModuleTable:
             expand=False,
             padding=(0, 1, 0, 0) if self.types else (0, 1),
         )
-        table.add_column("module" if type_column or not self.types else "module / type", overflow="fold", ratio=1, min_width=14)
+        table.add_column("module" if type_column or not self.types else "module / type", overflow="fold", ratio=1, min_width=14 if self.types else 16)
         if type_column:
             table.add_column("type", overflow="fold", max_width=20)
         table.add_column("calls", justify="right", no_wrap=True)
