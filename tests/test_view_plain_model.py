@@ -141,3 +141,32 @@ def test_eagle3_pair_still_draws_its_data_path(tmp_path):
     text = _view(tmp_path / "fc_bypass", 80)
     assert "EAGLE-3 data path" in text and "decoder layer" in text and "BYPASSED" in text
     assert "no EAGLE-3 draft traced" not in text
+
+
+def test_nonfinite_finding_flags_a_module_whose_outputs_look_clean(tmp_path):
+    # NaN in an input only (the output was masked): the row's own statistics show nothing,
+    # the nonfinite finding from checks/ names the module, and the table shows that.
+    from test_viewer_fixtures import header, write_trace
+
+    from spectrace.checks.calls import check_nonfinite
+    from spectrace.records import Call, TensorMeta, TensorStats
+
+    def meta(arg: str, nan: int) -> TensorMeta:
+        stats = TensorStats(mean=None if nan else 0.0, std=None if nan else 1.0, absmax=3.0, numel=256, nan=nan)
+        return TensorMeta(arg=arg, shape=[4, 64], dtype="torch.float32", device="cpu", stats=stats)
+
+    calls = [
+        Call(step=0, seq=0, module="M.model.norm", module_type="RMSNorm", inputs=[meta("input[0]", 0)], outputs=[meta("output", 0)]),
+        Call(step=0, seq=1, module="M.lm_head", module_type="Linear", inputs=[meta("input[0]", 2)], outputs=[meta("output", 0)]),
+    ]
+    found = check_nonfinite(calls)
+    assert [f.module for f in found] == ["M.lm_head"]
+    write_trace(tmp_path / "trace-plain.jsonl", [header(), *calls, *found])
+    view = build_view(load_traces(str(tmp_path)))
+    assert not view.datapath.eagle3
+    rows = {r.module: r for r in view.modules}
+    assert rows["M.lm_head"].anomalies == ["non-finite"] and rows["M.model.norm"].anomalies == []
+    text = _view(tmp_path, 80)
+    assert "nonfinite" in text
+    (row,) = [line for line in text.splitlines() if line.startswith(" lm_head")]
+    assert row.rstrip().endswith("non-finite")

@@ -559,7 +559,9 @@ class ModuleTable:
             expand=False,
             padding=(0, 1, 0, 0) if self.types else (0, 1),
         )
-        table.add_column("module" if type_column or not self.types else "module / type", overflow="fold", ratio=1, min_width=14 if self.types else 16)
+        table.add_column(
+            "module" if type_column or not self.types else "module / type", overflow="fold", ratio=1, min_width=14 if self.types else 16
+        )
         if type_column:
             table.add_column("type", overflow="fold", max_width=20)
         table.add_column("calls", justify="right", no_wrap=True)
