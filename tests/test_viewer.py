@@ -144,7 +144,7 @@ def test_plain_render_of_bug_trace(bug1: Path) -> None:
     for needle in (
         "ERROR",
         "fc_bypass",
-        "x3  steps 0..8",
+        "3 times, steps 0..8",
         "fix",
         "EAGLE-3 data path",
         "fc  BYPASSED",

@@ -280,6 +280,10 @@ class DataPath(BaseModel):
     draft_vocab: int | None = None  # the draft lm_head's output width
     target_vocab: int | None = None  # the target lm_head's output width (d2t maps between them)
     module_filter: str | None = None  # --module: the stages it names; the others say so
+    # An EAGLE-3 pair was traced: a draft (its roles, an fc, or names that say draft/eagle),
+    # an aux concat or a capture record. Only then is there a data path to draw; a plain
+    # model's layers are not a draft's, and a missing fc is no bypass.
+    eagle3: bool = False
 
 
 class AcceptanceView(BaseModel):
@@ -299,7 +303,7 @@ class ModuleRow(BaseModel):
     out_shapes: list[list[int]] = []
     dtypes: list[str] = []
     agg: StatsSummary
-    anomalies: list[str] = []
+    anomalies: list[str] = []  # from the recorded statistics, and a nonfinite finding naming it
 
 
 class TraceView(BaseModel):
@@ -348,6 +352,7 @@ class ViewBuilder:
             acceptance=_acceptance(files, flt),
             modules=_ModuleAcc.merged([s.modules for s in states]),
         )
+        _flag_nonfinite_modules(view)
         view.filter_problem = _filter_problem(ts, files, view, flt, self._module_ok)
         return view
 
@@ -360,6 +365,8 @@ class ViewBuilder:
             return state
         flt, module_ok = self.flt, self._module_ok
         for c in calls[state.done :] if state.done else calls:
+            if not state.eagle3 and c.role and _eagle3_role(c.role):
+                state.eagle3 = True  # before the filters: what was traced, not what is shown
             if not flt.step_ok(c.step):
                 continue
             state.note_step(c)
@@ -688,6 +695,21 @@ def _draft_calls(calls: list[Call]) -> list[Call]:
     return calls
 
 
+def _eagle3_role(role: str) -> bool:
+    return role.startswith("draft.") or role == STAGE_ROLES["aux"][0]
+
+
+def _legacy_eagle3(calls: Iterable[Call]) -> bool:
+    """A trace without roles holds an EAGLE-3 pair when a name says so: an fc, a midlayer,
+    an aux concat, or draft/eagle in a root, name or type. A plain model has none of them."""
+    for c in calls:
+        if _is_draftish(c) or name_matches(c.module, "fc") or name_matches(c.module, "midlayer"):
+            return True
+        if any(name_matches(c.module, p) for p in ROLE_PATTERNS["aux"]):
+            return True
+    return False
+
+
 def draft_calls(calls: list[Call], roled: set[int]) -> list[Call]:
     """The draft's calls, in trace order: by role where the trace has roles, else guessed."""
     legacy = [c for c in calls if id(c) not in roled]
@@ -904,6 +926,29 @@ def _split_outputs(outputs: list[TensorMeta]) -> tuple[list[TensorMeta], list[tu
     return [m for _i, m in chunks], chunks
 
 
+HIDDEN_ARG = "hidden_states"
+
+
+def stage_input(c: Call, role: str, outs: Sequence[TensorMeta]) -> TensorMeta | None:
+    """The input a stage's line shows: a decoder layer's hidden states, else the first input.
+
+    A decoder layer's first argument is often not its hidden states (SGLang's EAGLE-3 layer
+    takes ``positions, embeds, hidden_states``; HF's takes ``hidden_states`` first). The
+    argument named ``hidden_states`` wins; else the last argument as wide as the layer's
+    output (the hidden width), so positions and position embeddings never stand in for it.
+    """
+    if not c.inputs:
+        return None
+    if not (role.endswith(".layer") or ".layer[" in role):
+        return c.inputs[0]
+    for m in c.inputs:
+        if m.arg.rsplit(".", 1)[-1] == HIDDEN_ARG:
+            return m
+    width = outs[0].shape[-1] if outs and outs[0].shape else None
+    wide = [m for m in c.inputs if len(m.shape) >= 2 and m.shape[-1] == width]
+    return wide[-1] if wide else c.inputs[0]
+
+
 class _PathAcc:
     """The data path's aggregates over the calls fed so far: per (role, forward mode, draft
     step, chunk) a span over the whole run and one per step of the window's steps."""
@@ -952,7 +997,7 @@ class _PathAcc:
             elif first.shape:  # the chunks stand for the whole output
                 info.out_shapes[(*first.shape[:-1], sum(m.shape[-1] if m.shape else 0 for m in outs))] = None
             info.dtypes[first.dtype] = None
-        inp = c.inputs[0] if c.inputs else None
+        inp = stage_input(c, role, outs)
         if inp is not None:
             info.in_shapes[tuple(inp.shape)] = None
         key: _Key = (role, c.forward_mode, c.draft_step, None)
@@ -981,6 +1026,7 @@ class _FileState:
         self.file = f
         self.done = 0  # calls of f folded in
         self.roled = False  # a call of this file carried a role
+        self.eagle3 = False  # a call's role belongs to an EAGLE-3 pair (see DataPath.eagle3)
         self.steps: set[int] = set()
         self.top: list[int] = []  # the largest `window` distinct call steps, ascending
         self.window = window
@@ -1198,6 +1244,9 @@ def _datapath(files: list[TraceFile], states: list[_FileState], flt: ViewFilter)
     window = max(1, flt.window_steps)
     accs = [s.path for s in states if s.roled]
     legacy_files = [s.file for s in states if not s.roled]
+    eagle3 = any(s.eagle3 for s in states) or any(f.captures for f in files)
+    if not eagle3 and legacy_files:
+        eagle3 = _legacy_eagle3(c for f in legacy_files for c in f.calls)
     if legacy_files:
         # No roles: the draft is told by names across the whole run, so fold it again.
         legacy = [c for f in legacy_files for c in f.calls if flt.step_ok(c.step)]
@@ -1212,6 +1261,8 @@ def _datapath(files: list[TraceFile], states: list[_FileState], flt: ViewFilter)
     top = sorted(set().union(*(s.top for s in states)))[-window:] if states else []
     floor = top[0] if top else None
     info, run, win = _merge_paths(accs, floor)
+    if not eagle3:
+        info = {}  # a plain model's layers make no stage (the module table shows them)
     sl = _Slicer(run, win)
     draft_list = [c for acc in accs for c in acc.draft]
 
@@ -1251,7 +1302,11 @@ def _datapath(files: list[TraceFile], states: list[_FileState], flt: ViewFilter)
         window_last_step=top[-1] if top else None,
         steps_seen=len(set().union(*(s.steps for s in states))) if len(states) > 1 else len(states[0].steps) if states else 0,
         roles=roled,
+        eagle3=eagle3,
     )
+    if not eagle3:
+        # A plain model: its layers are no draft's, and an fc it never had was not bypassed.
+        return dp
     dp.fc.widths = _fc_widths(dp, findings)
     bypass = [fd for fd in findings if fd.code == "fc_bypass"]
     if bypass:
@@ -1614,6 +1669,15 @@ def anomalies(s: StatsSummary) -> list[str]:
     if s.std is not None and s.std == 0 and s.samples:
         out.append("constant")
     return out
+
+
+def _flag_nonfinite_modules(view: TraceView) -> None:
+    """Mark the rows a ``nonfinite`` finding names (checks/ made it; the table shows it)
+    where the row's own statistics do not already say nan or inf."""
+    named = {m for fg in view.findings if fg.code == "nonfinite" for m in fg.modules}
+    for row in view.modules:
+        if row.module in named and not (row.agg.nan or row.agg.inf):
+            row.anomalies.insert(0, "non-finite")
 
 
 def _unique_models(xs: list[CaptureView]) -> list[CaptureView]:

@@ -89,6 +89,16 @@ def shapes(ss: list[list[int]], limit: int = 2) -> str:
     return text + (f" +{len(ss) - limit}" if len(ss) > limit else "")
 
 
+def plural(n: int, noun: str, many: str | None = None) -> str:
+    """``1 sample``, ``2 samples``, ``0 samples``: the noun agrees with the count."""
+    return f"{n} {noun if n == 1 else many or noun + 's'}"
+
+
+def times(n: int) -> str:
+    """How often a finding was seen: ``once``, ``3 times``."""
+    return "once" if n == 1 else f"{n} times"
+
+
 def dtype(d: str) -> str:
     d = d.removeprefix("torch.")
     return _DTYPES.get(d, d)
@@ -207,7 +217,9 @@ class FindingsView:
             head = Text()
             head.append(f" {f.severity.upper()} ", style=f"reverse {SEVERITY_STYLE.get(f.severity, '')}")
             head.append(f" {f.code}", style="bold")
-            head.append(f"  x{f.count}  {steps_text(f.first_step, f.last_step)}")
+            # A finding made outside the forward steps (at load, at close) names no step.
+            where = steps_text(f.first_step, f.last_step) if f.first_step is not None else "outside any step"
+            head.append(f"  {times(f.count)}, {where}")
             if f.ranks:
                 head.append(f"  rank {','.join(map(str, sorted(f.ranks)))}")
             yield head
@@ -266,13 +278,12 @@ class DataPathTree:
                     name = f"b{b.boundary} " + ("embed" if b.boundary == 0 else f"layer {b.boundary - 1}")
                     t.append("\n" + (_row(name, b.total) if b.total else f"{name:<{LABEL_W}} not seen"))
                 node = tree.add(_no_wrap(t))
-                node.add(
-                    Text(
-                        f"{c.module}: {c.num_layers} layers, hidden {c.hidden_size} x {len(c.boundaries)} = "
-                        f"{c.hidden_size * len(c.boundaries)}; rule: {c.rule}",
-                        style="dim",
-                    )
+                width = (
+                    f"hidden {c.hidden_size} x {len(c.boundaries)} = {c.hidden_size * len(c.boundaries)}"
+                    if c.boundaries
+                    else f"hidden {c.hidden_size}, no boundary captured"
                 )
+                node.add(Text(f"{c.module}: {plural(c.num_layers, 'layer')}, {width}; rule: {c.rule}", style="dim"))
         elif dp.module_filter:
             tree.add(Text(f"target capture  {NOT_IN_FILTER}", style="dim"))
         else:
@@ -287,7 +298,7 @@ class DataPathTree:
                 aux.add(Text(f"chunk {ch.index}: " + "; ".join(ch.flags), style="bold red"))
         _stage_details(aux, dp.aux)
         for fp in dp.fingerprints:
-            node = aux.add(Text(f"chunks of {fp.chunk_width} ({fp.module}, {fp.samples} samples)"))
+            node = aux.add(Text(f"chunks of {fp.chunk_width} ({fp.module}, {plural(fp.samples, 'sample')})"))
             for fch in fp.chunks:
                 ft = Text(f"{fch.index}  ")
                 ft.append(f"b{fch.boundary}" if fch.boundary is not None else "b?", style="bold")
@@ -374,11 +385,15 @@ def short(x: float | None, width: int = 7) -> str:
 
 
 def shape_pattern(ss: list[list[int]]) -> str:
-    """Shapes as one: a dimension that varies reads min..max (``[4..16,192]``)."""
+    """Shapes as one: a dimension that varies reads min..max (``[4..16,192]``); shapes of
+    different ranks read one pattern per rank (``[4..16] [4..16,64]``), never a bare count."""
     if not ss:
         return ""
-    if len({len(s) for s in ss}) != 1:
-        return shapes(ss)
+    ranks = sorted({len(s) for s in ss})
+    if len(ranks) != 1:
+        parts = [shape_pattern([s for s in ss if len(s) == r]) for r in ranks[:2]]
+        more = sum(1 for s in ss if len(s) in ranks[2:])
+        return " ".join(parts) + (f" +{plural(more, 'other shape')}" if more else "")
     dims = []
     for i in range(len(ss[0])):
         vals = [s[i] for s in ss]
@@ -493,14 +508,14 @@ class AcceptancePanel:
             yield head
             return
         head.append(f"mean accept length {a.overall_mean:.2f}", style="bold")
-        head.append(f" over {len(a.steps)} steps, {a.requests} requests, k={a.draft_tokens}")
+        head.append(f" over {plural(len(a.steps), 'step')}, {plural(a.requests, 'request')}, k={a.draft_tokens}")
         yield head
         if a.steps:  # (empty when every step is past the per-step cap: totals only)
             hi = max([float((a.draft_tokens or 0) + 1)] + a.mean_accept)
             per = max(1, math.ceil(len(a.mean_accept) / SPARK_WIDTH))
             yield Text(f"   {sparkline(a.mean_accept, hi)}", style="cyan")
             yield Text(
-                f"   steps {a.steps[0]}..{a.steps[-1]}, min {min(a.mean_accept):.2f} max {max(a.mean_accept):.2f}"
+                f"   {steps_text(a.steps[0], a.steps[-1])}, min {min(a.mean_accept):.2f} max {max(a.mean_accept):.2f}"
                 f", scale 0..{hi:g}" + (f", {per} steps per cell" if per > 1 else ""),
                 style="dim",
             )
@@ -512,14 +527,43 @@ class AcceptancePanel:
 
 
 class ModuleTable:
-    """Per module: calls, output shape, dtype, mean/std/absmax and anomalies."""
+    """Per module: calls, output shape, dtype, mean/std/absmax and what is wrong with them.
 
-    def __init__(self, rows: list[ModuleRow]) -> None:
+    ``types`` adds each module's class: the table is the whole view of a plain model (no
+    EAGLE-3 pair), where the class is what tells a layer from a norm.
+    """
+
+    def __init__(self, rows: list[ModuleRow], *, types: bool = False) -> None:
         self.rows = rows
+        self.types = types
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        table = Table(box=box.SIMPLE_HEAD, title="Modules", title_justify="left", pad_edge=False, expand=False)
-        table.add_column("module", overflow="fold", ratio=1, min_width=16)
+        if not self.rows:
+            yield Text("Modules: no calls recorded (or none match the filter)", style="dim")
+            return
+        title, root = "Modules", ""
+        if self.types:
+            # One root for every row (the model's class under SPECTRACE=1) is said once, in
+            # the title, so the names that tell the modules apart fit 80 columns.
+            roots = {r.module.split(".", 1)[0] for r in self.rows}
+            if len(roots) == 1 and all("." in r.module for r in self.rows):
+                root = roots.pop() + "."
+            title = f"Modules{' of ' + root[:-1] if root else ''}: no EAGLE-3 draft traced, one row per module"
+        # Narrow screens give the type a line under the module's name, wide ones a column.
+        type_column = self.types and options.max_width >= 100
+        table = Table(
+            box=box.SIMPLE_HEAD,
+            title=Text(title),
+            title_justify="left",
+            pad_edge=False,
+            expand=False,
+            padding=(0, 1, 0, 0) if self.types else (0, 1),
+        )
+        table.add_column(
+            "module" if type_column or not self.types else "module / type", overflow="fold", ratio=1, min_width=14 if self.types else 16
+        )
+        if type_column:
+            table.add_column("type", overflow="fold", max_width=20)
         table.add_column("calls", justify="right", no_wrap=True)
         table.add_column("out", overflow="fold", max_width=14)
         table.add_column("dt", no_wrap=True)
@@ -527,35 +571,41 @@ class ModuleTable:
         table.add_column("std", justify="right", no_wrap=True)
         table.add_column("absmax", justify="right", no_wrap=True)
         table.add_column("!", style="bold red", overflow="fold", max_width=10)
+        fmt = short if self.types else num  # short: at most 7 characters, to fit the type column
         for r in self.rows:
-            table.add_row(
-                Text(r.module),  # Text, not str: a cell's str is read as markup
+            name = Text(r.module.removeprefix(root))  # Text: a str cell is read as markup
+            if self.types and not type_column and r.module_type:
+                name.append("\n" + r.module_type, style="dim")
+            cells: list[Text | str] = [name]
+            if type_column:
+                cells.append(Text(r.module_type))
+            cells += [
                 str(r.calls),
-                shapes(r.out_shapes, 1),
+                shape_pattern(r.out_shapes),
                 Text(" ".join(dtype(d) for d in r.dtypes)),
-                num(r.agg.mean),
-                num(r.agg.std),
-                num(r.agg.absmax),
+                *(fmt(x) for x in (r.agg.mean, r.agg.std, r.agg.absmax)),
                 ",".join(r.anomalies),
-            )
-        if not self.rows:
-            yield Text("Modules: no calls recorded (or none match the filter)", style="dim")
-            return
+            ]
+            table.add_row(*cells)
         yield table
 
 
 def render_view(view: TraceView, *, modules: bool = False) -> Group:
-    """The whole screen, top to bottom."""
+    """The whole screen, top to bottom.
+
+    An EAGLE-3 pair gets its data path and acceptance; a plain model gets the module table
+    in their place (acceptance only where it was recorded), so no draft stage reads as missing.
+    """
     parts: list[object] = [HeaderPanel(view.header)]
     if view.filter_problem:  # --follow shows it; a plain view exits 2 on it instead
         parts.append(Text(view.filter_problem, style="bold yellow"))
-    parts += [
-        FindingsView(view.findings),
-        Text(""),
-        DataPathTree(view.datapath),
-        Text(""),
-        AcceptancePanel(view.acceptance),
-    ]
+    parts += [FindingsView(view.findings), Text("")]
+    if not view.datapath.eagle3:
+        parts.append(ModuleTable(view.modules, types=True))
+        if view.acceptance.draft_tokens is not None:
+            parts += [Text(""), AcceptancePanel(view.acceptance)]
+        return Group(*parts)  # type: ignore[arg-type]
+    parts += [DataPathTree(view.datapath), Text(""), AcceptancePanel(view.acceptance)]
     if modules:
         parts += [Text(""), ModuleTable(view.modules)]
     return Group(*parts)  # type: ignore[arg-type]
