@@ -285,10 +285,14 @@ def test_viewer_by_roles_keeps_the_target_out_of_a_bypassed_draft(tmp_path):
     assert dp.fc.status == "bypassed" and "its fc never ran" in dp.fc.note  # the check's finding, shown
     assert dp.norm.modules == ["spec.model.norm"] and dp.lm_head.modules == ["spec.lm_head"]
     assert dp.layer.modules == ["spec.model.layers.0"]
-    # The same trace without roles (an older writer): the names cannot tell which model is
-    # the draft, so every norm and lm_head counts (what roles fix).
+    # The same trace without roles (an older writer), the fc never called and no name that
+    # says draft or eagle: nothing marks it as an EAGLE-3 pair, so no data path is drawn (a
+    # plain model's module table instead), and no bypass is claimed (what roles fix).
     old = _view(tmp_path / "names", _calls(fc=False, roles=False))
-    assert old.norm.modules == ["main.model.norm", "spec.model.norm"]
+    assert not old.eagle3 and old.fc.status != "bypassed" and old.norm.modules == []
+    # With its fc called, the names mark the pair, and the fc's model is the draft.
+    named = _view(tmp_path / "named", _calls(fc=True, roles=False))
+    assert named.eagle3 and named.norm.modules == ["spec.model.norm"]
 
 
 def test_view_module_rows_carry_the_role(tmp_path):
