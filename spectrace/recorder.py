@@ -273,30 +273,28 @@ class Recorder:
     def emit(self, record: Any) -> None:
         """Keep one non-call record (finding, capture, weights, acceptance, coverage, ...)."""
         try:
-            per_step = isinstance(record, Acceptance)
+            if isinstance(record, Acceptance):
+                # A per-step record: kept and queued as its line, like the ones an
+                # integration writes directly, and handed to object sinks as it is.
+                self.emit_lines([record.model_dump_json()])
+                if self._object_sinks:
+                    self._to_objects([record])
+                return
             out = record
-            if (
-                not per_step
-                and "t_unix" in type(record).model_fields
-                and record.t_unix is None
-                and (self._object_sinks or self._writes_lines())
-            ):
+            if "t_unix" in type(record).model_fields and record.t_unix is None and (self._object_sinks or self._writes_lines()):
                 # What the sinks get says when (a trace cut by a crash shows its last
                 # record's time); the caller's object stays as it was given.
                 out = record.model_copy(update={"t_unix": time.time()})
             with self._lock:
-                text = record.model_dump_json() if per_step else None
                 lines = self._writes_lines()
                 if len(self.important) < IMPORTANT_CAP:
-                    self.important.append(text if text is not None else record)
+                    self.important.append(record)
                 elif not lines and not self._object_sinks:
                     # Memory only and full: the record is gone, so count it.
                     self.count_dropped(1, "memory cap")
                     return
-                # With a sink the cap only trims memory: a server's millionth acceptance
-                # record still reaches the trace, as calls past the ring do.
                 if lines:
-                    self._queue_text(text if text is not None else out.model_dump_json())
+                    self._queue_text(out.model_dump_json())
             if isinstance(record, Finding) and record.severity == "error":
                 self._announce(record)
             if self._object_sinks:
@@ -306,10 +304,7 @@ class Recorder:
             # coverage note is on disk before the engine's next action, so a server that
             # crashes or is SIGKILLed a moment later still leaves it. Per-step records wait
             # for the flush interval (a SIGKILL loses at most that much of them).
-            if not per_step:
-                self.flush()
-            elif time.monotonic() - self._last_flush >= self.settings.flush_seconds:
-                self._flush_soon()
+            self.flush()
         except Exception as exc:  # never into the host
             self.internal_error(f"emit failed: {type(exc).__name__}: {exc}")
 
@@ -325,7 +320,10 @@ class Recorder:
                 for text in lines:
                     if len(self.important) < IMPORTANT_CAP:
                         self.important.append(text)
-                    elif not writes:
+                    elif not writes and not self._object_sinks:
+                        # Memory only and full: the record is gone, so count it. With a
+                        # sink the cap only trims memory: a server's millionth acceptance
+                        # record still reaches the trace, as calls past the ring do.
                         self.count_dropped(1, "memory cap")
                         continue
                     if writes:
