@@ -1,6 +1,8 @@
 """Host time spectrace adds per hooked module call, on a tiny CPU model (no GPU noise).
 
     python bench/host_cost.py [--repeats 5] [--json FILE]
+    python bench/host_cost.py --device cuda     # the same model on a GPU: the statistics
+                                                # kernels' launches are host time too
 
 A tiny Llama (8 layers, hidden 64, 16 tokens) is so cheap that the difference between a
 traced and a bare forward is almost all spectrace's Python: the figure to watch when
@@ -29,16 +31,25 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from conftest import tiny_llama  # noqa: E402
 
 import spectrace  # noqa: E402
+from spectrace.hooks import fused_stats  # noqa: E402
 
 MODES = ("off", "basic")  # shapes only, statistics
+LABELS = {"off": "shapes only", "basic": "statistics", "basic_jit": "statistics, Triton's JIT launch"}
+
+
+def _sync(ids: torch.Tensor) -> None:
+    if ids.is_cuda:
+        torch.cuda.synchronize()
 
 
 def _per_forward(model: torch.nn.Module, ids: torch.Tensor, iters: int) -> float:
     for _ in range(3):  # warm-up
         model(ids)
+    _sync(ids)
     t0 = time.perf_counter()
     for _ in range(iters):
         model(ids)
+    _sync(ids)  # the tiny model's kernels finish long before the host is done queueing them
     return (time.perf_counter() - t0) / iters
 
 
@@ -70,19 +81,30 @@ def _accounted(t: Any, model: torch.nn.Module, ids: torch.Tensor, iters: int) ->
     return spent[0] / iters
 
 
-def one(iters: int = 50) -> dict[str, Any]:
+def one(iters: int = 50, device: str = "cpu") -> dict[str, Any]:
     """One round: bare, shapes only and statistics on the same model, seconds per forward."""
-    model = tiny_llama(layers=8, hidden=64)
-    ids = torch.randint(0, 128, (1, 16))
+    model = tiny_llama(layers=8, hidden=64).to(device)
+    ids = torch.randint(0, 128, (1, 16), device=device)
     out: dict[str, Any] = {}
     with torch.no_grad():
         out["bare"] = _per_forward(model, ids, iters)
-        for mode in MODES:
-            with spectrace.trace(model, stats=mode) as t:
-                out[mode] = _per_forward(model, ids, iters)
-                out["hooked"] = len(t.hooked)
-                out[f"{mode}_accounted"] = _accounted(t, model, ids, iters)
+        for mode in _modes(device):
+            stats = mode.removesuffix("_jit")
+            if mode.endswith("_jit"):  # the statistics kernel launched through Triton's JIT call: the before
+                fused_stats.set_direct_launch(False)
+            try:
+                with spectrace.trace(model, stats=stats) as t:
+                    out[mode] = _per_forward(model, ids, iters)
+                    out["hooked"] = len(t.hooked)
+                    out[f"{mode}_accounted"] = _accounted(t, model, ids, iters)
+            finally:
+                if mode.endswith("_jit"):
+                    fused_stats.set_direct_launch(True)
     return out
+
+
+def _modes(device: str) -> tuple[str, ...]:
+    return (*MODES, "basic_jit") if device == "cuda" else MODES
 
 
 def main() -> None:
@@ -90,14 +112,23 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--json", help="write the figures to this file as JSON")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     args = parser.parse_args()
     torch.set_num_threads(1)
-    rounds = [one(args.iters) for _ in range(args.repeats)]
+    if args.device == "cuda":
+        fused_stats.prepare("cuda")  # compile and check the statistics kernel before timing
+    rounds = [one(args.iters, args.device) for _ in range(args.repeats)]
     hooked = rounds[0]["hooked"]
     bare = statistics.median(r["bare"] for r in rounds)
-    result: dict[str, Any] = {"hooked_modules": hooked, "bare_forward_ms": round(bare * 1e3, 3), "repeats": args.repeats}
+    result: dict[str, Any] = {
+        "device": args.device,
+        "hooked_modules": hooked,
+        "bare_forward_ms": round(bare * 1e3, 3),
+        "repeats": args.repeats,
+    }
     print(f"hooked modules {hooked}; bare forward {bare * 1e3:.2f} ms (median of {args.repeats})")
-    for mode, label in zip(MODES, ("shapes only", "statistics")):
+    for mode in _modes(args.device):
+        label = LABELS[mode]
         per_call = [(r[mode] - r["bare"]) / hooked * 1e6 for r in rounds]
         med = statistics.median(per_call)
         traced = statistics.median(r[mode] for r in rounds)

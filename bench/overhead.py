@@ -75,10 +75,16 @@ class Eagle3BenchDraft(nn.Module):
         return self.lm_head(out)
 
 
-def build(size: str, device: str) -> tuple[nn.Module, nn.Module, torch.Tensor, list[int], dict[str, Any]]:
+def build(
+    size: str, device: str, shape: tuple[int, int] | None = None
+) -> tuple[nn.Module, nn.Module, torch.Tensor, list[int], dict[str, Any]]:
+    """The target, the draft, the input ids and the aux layers; ``shape`` (batch, tokens)
+    overrides the size's input (a decode-like step is ``(64, 1)`` or ``(1, 1)``)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     layers, hidden, inter, heads, kv, vocab, dvocab, batch, seq, dtype = SIZES[size]
+    if shape is not None:
+        batch, seq = shape
     torch.manual_seed(0)
     cfg = LlamaConfig(
         hidden_size=hidden,
@@ -172,7 +178,21 @@ def timer(device: str) -> Callable[[Callable[[], None]], float]:
     return run
 
 
-def eager_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
+DECODE_SHAPES = ((64, 1), (1, 1))  # batch x tokens: one new token per sequence, no KV context
+
+
+def decode_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
+    """The eager bench on decode-like steps: one token per sequence, so a step is short and
+    host-bound and every microsecond a hook spends shows (prefill hides it behind the GPU).
+    No KV context: attention over a context would only add device time."""
+    results = out.setdefault("decode", {})
+    for batch, tokens in DECODE_SHAPES:
+        sub: dict[str, Any] = {}
+        eager_section(args, sub, shape=(batch, tokens))
+        results[f"{batch}x{tokens}"] = sub
+
+
+def eager_section(args: argparse.Namespace, out: dict[str, Any], shape: tuple[int, int] | None = None) -> None:
     import spectrace
     from spectrace.hooks import fused_stats as S
     from spectrace.settings import Settings
@@ -180,7 +200,7 @@ def eager_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
     dev = args.device
     size = "tiny" if args.quick else ("llama8b" if dev == "cuda" else "medium")
     size = args.size or size
-    target, draft, ids, aux, info = build(size, dev)
+    target, draft, ids, aux, info = build(size, dev, shape)
     out["model"] = info
     step = make_step(target, draft, ids, aux)
     models = {"target": target, "draft": draft}
@@ -655,6 +675,40 @@ def machine() -> dict[str, Any]:
     return info
 
 
+def eager_markdown(res: dict[str, Any], m: dict[str, Any]) -> list[str]:
+    """The eager table of one run (the prefill step, or one decode shape)."""
+    lines: list[str] = []
+    mo = res["model"]
+    lines += [
+        f"- model: Llama target {mo['layers']} layers, hidden {mo['hidden']}, vocab {mo['vocab']}, {mo['dtype']}, "
+        f"input {mo['batch']}x{mo['seq']}; EAGLE-3 draft {mo['draft']}; aux layers {mo['aux_layers']}; "
+        f"{res.get('hooked_modules')} modules hooked",
+        f"- engine: {res.get('engine')}",
+        f"- {res['rounds']} rounds x {res['reps']} forwards per variant, interleaved (order rotates, then reverses: each variant in each position); torch threads {m['threads']}",
+        "- ratio = median over rounds of (variant median / bare median of the same round); IQR over rounds; ratio of mins = fastest variant sample / fastest bare sample (robust to load from other processes)",
+        "",
+        "| variant | ms (median) | ratio vs bare | IQR | ratio of mins | samples |",
+        "|---|---|---|---|---|---|",
+    ]
+    for k, v in res["eager"].items():
+        lines.append(
+            f"| {k} | {v['ms']} | {v['ratio']:.3f}x | [{v['ratio_q1']:.3f}, {v['ratio_q3']:.3f}] | {v['ratio_of_mins']:.3f}x | {v['samples']} |"
+        )
+    lines.append(f"\nhooks while off: {res.get('off_hooks')}; stats filled in the last traced step: {res.get('stats_filled')}")
+    if "hook_time" in res:
+        lines += [
+            "",
+            "Host time inside spectrace per step (accounting, median of steps; ratio = 1 + that / bare median;"
+            " `*_worker_thread` is CPU time on the record worker, off the host's thread):",
+            "",
+            "| mode | ms per step | ratio |",
+            "|---|---|---|",
+        ]
+        for k, v in res["hook_time"].items():
+            lines.append(f"| {k} | {v['ms_per_step']} | {v['x_of_bare_median']:.4f}x |")
+    return lines
+
+
 def markdown(res: dict[str, Any]) -> str:
     m = res["machine"]
     lines = [
@@ -664,34 +718,10 @@ def markdown(res: dict[str, Any]) -> str:
         f"- machine: {m.get('gpu') or m['cpu']}, {m['cores']} cores, torch {m['torch']}, transformers {m.get('transformers')}, triton {m.get('triton')}, python {m['python']}",
     ]
     if "eager" in res:
-        mo = res["model"]
-        lines += [
-            f"- model: Llama target {mo['layers']} layers, hidden {mo['hidden']}, vocab {mo['vocab']}, {mo['dtype']}, "
-            f"input {mo['batch']}x{mo['seq']}; EAGLE-3 draft {mo['draft']}; aux layers {mo['aux_layers']}; "
-            f"{res.get('hooked_modules')} modules hooked",
-            f"- engine: {res.get('engine')}",
-            f"- {res['rounds']} rounds x {res['reps']} forwards per variant, interleaved (order rotates, then reverses: each variant in each position); torch threads {m['threads']}",
-            "- ratio = median over rounds of (variant median / bare median of the same round); IQR over rounds; ratio of mins = fastest variant sample / fastest bare sample (robust to load from other processes)",
-            "",
-            "| variant | ms (median) | ratio vs bare | IQR | ratio of mins | samples |",
-            "|---|---|---|---|---|---|",
-        ]
-        for k, v in res["eager"].items():
-            lines.append(
-                f"| {k} | {v['ms']} | {v['ratio']:.3f}x | [{v['ratio_q1']:.3f}, {v['ratio_q3']:.3f}] | {v['ratio_of_mins']:.3f}x | {v['samples']} |"
-            )
-        lines.append(f"\nhooks while off: {res.get('off_hooks')}; stats filled in the last traced step: {res.get('stats_filled')}")
-        if "hook_time" in res:
-            lines += [
-                "",
-                "Host time inside spectrace per step (accounting, median of steps; ratio = 1 + that / bare median;"
-                " `*_worker_thread` is CPU time on the record worker, off the host's thread):",
-                "",
-                "| mode | ms per step | ratio |",
-                "|---|---|---|",
-            ]
-            for k, v in res["hook_time"].items():
-                lines.append(f"| {k} | {v['ms_per_step']} | {v['x_of_bare_median']:.4f}x |")
+        lines += eager_markdown(res, m)
+    for key, sub in res.get("decode", {}).items():
+        lines += ["", f"## Decode-like step, {key} (batch x tokens, no KV context)", ""]
+        lines += eager_markdown(sub, m) if "eager" in sub else ["(not run)"]
     if "sync_check" in res:
         lines += ["", "## Host syncs in a traced forward (CUDA)", "", "```", json.dumps(res["sync_check"], indent=1), "```"]
     if "graph" in res:
@@ -737,7 +767,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, help="torch CPU threads (default: 1 on cpu, unchanged on cuda)")
     p.add_argument("--variant-warmup", type=int, help="untimed forwards after each variant's set-up (default: 1 cuda, 0 cpu)")
     p.add_argument("--soak-calls", type=int)
-    p.add_argument("--sections", default="eager,graph,bootstrap,soak")
+    p.add_argument("--sections", default="eager,graph,bootstrap,soak", help="any of eager, decode, graph, bootstrap, soak")
     p.add_argument("--out", default=os.environ.get("OUT") or ".")
     p.add_argument("--soak-child", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -760,7 +790,13 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
         "errors": [],
     }
-    for name, fn in (("eager", eager_section), ("graph", graph_section), ("bootstrap", bootstrap_section), ("soak", soak_section)):
+    for name, fn in (
+        ("eager", eager_section),
+        ("decode", decode_section),
+        ("graph", graph_section),
+        ("bootstrap", bootstrap_section),
+        ("soak", soak_section),
+    ):
         if name not in sections or (name == "graph" and args.device != "cuda"):
             continue
         t0 = time.perf_counter()
