@@ -143,6 +143,11 @@ def set_direct_launch(on: bool) -> None:
         _compiled.clear()
 
 
+def direct_launch() -> bool:
+    """Whether statistics launches take the compiled kernel's launcher (see :func:`set_direct_launch`)."""
+    return _direct_on
+
+
 def _direct_supported() -> bool:
     try:
         import triton
