@@ -71,7 +71,12 @@ def micro(dev: str) -> dict[str, float]:
     res["torch_empty_us"] = per_us(lambda: torch.empty(264, 5, device=dev))
     if dev == "cuda" and S.load_triton() is not None:
         out = torch.empty(4, S.programs_for(x.device), 5, device=dev, dtype=torch.float64)
+        res["direct_launch_in_use"] = float(S.direct_launch())
         res["triton_launch_us"] = per_us(lambda: S.launch_partials(x, out, 1))
+        S.set_direct_launch(False)
+        res["triton_launch_jit_us"] = per_us(lambda: S.launch_partials(x, out, 1))
+        S.set_direct_launch(True)
+        res["fused_ok_us"] = per_us(lambda: S.fused_ok(x))
     res["tensor_meta_us"] = per_us(lambda: TensorMeta(arg="input[0]", shape=[4, 512, 4096], dtype="bfloat16", device="cuda:0"))
     meta = TensorMeta(arg="input[0]", shape=[4, 512, 4096], dtype="bfloat16", device="cuda:0")
     res["call_us"] = per_us(
@@ -164,6 +169,7 @@ def main() -> None:
     parser.add_argument("--size", default=None)
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--shape", help="BATCHxTOKENS input instead of the size's (a decode-like step: 64x1)")
     parser.add_argument("--sweep", action="store_true", help="time the fused kernel's launch shapes first")
     args = parser.parse_args()
     import spectrace
@@ -172,7 +178,8 @@ def main() -> None:
 
     dev = args.device
     size = args.size or ("llama8b" if dev == "cuda" else "medium")
-    target, draft, ids, aux, info = build(size, dev)
+    shape = tuple(int(v) for v in args.shape.split("x")) if args.shape else None
+    target, draft, ids, aux, info = build(size, dev, shape)  # type: ignore[arg-type]
     step = make_step(target, draft, ids, aux)
     models = {"target": target, "draft": draft}
     if dev == "cuda":
