@@ -122,6 +122,7 @@ def main() -> None:
     bare = statistics.median(r["bare"] for r in rounds)
     result: dict[str, Any] = {
         "device": args.device,
+        "direct_launch": fused_stats.direct_launch(),
         "hooked_modules": hooked,
         "bare_forward_ms": round(bare * 1e3, 3),
         "repeats": args.repeats,
