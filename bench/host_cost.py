@@ -34,7 +34,7 @@ import spectrace  # noqa: E402
 from spectrace.hooks import fused_stats  # noqa: E402
 
 MODES = ("off", "basic")  # shapes only, statistics
-LABELS = {"off": "shapes only", "basic": "statistics", "basic_jit": "statistics, Triton's JIT launch"}
+LABELS = {"off": "shapes only", "basic": "statistics"}
 
 
 def _sync(ids: torch.Tensor) -> None:
@@ -88,23 +88,12 @@ def one(iters: int = 50, device: str = "cpu") -> dict[str, Any]:
     out: dict[str, Any] = {}
     with torch.no_grad():
         out["bare"] = _per_forward(model, ids, iters)
-        for mode in _modes(device):
-            stats = mode.removesuffix("_jit")
-            if mode.endswith("_jit"):  # the statistics kernel launched through Triton's JIT call: the before
-                fused_stats.set_direct_launch(False)
-            try:
-                with spectrace.trace(model, stats=stats) as t:
-                    out[mode] = _per_forward(model, ids, iters)
-                    out["hooked"] = len(t.hooked)
-                    out[f"{mode}_accounted"] = _accounted(t, model, ids, iters)
-            finally:
-                if mode.endswith("_jit"):
-                    fused_stats.set_direct_launch(True)
+        for mode in MODES:
+            with spectrace.trace(model, stats=mode) as t:
+                out[mode] = _per_forward(model, ids, iters)
+                out["hooked"] = len(t.hooked)
+                out[f"{mode}_accounted"] = _accounted(t, model, ids, iters)
     return out
-
-
-def _modes(device: str) -> tuple[str, ...]:
-    return (*MODES, "basic_jit") if device == "cuda" else MODES
 
 
 def main() -> None:
@@ -122,13 +111,12 @@ def main() -> None:
     bare = statistics.median(r["bare"] for r in rounds)
     result: dict[str, Any] = {
         "device": args.device,
-        "direct_launch": fused_stats.direct_launch(),
         "hooked_modules": hooked,
         "bare_forward_ms": round(bare * 1e3, 3),
         "repeats": args.repeats,
     }
     print(f"hooked modules {hooked}; bare forward {bare * 1e3:.2f} ms (median of {args.repeats})")
-    for mode in _modes(args.device):
+    for mode in MODES:
         label = LABELS[mode]
         per_call = [(r[mode] - r["bare"]) / hooked * 1e6 for r in rounds]
         med = statistics.median(per_call)

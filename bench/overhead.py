@@ -205,7 +205,7 @@ def eager_section(args: argparse.Namespace, out: dict[str, Any], shape: tuple[in
     step = make_step(target, draft, ids, aux)
     models = {"target": target, "draft": draft}
     fused = S.prepare(dev) if dev == "cuda" else False
-    out["engine"] = {"fused_stats_kernel": fused, "direct_launch": S.direct_launch()}
+    out["engine"] = {"fused_stats_kernel": fused}
     settings = Settings()  # SPECTRACE unset: defaults (record cap 100k, stats basic)
     assert not settings.enabled
 

@@ -71,11 +71,7 @@ def micro(dev: str) -> dict[str, float]:
     res["torch_empty_us"] = per_us(lambda: torch.empty(264, 5, device=dev))
     if dev == "cuda" and S.load_triton() is not None:
         out = torch.empty(4, S.programs_for(x.device), 5, device=dev, dtype=torch.float64)
-        res["direct_launch_in_use"] = float(S.direct_launch())
         res["triton_launch_us"] = per_us(lambda: S.launch_partials(x, out, 1))
-        S.set_direct_launch(False)
-        res["triton_launch_jit_us"] = per_us(lambda: S.launch_partials(x, out, 1))
-        S.set_direct_launch(True)
         res["fused_ok_us"] = per_us(lambda: S.fused_ok(x))
     res["tensor_meta_us"] = per_us(lambda: TensorMeta(arg="input[0]", shape=[4, 512, 4096], dtype="bfloat16", device="cuda:0"))
     meta = TensorMeta(arg="input[0]", shape=[4, 512, 4096], dtype="bfloat16", device="cuda:0")

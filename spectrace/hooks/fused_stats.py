@@ -108,68 +108,9 @@ def launch_partials(x: torch.Tensor, out: torch.Tensor, slot: int = 0, written: 
     per = -(-per // TILE) * TILE  # whole tiles, so only the last program reads single blocks
     grid = max(1, min(grid, -(-full // per))) if full else 1
     zero_rest = written is None or grid < written[slot]
-    direct = _compiled.get((x.dtype, x.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0, zero_rest)) if _direct_on else None
-    if direct is not None and _no_launch_hooks():
-        # The compiled kernel's own launcher, without the JIT's per-call binding, cache
-        # key and global checks: the same launch, a third of the host time.
-        stream = _driver().get_current_stream(_driver().get_current_device())
-        direct.run(grid, 1, 1, stream, direct.function, direct.packed_metadata, None, None, None,
-                   x, out, n, per, slot, rows, BLOCK, TILE, zero_rest)  # fmt: skip
-    else:
-        compiled = kernel[(grid,)](x, out, n, per, slot, rows, BLOCK=BLOCK, TILE=TILE, ZERO_REST=zero_rest, num_warps=WARPS)
-        if _direct_on and compiled is not None and hasattr(compiled, "run"):
-            # Kept per specialisation the JIT keys on: dtype and 16-byte alignment of each pointer.
-            _compiled[(x.dtype, x.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0, zero_rest)] = compiled
+    kernel[(grid,)](x, out, n, per, slot, rows, BLOCK=BLOCK, TILE=TILE, ZERO_REST=zero_rest, num_warps=WARPS)
     if written is not None:
         written[slot] = grid
-
-
-# Direct launches of the compiled kernel (see launch_partials). The launcher's argument
-# layout is Triton's own (grid, stream, function, metadata, hooks, then every parameter,
-# constexprs included) from 3.3 on; check_fused compares a direct launch with the values
-# it must give before any traced tensor takes this path, and turns it off on a mismatch.
-_compiled: dict[tuple[Any, ...], Any] = {}
-_direct_on = False
-
-
-def set_direct_launch(on: bool) -> None:
-    """Use the compiled kernel's launcher directly (True) or Triton's JIT call (False).
-
-    The JIT call is always right; the direct launch is its fast path, kept only where
-    :func:`check_fused` saw it give the same values (and only on Triton >= 3.3)."""
-    global _direct_on
-    _direct_on = bool(on) and _direct_supported()
-    if not _direct_on:
-        _compiled.clear()
-
-
-def direct_launch() -> bool:
-    """Whether statistics launches take the compiled kernel's launcher (see :func:`set_direct_launch`)."""
-    return _direct_on
-
-
-def _direct_supported() -> bool:
-    try:
-        import triton
-
-        major, minor = (int(p) for p in triton.__version__.split(".")[:2])
-        from triton import knobs  # noqa: F401  (3.3+: where the launch hooks live)
-    except Exception:
-        return False
-    return (major, minor) >= (3, 3)
-
-
-def _driver() -> Any:
-    from triton.runtime import driver
-
-    return driver.active
-
-
-def _no_launch_hooks() -> bool:
-    # A profiler that set Triton's launch hooks sees every launch only through the JIT.
-    from triton import knobs
-
-    return knobs.runtime.launch_enter_hook is None and knobs.runtime.launch_exit_hook is None
 
 
 def fused_supported(x: torch.Tensor) -> bool:
@@ -218,46 +159,21 @@ def check_fused(device: torch.device | str) -> bool:
                     return False
             # A finite tensor: sums against float64.
             x = (torch.randn(5 * BLOCK + 3, generator=gen, dtype=torch.float64) + 0.5).to(device=device, dtype=torch.float32)
-            if not _finite_agrees(x, device):
+            out = torch.zeros(3, programs_for(device), ROW, device=device, dtype=torch.float64)
+            launch_partials(x, out, slot=2)  # the slot argument lands where it says
+            if bool(out[:2].any()):
                 return False
+            row = reduce_rows([out[2]])[0].tolist()
+            r = x.double().cpu()
+            return (
+                abs(row[SUM] - float(r.sum())) <= 1e-4 * float(r.abs().sum())
+                and abs(row[SUMSQ] - float((r * r).sum())) <= 1e-4 * float((r * r).sum())
+                and row[ABSMAX] == float(r.abs().max())
+                and row[NAN] == 0
+                and row[INF] == 0
+            )
         except Exception:
             return False
-        # The direct launch, on the kernels the JIT just compiled: the same values or off.
-        set_direct_launch(True)
-        if _direct_on:
-            try:
-                ok = _finite_agrees(x, device, direct=True) and _finite_agrees(x.to(torch.bfloat16), device, direct=True)
-            except Exception:
-                ok = False
-            if not ok:
-                set_direct_launch(False)
-        return True
-
-
-def _finite_agrees(x: torch.Tensor, device: torch.device, direct: bool = False) -> bool:
-    """One launch into slot 2 of a zeroed buffer against float64 sums (the slot lands where
-    it says). ``direct``: the launch must have taken the compiled kernel's launcher."""
-    out = torch.zeros(3, programs_for(device), ROW, device=device, dtype=torch.float64)
-    if direct:
-        launch_partials(x, out, slot=2)  # compiles and keeps this specialisation if new
-        out.zero_()
-        before = len(_compiled)
-        launch_partials(x, out, slot=2)
-        if len(_compiled) != before or not _compiled:
-            return False
-    else:
-        launch_partials(x, out, slot=2)
-    if bool(out[:2].any()):
-        return False
-    row = reduce_rows([out[2]])[0].tolist()
-    r = x.double().cpu()
-    return (
-        abs(row[SUM] - float(r.sum())) <= 1e-4 * float(r.abs().sum())
-        and abs(row[SUMSQ] - float((r * r).sum())) <= 1e-4 * float((r * r).sum())
-        and row[ABSMAX] == float(r.abs().max())
-        and row[NAN] == 0
-        and row[INF] == 0
-    )
 
 
 def prepare(device: torch.device | str) -> bool:
