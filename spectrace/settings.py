@@ -238,5 +238,13 @@ class Settings:
         return data
 
     def describe(self) -> str:
-        """The settings in effect, one per line (``spectrace settings``), secrets redacted."""
-        return "\n".join(f"{k} = {v!r}" for k, v in self.safe_dict().items())
+        """The settings in effect, one per line (``spectrace settings``), secrets redacted,
+        then the module globs a traced program hooks under them and where those come from."""
+        from .rules.profiles import modules_in_effect
+
+        lines = [f"{k} = {v!r}" for k, v in self.safe_dict().items()]
+        globs, source = modules_in_effect(tuple(self.modules), self.profile)
+        lines.append(f"# hooked modules ({source}): {', '.join(globs)}")
+        if not self.enabled:
+            lines.append("# tracing is off here: SPECTRACE=1 turns it on for any Python program")
+        return "\n".join(lines)

@@ -64,6 +64,29 @@ def test_settings_without_arguments_prints_them() -> None:
     assert "record_cap = 100000" in result.stdout.splitlines()
 
 
+@pytest.mark.parametrize(
+    ("env", "source", "first", "absent"),
+    [
+        ({}, "the default profile", "**.embed_tokens", None),
+        ({"SPECTRACE_PROFILE": "hf"}, "profile 'hf'", "**.embed_tokens", "**.fc"),
+        ({"SPECTRACE_MODULES": "model.layers.3,lm_head"}, "SPECTRACE_MODULES", "model.layers.3", "**.embed_tokens"),
+    ],
+)
+def test_settings_says_which_modules_a_traced_program_hooks(env: dict[str, str], source: str, first: str, absent: str | None) -> None:
+    import os
+
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SPECTRACE")}
+    result = subprocess.run(
+        [sys.executable, "-m", "spectrace", "settings"], capture_output=True, text=True, timeout=120, env={**clean, "SPECTRACE": "1", **env}
+    )
+    assert result.returncode == 0, result.stderr
+    line = next(x for x in result.stdout.splitlines() if x.startswith("# hooked modules"))
+    assert line.startswith(f"# hooked modules ({source}): {first}")
+    if absent is not None:
+        assert absent not in line
+    assert "tracing is off" not in result.stdout  # SPECTRACE=1: the profile shown is the one in effect
+
+
 # ----------------------------------------------------------------------------- pytest --spectrace
 NAN_TESTS = """
 import pytest

@@ -16,20 +16,9 @@ import torch.nn as nn
 
 from ..rules.globs import glob_match
 
-# A Hugging Face causal LM: embeddings, every decoder layer, the final norm, the head.
-HF_CAUSAL_LM = ("**.embed_tokens", "**.layers.*", "**.norm", "**.lm_head")
-# EAGLE-3 adds the draft's fc, its decoder layer under either name, and the aux concat.
-EAGLE3 = HF_CAUSAL_LM + ("**.fc", "**.midlayer", "**.aux_concat", "**.hidden_norm")
-
-# settings.PROFILE_NAMES lists these names (SPECTRACE_PROFILE is checked before torch loads).
-# One default for every entry point (trace(), SPECTRACE=1, the pytest fixture): a model
-# that is not a draft has no fc or midlayer, so the EAGLE-3 globs cost it nothing.
-PROFILES: dict[str, tuple[str, ...]] = {
-    "default": EAGLE3,
-    "hf": HF_CAUSAL_LM,
-    "eagle3": EAGLE3,
-    "all": ("**",),
-}
+# The named profiles live with the other rules (torch-free: `spectrace settings` shows them);
+# settings.PROFILE_NAMES lists their names (SPECTRACE_PROFILE is checked before torch loads).
+from ..rules.profiles import PROFILES
 
 ModuleFilter = Union[str, Sequence[str], Callable[[str, nn.Module], bool], None]
 
