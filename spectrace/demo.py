@@ -1,8 +1,9 @@
 """``spectrace demo``: every EAGLE-3 wiring bug, reproduced, traced and diagnosed.
 
 Runs the trained tiny target/draft pair healthy and under each bug switch, with
-tracing on, writes one trace folder per scenario, and prints one row per scenario:
-mean accept length, the findings (code and one-line cause) and the trace path.
+tracing on, writes one trace folder per scenario, and prints one line per scenario
+(mean accept length and the root cause's code) so the whole run fits one screen;
+``--details`` adds every finding's code and one-line cause. Progress goes to stderr.
 
     $ spectrace demo                    # all scenarios into ./spectrace-demo/
     $ spectrace demo --bug fc_bypass    # one scenario
@@ -117,24 +118,45 @@ def _clear_old_traces(trace_dir: str) -> None:
                 os.remove(os.path.join(trace_dir, entry))
 
 
-def _table(results: list[ScenarioResult], total_seconds: float) -> Any:
+def _table(results: list[ScenarioResult], total_seconds: float, details: bool = False) -> Any:
+    """One line per scenario: accept length, the root cause and how many findings follow
+    from it; with ``details``, every finding's code and cause beneath."""
     from rich.table import Table
 
-    table = Table(title=f"spectrace demo: EAGLE-3 reference pipeline, k={K}, {total_seconds:.1f} s", show_lines=True)
-    table.add_column("scenario / trace", no_wrap=True)
+    table = Table(title=f"spectrace demo: EAGLE-3 reference pipeline, k={K}, {total_seconds:.1f} s", show_lines=details)
+    table.add_column("scenario", no_wrap=True)
     table.add_column("accept", justify="right", no_wrap=True)
-    table.add_column("findings: code, then the cause")
+    table.add_column("root cause" if not details else "findings: code, then the cause", overflow="fold")
     for r in results:
-        lines = []
-        seen: set[str] = set()
-        for f in sorted(r.findings, key=lambda f: SEVERITY_RANK[f.severity]):
-            if f.code in seen:
-                continue
-            seen.add(f.code)
-            style = {"error": "bold red", "warning": "yellow", "info": "dim"}[f.severity]
-            lines.append(f"[{style}]{f.code}[/] {_short(f.message)}")
-        table.add_row(f"{r.name}\n[dim]{r.trace_dir}[/]", f"{r.accept_length:.2f}", "\n".join(lines) or "[green]no findings[/]")
+        roots = root_causes(r.findings)
+        if not roots:
+            summary = "[green]no findings[/]"
+        else:
+            style = {"error": "bold red", "warning": "yellow", "info": "dim"}
+            first = roots[0]
+            more = len({f.code for f in r.findings}) - 1
+            summary = f"[{style[first.severity]}]{first.code}[/]" + (f" [dim](+{more} more)[/]" if more > 0 else "")
+        if details:
+            lines = [summary]
+            seen: set[str] = set()
+            for f in sorted(r.findings, key=lambda f: SEVERITY_RANK[f.severity]):
+                if f.code not in seen:
+                    seen.add(f.code)
+                    lines.append(f"  {f.code}: {_short(f.message)}")
+            summary = "\n".join(lines)
+        table.add_row(r.name, f"{r.accept_length:.2f}", summary)
     return table
+
+
+def root_causes(findings: list[Finding]) -> list[Finding]:
+    """The findings that head the report, most severe first (one per code)."""
+    seen: set[str] = set()
+    out: list[Finding] = []
+    for f in sorted(findings, key=lambda f: SEVERITY_RANK[f.severity]):
+        if f.code not in seen:
+            seen.add(f.code)
+            out.append(f)
+    return out
 
 
 def _short(message: str, limit: int = 90) -> str:
@@ -159,13 +181,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bug", action="append", choices=list(BUGS), help="run only this scenario (repeatable)")
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"folder for the traces (default: ./{DEFAULT_OUT})")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--details", action="store_true", help="every finding's code and cause under its scenario")
     args = parser.parse_args(argv)
 
     os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
     started = time.perf_counter()
     names = args.bug or list(BUGS)
     reference = reference_fingerprint()
-    results = [run_scenario(name, args.out, reference) for name in names]
+    results = []
+    for n, name in enumerate(names, 1):
+        # Progress on stderr, so that --json and a pipe still get only the results.
+        sys.stderr.write(f"[{n}/{len(names)}] {name} ...")
+        sys.stderr.flush()
+        result = run_scenario(name, args.out, reference)
+        results.append(result)
+        sys.stderr.write(f" accept {result.accept_length:.2f}, {result.seconds:.1f} s\n")
     total = time.perf_counter() - started
     if args.json:
         import json
@@ -192,8 +222,10 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
     console = Console()
-    console.print(_table(results, total))
-    console.print(f"Traces in {os.path.abspath(args.out)}. Read one with: spectrace view {os.path.join(args.out, names[-1])}")
+    console.print(_table(results, total, details=args.details))
+    console.print(f"Traces in {os.path.abspath(args.out)}/<scenario>. Read one with: spectrace view {os.path.join(args.out, names[-1])}")
+    if not args.details:
+        console.print("Every finding and its cause: spectrace demo --details, or spectrace view on the trace.")
     healthy = [r for r in results if r.name == "healthy"]
     if healthy and healthy[0].errors:
         sys.stderr.write("spectrace demo: the healthy scenario produced an error finding (a false positive)\n")

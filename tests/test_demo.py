@@ -112,3 +112,23 @@ def test_demo_command_one_scenario(tmp_path):
     (row,) = data["scenarios"]
     assert row["name"] == "fc_bypass" and row["accept_length"] < 1.5
     assert "fc_bypass" in {f["code"] for f in row["findings"]}
+
+
+def test_demo_table_is_one_line_per_scenario_with_progress_on_stderr(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECTRACE")}
+    out = subprocess.run(
+        [sys.executable, "-m", "spectrace", "demo", "--bug", "healthy", "--bug", "fc_bypass", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**env, "COLUMNS": "80"},
+    )
+    assert out.returncode == 0, out.stderr
+    progress = out.stderr.splitlines()
+    assert progress[0].startswith("[1/2] healthy ... accept ") and progress[1].startswith("[2/2] fc_bypass ... accept ")
+    rows = [line for line in out.stdout.splitlines() if line.startswith("│")]
+    assert len(rows) == 2, out.stdout  # one line each: the screen holds every scenario
+    assert "healthy" in rows[0] and "no findings" in rows[0]
+    assert "fc_bypass" in rows[1] and "more)" in rows[1]  # the root cause, and how many follow
+    assert all(len(line) <= 80 for line in out.stdout.splitlines())
+    assert "spectrace demo --details" in out.stdout
