@@ -1,0 +1,144 @@
+"""Golden screens: what a user's terminal shows, driven in tmux at 80 and 120 columns.
+
+Each case runs the installed ``spectrace`` command in a real tmux pane of the given size
+(Rich reads the pane's width, as it does on a user's terminal) and compares everything it
+printed, scrollback included, with ``tests/screens/<case>-<width>.txt``. Lines that change
+from run to run (times, paths of temporary folders) are normalised first.
+
+Regenerate after an intended change, then read the diff of tests/screens/ before keeping it:
+
+    SPECTRACE_UPDATE_GOLDEN=1 python -m pytest tests/test_screens.py
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_viewer_fixtures import fc_bypass_records, healthy_records, layer_mismatch_records, write_trace
+
+SCREENS = Path(__file__).parent / "screens"
+UPDATE = os.environ.get("SPECTRACE_UPDATE_GOLDEN") == "1"
+HEIGHT = 40
+START, DONE = "__SCREEN_START__", "__SCREEN_DONE__"
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+
+
+class Pane:
+    """One tmux server with one pane of ``width`` x ``height``."""
+
+    def __init__(self, name: str, width: int, height: int = HEIGHT) -> None:
+        self.name = name
+        self.sock = ["tmux", "-L", f"screens-{os.getpid()}-{name}-{width}"]
+        self.width, self.height = width, height
+
+    def __enter__(self) -> Pane:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SPECTRACE")}
+        env.update(TERM="xterm-256color", NO_COLOR="1")
+        env.pop("COLUMNS", None)
+        env.pop("LINES", None)
+        # A big scrollback: the whole output of a command is compared, not only its last screen.
+        subprocess.run(
+            self.sock + ["new-session", "-d", "-s", self.name, "-x", str(self.width), "-y", str(self.height)], check=True, env=env
+        )
+        subprocess.run(self.sock + ["set-option", "-t", self.name, "history-limit", "5000"], check=True)
+        return self
+
+    def run(self, command: str, timeout: float = 120.0) -> str:
+        """Run ``command`` in the pane, wait for it to end, return everything it printed."""
+        self.send(f"echo {START}; {command}; echo {DONE}=$?", "Enter")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = self.capture()
+            if re.search(rf"^{DONE}=\d+", text, re.M):
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"{command!r} did not finish:\n{self.capture()}")
+        lines = self.capture().splitlines()
+        # The markers on lines of their own: the typed command line holds them too, after "echo".
+        start = next(i for i, line in enumerate(lines) if line.rstrip() == START) + 1
+        end = next(i for i, line in enumerate(lines) if re.match(rf"^{DONE}=\d+", line))
+        return "\n".join(line.rstrip() for line in lines[start:end]).strip("\n") + f"\n[exit {lines[end].split('=')[1]}]\n"
+
+    def send(self, *keys: str) -> None:
+        subprocess.run(self.sock + ["send-keys", "-t", self.name, *keys], check=True)
+
+    def capture(self) -> str:
+        return subprocess.run(
+            self.sock + ["capture-pane", "-p", "-J", "-S", "-", "-t", self.name], capture_output=True, text=True, check=True
+        ).stdout
+
+    def __exit__(self, *exc: object) -> None:
+        subprocess.run(self.sock + ["kill-server"], capture_output=True)
+
+
+def spectrace_cmd(*args: str) -> str:
+    return " ".join(shlex.quote(a) for a in (sys.executable, "-m", "spectrace", *args))
+
+
+def normalise(text: str, tmp: Path, times: bool = False) -> str:
+    text = text.replace(str(tmp), "<tmp>")
+    if not times:  # the fixtures' times are fixed: only the demo's wall times change
+        return text
+    text = re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", "<time>", text)
+    text = re.sub(r"\b\d+\.\d s\b", "<s> s", text)  # wall times (the demo's title and progress)
+    return text
+
+
+def check(name: str, text: str) -> None:
+    path = SCREENS / f"{name}.txt"
+    if UPDATE:
+        SCREENS.mkdir(exist_ok=True)
+        path.write_text(text)
+        return
+    if not path.exists():
+        pytest.fail(f"{path} does not exist; run with SPECTRACE_UPDATE_GOLDEN=1 to create it")
+    assert text == path.read_text(), f"{name}: the screen changed; SPECTRACE_UPDATE_GOLDEN=1 regenerates tests/screens/"
+
+
+def _traces(tmp: Path) -> None:
+    for name, records in (("healthy", healthy_records()), ("fc_bypass", fc_bypass_records()), ("layer_mismatch", layer_mismatch_records())):
+        write_trace(tmp / name / "trace-node1-4242-rank0.jsonl", records)
+
+
+# Paths relative to the folder the pane starts in, as a user types them.
+CASES: dict[str, list[str]] = {
+    "view_fc_bypass": ["view", "fc_bypass", "--no-pager"],
+    "view_layer_mismatch": ["view", "layer_mismatch", "--no-pager"],
+    "view_healthy_modules": ["view", "healthy", "--modules", "--no-pager"],
+    "diff_healthy_vs_fc_bypass": ["diff", "healthy", "fc_bypass"],
+    "view_nothing_matches": ["view", "healthy", "--module", "nonexistent", "--no-pager"],
+}
+
+
+@pytest.mark.parametrize("width", [80, 120])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_screen(case: str, width: int, tmp_path: Path) -> None:
+    _traces(tmp_path)
+    with Pane(case, width) as pane:
+        text = pane.run(f"cd {shlex.quote(str(tmp_path))} && " + spectrace_cmd(*CASES[case]))
+    assert "Traceback" not in text
+    assert all(len(line) <= width for line in text.splitlines()), "a line wider than the terminal"
+    check(f"{case}-{width}", normalise(text, tmp_path))
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_demo_screen(width: int, tmp_path: Path) -> None:
+    with Pane("demo", width) as pane:
+        text = pane.run(
+            f"cd {shlex.quote(str(tmp_path))} && " + spectrace_cmd("demo", "--bug", "healthy", "--bug", "fc_bypass", "--out", "d"),
+            timeout=900,
+        )
+    assert all(len(line) <= width for line in text.splitlines()), "a line wider than the terminal"
+    text = normalise(text, tmp_path, times=True)
+    assert len(text.splitlines()) <= HEIGHT, "the demo's summary no longer fits one screen"
+    check(f"demo-{width}", text)
