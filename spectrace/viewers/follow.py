@@ -173,17 +173,26 @@ class LiveScreen:
             if before_capture is not None and before_capture != shape:
                 note(now, f"capture {c.module}: boundaries {list(shape[0])}" + ("" if c.enabled else " DISABLED"), "bold")
             self._captures[c.module] = shape
+        appeared: list[str] = []
+        modes: dict[str, list[str]] = {}
         for name in STAGES:
             stage = getattr(dp, name)
             label = STAGE_NAMES.get(name, name)
             before_status = self._stages.get(name)
-            if before_status is not None and before_status != stage.status:
+            if before_status == "not seen" and stage.status != "not seen":
+                appeared.append(f"{label} ({stage.status})")
+            elif before_status is not None and before_status != stage.status:
                 note(now, f"{label}: {before_status} -> {stage.status}", _status_style(stage.status))
             self._stages[name] = stage.status
             for mode in stage.modes:
                 if mode.forward_mode and (name, mode.forward_mode) not in self._modes:
                     self._modes.add((name, mode.forward_mode))
-                    note(now, f"{label}: mode {mode.forward_mode} seen")
+                    modes.setdefault(mode.forward_mode, []).append(label)
+        # One line for the stages that showed up together, one per new forward mode.
+        if appeared:
+            note(now, "stages seen: " + ", ".join(appeared))
+        for mode, labels in modes.items():
+            note(now, f"mode {mode} seen: " + ", ".join(labels))
         now_accept = self.live.now
         if now_accept is not None and len(self.live.window) >= self.live.size:
             ref = self._accept_ref
@@ -239,7 +248,7 @@ class LiveScreen:
         self.drawn_at = self.clock()
         top: list[RenderableType] = [self.status_line(view), self._banner(view), *self._new_section(), Text("")]
         top += self._findings(view)
-        rest: list[RenderableType] = []
+        rest: list[RenderableType] = [Text("")]
         if view.acceptance.draft_tokens is not None or view.datapath.eagle3:
             rest += [AcceptancePanel(view.acceptance), Text("")]
         if view.datapath.eagle3:
@@ -334,7 +343,7 @@ class LiveScreen:
             if fresh:
                 out.append(_detail("fix", g.fix, "green"))
         if live is not None:
-            line = _finding_line(live.severity, live.code, steps_text(live.step, self.live.last_step), live.message, live=True)
+            line = _finding_line(live.severity, live.code, f"from step {live.step}", live.message, live=True)
             out.append(line)
             entry = CATALOGUE.get(live.code)
             out.append(_detail("live", "from the acceptance records as they arrive; the writer has not said it", "yellow"))
