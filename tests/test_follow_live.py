@@ -158,6 +158,55 @@ def test_screen_over_a_recorder_file_shows_the_collapse_live(tmp_path: Path) -> 
     assert final.startswith(" closed ")
 
 
+def _new_lines(text: str) -> list[str]:
+    if "New in the last" not in text:
+        return []
+    return text[text.index("New in the last") : text.index("Findings:")].splitlines()[1:]
+
+
+def test_a_sliding_change_in_accept_length_is_one_line(tmp_path: Path) -> None:
+    """The window slides through a change over several refreshes: one line follows it."""
+    rec = Recorder(Settings(quiet=True), directory=str(tmp_path), name=TRACE, rank=0)
+    for s in range(16):
+        rec.emit(acc(s, [5]))
+    rec.flush()
+    follower, clock = TraceFollower(tmp_path), Clock()
+    follower.poll()
+    screen, builder = LiveScreen(str(tmp_path), clock=clock), ViewBuilder()
+    screen.update(builder.build(follower.trace_set), follower.notices)
+    for s in range(16, 30):  # one collapsed step per refresh, a second apart
+        clock.t += 1
+        rec.emit(acc(s, [1]))
+        rec.flush()
+        follower.poll()
+        screen.update(builder.build(follower.trace_set), follower.notices)
+    lines = [x for x in _new_lines(_frame_text(screen)) if "accept length now" in x]
+    assert len(lines) == 1 and re.search(r"accept length now 5\.00 -> 1\.00", lines[0]), lines
+    rec.close()
+
+
+def test_a_rotated_file_starts_the_live_window_over(tmp_path: Path) -> None:
+    from test_viewer_fixtures import write_trace
+
+    head = Header(spectrace_version="0", pid=1, host="elsewhere", rank=0, started_unix=1.7e9)
+    path = write_trace(tmp_path / TRACE, [head, *[acc(s, [1]) for s in range(COLLAPSE_WINDOW + 1)]])
+    follower, clock = TraceFollower(tmp_path), Clock()
+    follower.poll()
+    screen, builder = LiveScreen(str(tmp_path), clock=clock), ViewBuilder()
+    screen.update(builder.build(follower.trace_set), follower.notices)
+    assert "LIVE" in _frame_text(screen)
+    clock.t += 1
+    fresh = tmp_path / "new.tmp"
+    write_trace(fresh, [head, *[acc(s, [4]) for s in range(COLLAPSE_WINDOW + 4)]])
+    os.replace(fresh, path)  # a new file took the name: read again from the start
+    assert follower.poll()
+    screen.update(builder.build(follower.trace_set), follower.notices)
+    text = _frame_text(screen)
+    assert "LIVE" not in text and "acceptance_collapse" not in text.split("New in the last")[0]
+    assert re.search(r"accept now 4\.00 / run 4\.00", text), text
+    assert any("read again from the start" in x for x in _new_lines(text))
+
+
 def test_screen_cuts_the_rest_to_the_height_and_says_so(tmp_path: Path) -> None:
     from test_viewer_fixtures import fc_bypass_records, write_trace
 

@@ -45,6 +45,7 @@ REDRAW_S = 1.0  # redraw this often without new records: ages and the rate move 
 # A change in the accept length now worth a line: this much, or this part of the old value.
 ACCEPT_CHANGE = 0.5
 ACCEPT_CHANGE_PART = 0.25
+ACCEPT_SETTLE_S = 10.0  # changes this close together are one change (the window sliding through it)
 STAGES = ("aux", "fc", "layer", "norm", "lm_head", "target_lm_head", "d2t")
 STAGE_NAMES = {"aux": "aux concat", "layer": "decoder layer", "target_lm_head": "target lm_head"}
 
@@ -98,6 +99,8 @@ class LiveScreen:
         self._captures: dict[str, tuple[tuple[int, ...], bool]] = {}
         self._files: dict[str, str] = {}
         self._accept_ref: float | None = None
+        self._accept_item: NewItem | None = None
+        self._accept_from = 0.0
         self._live_said = False
         self._fed_through: int | None = None
 
@@ -112,6 +115,7 @@ class LiveScreen:
                 self.live = LiveAcceptance()
                 self._fed_through = None
                 self._accept_ref = None
+                self._accept_item = None
                 self._live_said = False
             for notice in notices[len(self.notices) :]:
                 self._note(now, notice, "bold yellow")
@@ -200,11 +204,22 @@ class LiveScreen:
                 self._accept_ref = now_accept
             elif abs(now_accept - ref) >= max(ACCEPT_CHANGE, ACCEPT_CHANGE_PART * ref):
                 self._accept_ref = now_accept
-                note(
-                    now,
-                    f"accept length now {ref:.2f} -> {now_accept:.2f} (last {self.live.size} steps)",
-                    "bold red" if now_accept < ref else "green",
-                )
+                self._accept_changed(now, ref, now_accept)
+
+    def _accept_changed(self, now: float, ref: float, value: float) -> None:
+        """A change in the accept length now: while the window slides through a change it
+        moves at every refresh; one line follows it (from where it started) rather than many."""
+        item = self._accept_item
+        if item is not None and now - item.at <= ACCEPT_SETTLE_S and item in self.new:
+            self.new.remove(item)
+            ref = self._accept_from
+        else:
+            self._accept_from = ref
+        self._accept_item = item = NewItem(
+            now, f"accept length now {ref:.2f} -> {value:.2f} (last {self.live.size} steps)", "bold red" if value < ref else "green"
+        )
+        if self._baseline:
+            self.new.append(item)
 
     # ------------------------------------------------------------------------ reading
     def live_finding(self, view: TraceView | None = None) -> Finding | None:
