@@ -24,8 +24,8 @@ from test_viewer import Tmux, _shell_cmd
 
 from spectrace.checks.acceptance_live import SOURCE, LiveAcceptance, VerifyStep, check_collapse_window, verify_step
 from spectrace.checks.calls import COLLAPSE_WINDOW, check_acceptance
-from spectrace.records import Acceptance, Finding, Header
 from spectrace.recorder import Recorder
+from spectrace.records import Acceptance, Finding, Header
 from spectrace.settings import Settings
 from spectrace.viewers.follow import NEW_HOLD_S, LiveScreen
 from spectrace.viewers.loader import TraceFollower
