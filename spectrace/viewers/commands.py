@@ -41,7 +41,7 @@ VIEW_EXAMPLES = """examples:
   spectrace view traces/                      every process of one run
   spectrace view traces/trace-h-42-rank0.jsonl --finding fc_bypass
   spectrace view traces/ --rank 1 --step 10:20 --modules --module '*fc'
-  spectrace view traces/ --follow             re-render as the server writes
+  spectrace view traces/ --follow             a live screen while the server writes
   spectrace view traces/ --window 128         data path: recent span of 128 steps
   spectrace view traces/ --json | jq .findings
   spectrace view traces/ --fail-on error      in CI: exit 1 on an error finding
@@ -110,7 +110,12 @@ def _view_parser() -> argparse.ArgumentParser:
         metavar="N",
         help=f"the data path's recent span: the last N traced steps (default {DEFAULT_WINDOW})",
     )
-    p.add_argument("--follow", "-f", action="store_true", help="re-render as lines are appended (Ctrl-C quits)")
+    p.add_argument(
+        "--follow",
+        "-f",
+        action="store_true",
+        help="a live screen as lines are appended: status, what is new, live findings (docs/follow.md; Ctrl-C quits)",
+    )
     p.add_argument("--json", action="store_true", help="print the view model as JSON")
     p.add_argument(
         "--fail-on",

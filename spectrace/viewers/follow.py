@@ -308,7 +308,7 @@ class LiveScreen:
         if h.not_closed:
             dropped.append(" so far")  # the final count comes with the closing record
         fields.append(dropped)
-        rate = self.rate()
+        rate = self.rate() if "running" in states else None  # a closed trace has no pace
         if rate is not None:
             fields.append(Text(f"{rate:.1f} steps/s"))
         return StatusLine(fields)
