@@ -182,6 +182,10 @@ def test_a_sliding_change_in_accept_length_is_one_line(tmp_path: Path) -> None:
         screen.update(builder.build(follower.trace_set), follower.notices)
     lines = [x for x in _new_lines(_frame_text(screen)) if "accept length now" in x]
     assert len(lines) == 1 and re.search(r"accept length now 5\.00 -> 1\.00", lines[0]), lines
+    assert screen.rate() == 1.0  # one step a second, over the last 5 s
+    assert "1.0 steps/s" in _frame_text(screen, width=120).splitlines()[0]
+    clock.t += 6  # nothing for longer than the span: the pace is 0, not the last one seen
+    assert screen.rate() == 0.0
     rec.close()
 
 

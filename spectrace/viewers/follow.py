@@ -88,7 +88,6 @@ class LiveScreen:
         self.view: TraceView | None = None
         self.notices: list[str] = []
         self.new: deque[NewItem] = deque(maxlen=64)
-        self.updated_at = clock()
         self.drawn_at: float | None = None
         self._rate: deque[tuple[float, int]] = deque()
         self._baseline = False
@@ -122,12 +121,11 @@ class LiveScreen:
         self.notices = notices
         self._feed_acceptance(view)
         self._rate.append((now, view.header.steps_traced))
-        while len(self._rate) > 2 and now - self._rate[0][0] > RATE_SPAN_S:
-            self._rate.popleft()
+        while len(self._rate) > 2 and now - self._rate[1][0] >= RATE_SPAN_S:
+            self._rate.popleft()  # one sample older than the span is kept: where the rate starts
         self._diff(view, now)
         self._baseline = True
         self.view = view
-        self.updated_at = now
 
     def _feed_acceptance(self, view: TraceView) -> None:
         acc = view.acceptance
@@ -242,13 +240,15 @@ class LiveScreen:
         return [found] if found is not None else []
 
     def rate(self) -> float | None:
-        """Steps per second over the recent past; 0 once nothing came for a while."""
+        """Steps per second over the last :data:`RATE_SPAN_S` (0 once nothing came that long)."""
         if len(self._rate) < 2:
             return None
-        t0, s0 = self._rate[0]
-        t1, s1 = self._rate[-1]
-        span = max(self.clock(), t1) - t0
-        return (s1 - s0) / span if span > 0 else None
+        now = self.clock()
+        # From the newest sample at least RATE_SPAN_S old (the oldest one, early on) to now.
+        older = [sample for sample in self._rate if now - sample[0] >= RATE_SPAN_S]
+        t0, s0 = older[-1] if older else self._rate[0]
+        span = now - t0
+        return (self._rate[-1][1] - s0) / span if span > 0 else None
 
     def due(self) -> bool:
         """A redraw is due without new records (the ages and the rate move on)."""
