@@ -21,13 +21,14 @@ import time
 import traceback
 from collections.abc import Callable
 
-from rich.console import Console, Group
+from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
 from spectrace.records import SEVERITY_RANK
 
 from .diff import DEFAULT_RTOL, diff_traces, render_diff
+from .follow import LiveScreen
 from .loader import TraceFollower, TraceSet, load_traces, shown_path
 from .model import DEFAULT_WINDOW, TraceView, ViewBuilder, ViewFilter, build_view
 from .render import iter_lines, make_console, render_view
@@ -40,7 +41,7 @@ VIEW_EXAMPLES = """examples:
   spectrace view traces/                      every process of one run
   spectrace view traces/trace-h-42-rank0.jsonl --finding fc_bypass
   spectrace view traces/ --rank 1 --step 10:20 --modules --module '*fc'
-  spectrace view traces/ --follow             re-render as the server writes
+  spectrace view traces/ --follow             a live screen while the server writes
   spectrace view traces/ --window 128         data path: recent span of 128 steps
   spectrace view traces/ --json | jq .findings
   spectrace view traces/ --fail-on error      in CI: exit 1 on an error finding
@@ -109,7 +110,12 @@ def _view_parser() -> argparse.ArgumentParser:
         metavar="N",
         help=f"the data path's recent span: the last N traced steps (default {DEFAULT_WINDOW})",
     )
-    p.add_argument("--follow", "-f", action="store_true", help="re-render as lines are appended (Ctrl-C quits)")
+    p.add_argument(
+        "--follow",
+        "-f",
+        action="store_true",
+        help="a live screen as lines are appended: status, what is new, live findings (docs/follow.md; Ctrl-C quits)",
+    )
     p.add_argument("--json", action="store_true", help="print the view model as JSON")
     p.add_argument(
         "--fail-on",
@@ -239,10 +245,11 @@ def _follow(args: argparse.Namespace, flt: ViewFilter) -> int:
     seen: set[str] = set()
     follower.poll()
     builder = ViewBuilder(flt)  # folds in only what was appended since the last refresh
+    screen = LiveScreen(args.path, flt, modules=args.modules)  # the live checks and what changed
     if args.json or not console.is_terminal:
-        return _follow_stream(args, builder, follower, console, seen)
-    # On a terminal: one screen, redrawn in place, cropped at the bottom so the header and
-    # the findings (the part that matters) stay visible however long the view grows.
+        return _follow_stream(args, builder, follower, console, seen, screen)
+    # On a terminal: one screen, redrawn in place (follow.py): the status line, what is
+    # new, the findings one line each, then acceptance and the data path cut to fit.
     live = Live(console=console, screen=True, auto_refresh=False, vertical_overflow="crop")
     view = None
     try:
@@ -252,18 +259,22 @@ def _follow(args: argparse.Namespace, flt: ViewFilter) -> int:
                 if changed:
                     _warn_problems("spectrace view", follower.trace_set, seen)
                     _warn_notices(follower, seen, screen=True)
-                    view = render_view(builder.build(follower.trace_set), modules=args.modules)
-                    live.update(Group(_follow_banner(args.path, follower), view), refresh=True)
+                    view = builder.build(follower.trace_set)
+                    screen.update(view, follower.notices)
+                if changed or screen.due():
+                    live.update(screen.frame(), refresh=True)
                 time.sleep(max(0.05, args.interval))
                 changed = follower.poll()
     except KeyboardInterrupt:
         pass
     if view is not None:  # leave the last state in the scrollback, as a plain view would
-        console.print(view)
+        console.print(render_view(view, modules=args.modules))
     return 0
 
 
-def _follow_stream(args: argparse.Namespace, builder: ViewBuilder, follower: TraceFollower, console: Console, seen: set[str]) -> int:
+def _follow_stream(
+    args: argparse.Namespace, builder: ViewBuilder, follower: TraceFollower, console: Console, seen: set[str], screen: LiveScreen
+) -> int:
     """--follow into a pipe or with --json: print each new state, separated, never redraw."""
     changed = True
     try:
@@ -277,7 +288,11 @@ def _follow_stream(args: argparse.Namespace, builder: ViewBuilder, follower: Tra
                     sys.stdout.write(view.model_dump_json() + "\n")
                     sys.stdout.flush()
                 else:
+                    screen.update(view, follower.notices)
                     console.rule(f"{sum(f.lines_read for f in ts.files)} lines read")
+                    console.print(screen.status_line(view))
+                    for found in screen.live_findings():
+                        console.print(Text(f"live {found.severity}: {found.code}: {found.message}", style="bold yellow"))
                     console.print(render_view(view, modules=args.modules))
             time.sleep(max(0.05, args.interval))
             changed = follower.poll()
@@ -294,14 +309,6 @@ def _warn_notices(follower: TraceFollower, seen: set[str], *, screen: bool) -> N
             seen.add(key)
             if not screen:
                 _err(f"spectrace view: warning: {notice}")
-
-
-def _follow_banner(path: str, follower: TraceFollower) -> Text:
-    lines = sum(f.lines_read for f in follower.trace_set.files)
-    text = Text(f"following {path}: {lines} lines, Ctrl-C quits", style="dim", no_wrap=True, overflow="ellipsis")
-    if follower.notices:  # on a line of its own: a long path must not crop it away
-        text.append("\n" + follower.notices[-1], style="bold yellow")
-    return text
 
 
 # ------------------------------------------------------------------------------- diff

@@ -1,0 +1,132 @@
+"""``acceptance_collapse`` while the writer still runs: the recent window of verify steps.
+
+The writer says ``acceptance_collapse`` over the whole run when it finishes
+(:func:`.calls.check_acceptance`); a server that never exits never says it. This check
+judges the most recent :data:`~.calls.COLLAPSE_WINDOW` verify steps as they arrive, with
+the same floor (:data:`~.calls.COLLAPSE_MEAN`), so a reader of a growing trace
+(``spectrace view --follow``) knows as soon as the window shows it.
+
+A verify step is one step's mean accept length over its requests: an
+:class:`~spectrace.records.Acceptance` record, or the step as a reader folded it
+(:class:`VerifyStep`). Findings it makes carry ``source="checks.acceptance_live"``: they
+come from the records, not from the writer.
+
+    >>> live = LiveAcceptance()
+    >>> for i in range(8):
+    ...     found = live.observe(Acceptance(step=i, accept_lengths=[1], draft_tokens=4))
+    >>> found[0].code, live.now
+    ('acceptance_collapse', 1.0)
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from ..records import Acceptance, Finding
+from ..rules.catalogue import finding
+from .calls import COLLAPSE_MEAN, COLLAPSE_WINDOW
+
+SOURCE = "checks.acceptance_live"
+
+
+class VerifyStep(NamedTuple):
+    """One verify step: its number, its mean accept length, and the tokens proposed (k)."""
+
+    step: int
+    mean: float
+    draft_tokens: int
+
+
+def verify_step(record: Acceptance) -> VerifyStep | None:
+    """The step an acceptance record shows; None when it names no request (no mean to take)."""
+    if not record.accept_lengths:
+        return None
+    return VerifyStep(record.step, sum(record.accept_lengths) / len(record.accept_lengths), record.draft_tokens)
+
+
+def check_collapse_window(
+    window: Sequence[VerifyStep],
+    *,
+    run_mean: float | None = None,
+    size: int = COLLAPSE_WINDOW,
+    floor: float = COLLAPSE_MEAN,
+) -> list[Finding]:
+    """``acceptance_collapse`` when the last ``size`` steps of ``window`` average at most ``floor``.
+
+    ``run_mean`` is the mean over every step so far, for the message; fewer than ``size``
+    steps say nothing (one bad step is no collapse).
+    """
+    recent = list(window)[-size:] if size > 0 else []
+    if size <= 0 or len(recent) < size:
+        return []
+    mean = sum(s.mean for s in recent) / size
+    # The same sum check_acceptance compares; the epsilon keeps an exact floor a collapse.
+    if mean > floor + 1e-9:
+        return []
+    first, last = recent[0].step, recent[-1].step
+    k = max(s.draft_tokens for s in recent)
+    overall = f"{run_mean:.2f} over the run so far, " if run_mean is not None else ""
+    evidence: dict[str, object] = {"window_mean": round(mean, 3), "window": size, "draft_tokens": k, "first_step": first}
+    if run_mean is not None:
+        evidence["run_mean"] = round(run_mean, 3)
+    return [
+        finding(
+            "acceptance_collapse",
+            f"mean accept length {mean:.2f} over the last {size} verify steps (steps {first}..{last}; {overall}k={k}), "
+            "read live from the acceptance records: the target rejects almost every draft token",
+            evidence=evidence,
+            step=first,
+            source=SOURCE,
+        )
+    ]
+
+
+class LiveAcceptance:
+    """The recent window of verify steps, fed one step at a time as a trace grows.
+
+    :meth:`observe` returns the finding the first time the window collapses, and nothing
+    after (a collapse lasts; it is said once). ``now`` is the window's mean accept length
+    and ``run_mean`` the whole run's, so a status line can show both. Steps must come in
+    order: a step at or below the last one is ignored (counted in ``out_of_order``).
+    """
+
+    def __init__(self, size: int = COLLAPSE_WINDOW, floor: float = COLLAPSE_MEAN) -> None:
+        self.size = max(1, int(size))
+        self.floor = floor
+        self.window: deque[VerifyStep] = deque(maxlen=self.size)
+        self.steps = 0
+        self.last_step: int | None = None
+        self.out_of_order = 0
+        self.finding: Finding | None = None
+        self._sum = 0.0
+
+    @property
+    def now(self) -> float | None:
+        """Mean accept length over the window (the last ``size`` steps, or fewer at the start)."""
+        return sum(s.mean for s in self.window) / len(self.window) if self.window else None
+
+    @property
+    def run_mean(self) -> float | None:
+        """Mean accept length over every step observed (a mean of the steps' means)."""
+        return self._sum / self.steps if self.steps else None
+
+    def observe(self, item: Acceptance | VerifyStep) -> list[Finding]:
+        """Take one step; the collapse finding the first time the window shows one, else []."""
+        step = verify_step(item) if isinstance(item, Acceptance) else item
+        if step is None:
+            return []
+        if self.last_step is not None and step.step <= self.last_step:
+            self.out_of_order += 1
+            return []
+        self.last_step = step.step
+        self.window.append(step)
+        self.steps += 1
+        self._sum += step.mean
+        if self.finding is not None or len(self.window) < self.size:
+            return []
+        found = check_collapse_window(self.window, run_mean=self.run_mean, size=self.size, floor=self.floor)
+        if found:
+            self.finding = found[0]
+        return found
