@@ -93,6 +93,13 @@ def _device_of(tensor: torch.Tensor) -> str:
     return _device_name(tensor.device)
 
 
+def _engine_loaded() -> bool:
+    """Whether a serving engine is imported here (see Tracer.defer_stats)."""
+    import sys
+
+    return "sglang" in sys.modules or "vllm" in sys.modules
+
+
 def _capturing() -> bool:
     """True while a CUDA graph is being captured (no new work may be queued then)."""
     try:
@@ -119,7 +126,7 @@ def _device_busy(on_device: bool, capturing: bool, readback: Readback | None) ->
 class _ThreadSteps:
     """One thread's open step: threads sharing a model never mix their calls."""
 
-    def __init__(self, step: int) -> None:
+    def __init__(self, step: int, defer: bool = False) -> None:
         self.step = step
         self.start_ns = 0
         self.capturing = False
@@ -128,7 +135,8 @@ class _ThreadSteps:
         self.on_device = False  # any traced tensor of this step lives on an accelerator
         self.calls: list[RawCall] = []
         self.seen = 0  # calls seen this step, added to the calls_seen counter at its end (one lock per step)
-        self.stats = StepStats()
+        self.stats = StepStats(defer=defer)
+        self.skipped_seen = 0  # stats.skipped_modified already counted in the trace
 
 
 class _FinishedStep:
@@ -180,6 +188,10 @@ class Tracer:
         self._worker = RecordWorker(self._build_step, self._drop_step)
         # Privacy: no statistics of tensors that are a function of one token id (privacy.py).
         self.token_stats = bool(getattr(recorder.settings, "token_stats", False))
+        # Batch the statistics launches of small accelerator tensors (readback.StepStats.defer).
+        # Off under a serving engine: its custom kernels write in place without bumping a
+        # tensor's version, so a held tensor could be read after the write unnoticed.
+        self.defer_stats = True
         self._token_tensors = TokenTensors()
         self._step = functools.partial(Tracer._step_around, self)
         self._step.compiled = self._compiled  # type: ignore[attr-defined]
@@ -326,7 +338,7 @@ class Tracer:
     def _thread(self) -> _ThreadSteps:
         state = getattr(self._local, "steps", None)
         if state is None:
-            state = self._local.steps = _ThreadSteps(self.step)
+            state = self._local.steps = _ThreadSteps(self.step, defer=self.defer_stats and not _engine_loaded())
         return state
 
     def set_step(self, step: int) -> None:
@@ -376,6 +388,16 @@ class Tracer:
             readback = state.stats.start_readback()
         except Exception as exc:
             self.recorder.internal_error(f"statistics readback: {type(exc).__name__}: {exc}")
+        skipped = state.stats.skipped_modified - state.skipped_seen
+        if skipped:
+            state.skipped_seen += skipped
+            self.recorder.count("stats_skipped_modified", skipped)
+            self.recorder.coverage(
+                "not_covered",
+                "statistics skipped for tensors written in place between their hook and the batched statistics launch "
+                "(counted in stats_skipped_modified; their shapes are recorded)",
+                step=step,
+            )
         if calls or readback is not None:
             # A step without calls may still hold the input statistics of a call that ends
             # in the next step: the worker keeps them by generation.

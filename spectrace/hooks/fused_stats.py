@@ -113,6 +113,42 @@ def launch_partials(x: torch.Tensor, out: torch.Tensor, slot: int = 0, written: 
         written[slot] = grid
 
 
+_TL_DTYPES: dict[torch.dtype, Any] = {}
+
+
+def _tl_dtype(dtype: torch.dtype) -> Any:
+    if not _TL_DTYPES:
+        import triton.language as tl
+
+        _TL_DTYPES.update({torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16})
+    return _TL_DTYPES[dtype]
+
+
+def launch_multi(xs: list[torch.Tensor], out: torch.Tensor, slot0: int) -> None:
+    """Enqueue one fused launch for up to :data:`MULTI` tensors of one dtype: tensor ``i``'s
+    partial rows land in slot ``slot0 + i`` of the ``(slots, P, 5)`` buffer ``out``, as
+    :func:`launch_partials` would write them one launch each (every row of each slot is
+    written: the ones no program reads are zeroed)."""
+    from .fused_stats_kernel import MULTI, stats_partials_multi
+
+    count = len(xs)
+    if not 0 < count <= MULTI:
+        raise ValueError(f"launch_multi takes 1..{MULTI} tensors, not {count}")
+    rows = out.shape[-2]
+    # Programs per tensor: as many as the largest tensor takes alone (launch_partials' rule).
+    most = max(x.numel() for x in xs) // BLOCK
+    grid = min(rows, max(1, -(-most // MIN_BLOCKS_PER_PROGRAM)))
+    addrs = [x.data_ptr() for x in xs]
+    sizes = [x.numel() for x in xs]
+    # Unused pairs repeat the first tensor's address with no elements: every address
+    # argument keeps one integer type, so one compiled variant serves any count.
+    addrs += [addrs[0]] * (MULTI - count)
+    sizes += [0] * (MULTI - count)
+    stats_partials_multi[(count, grid)](
+        out, slot0, rows, *addrs, *sizes, DTYPE=_tl_dtype(xs[0].dtype), BLOCK=BLOCK, TILE=TILE, num_warps=WARPS
+    )
+
+
 def fused_supported(x: torch.Tensor) -> bool:
     """Whether the fused kernel can read ``x`` as it is (dtype, layout, device)."""
     return x.is_cuda and x.dtype in TRITON_DTYPES and x.is_contiguous() and load_triton() is not None
@@ -157,6 +193,8 @@ def check_fused(device: torch.device | str) -> bool:
                 launch_partials(x, kept, 0, [0])
                 if not torch.equal(reduce_rows([kept[0]]).nan_to_num(nan=-1.0), reduced.nan_to_num(nan=-1.0)):
                     return False
+            # The batched launch: the same partial rows as one launch per tensor.
+            _triton_state[("multi", device.index)] = check_multi(device)
             # A finite tensor: sums against float64.
             x = (torch.randn(5 * BLOCK + 3, generator=gen, dtype=torch.float64) + 0.5).to(device=device, dtype=torch.float32)
             out = torch.zeros(3, programs_for(device), ROW, device=device, dtype=torch.float64)
@@ -174,6 +212,36 @@ def check_fused(device: torch.device | str) -> bool:
             )
         except Exception:
             return False
+
+
+def check_multi(device: torch.device) -> bool:
+    """Whether :func:`launch_multi` writes what :func:`launch_partials` writes, tensor by
+    tensor (sizes below, at and above a block, NaN and inf, both float dtypes)."""
+    try:
+        gen = torch.Generator(device="cpu").manual_seed(11)
+        sizes = (3, BLOCK, 5 * BLOCK + 7, 70 * BLOCK + 1)
+        for dtype in (torch.float32, torch.bfloat16):
+            xs = [(torch.randn(n, generator=gen, dtype=torch.float64) * 2).to(device=device, dtype=dtype) for n in sizes]
+            xs[1][7] = math.nan
+            xs[2][-1] = math.inf
+            rows = programs_for(device)
+            one = torch.zeros(len(xs), rows, ROW, device=device, dtype=torch.float64)
+            for i, x in enumerate(xs):
+                launch_partials(x, one, i)
+            batched = torch.full((len(xs) + 1, rows, ROW), 3.0, device=device, dtype=torch.float64)
+            launch_multi(xs, batched, 1)
+            want = reduce_rows([one[i] for i in range(len(xs))]).nan_to_num(nan=-1.0)
+            got = reduce_rows([batched[i + 1] for i in range(len(xs))]).nan_to_num(nan=-1.0)
+            if not torch.allclose(got, want, rtol=1e-9, atol=1e-9) or not bool((batched[0] == 3.0).all()):
+                return False
+        return True
+    except Exception:
+        return False
+
+
+def multi_ok(device: torch.device) -> bool:
+    """Whether the batched launch passed :func:`check_multi` on ``device`` (after :func:`fused_ok`)."""
+    return bool(_triton_state.get(("multi", device.index), False))
 
 
 def prepare(device: torch.device | str) -> bool:

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .fused_stats import fused_ok, launch_partials, programs_for
+from .fused_stats import fused_ok, launch_multi, launch_partials, multi_ok, programs_for
 from .tensor_stats import ROW, cpu_row, cpu_stats, reduce_partials, reduce_rows, torch_stats
 
 
@@ -96,7 +96,25 @@ class _BufferPool:
 
 
 _pool = _BufferPool()
+
+# Batched launches (StepStats.defer): a tensor up to DEFER_TENSOR_BYTES waits, held, until
+# DEFER_BATCH of its dtype are waiting, DEFER_BYTES are held, or the step ends; then one
+# launch reads the batch. A launch costs ~26 us of host time on the H200 host whatever it
+# reads, so a decode step's 40 small tensors cost 3 launches instead of 40. Holding them
+# keeps at most DEFER_BYTES alive a little longer per thread; bigger tensors (a prefill's
+# logits) launch at once, where the read takes longer than the launch anyway.
+DEFER_BATCH = 16  # fused_stats_kernel.MULTI
+DEFER_TENSOR_BYTES = 8 << 20
+DEFER_BYTES = 64 << 20
 _generations = itertools.count()  # next() is atomic: steps of all threads get distinct numbers
+
+
+def _path(x: torch.Tensor) -> str:
+    """Where a tensor's row is computed: "host" (CPU, at once), "fused" (the Triton kernel
+    into a step buffer slot), or "torch" (torch reductions on the device)."""
+    if x.is_cpu:
+        return "host"
+    return "fused" if fused_ok(x) else "torch"
 
 
 class StepStats:
@@ -109,7 +127,13 @@ class StepStats:
     an event, returned as a :class:`Readback` that another thread may wait on.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, defer: bool = False) -> None:
+        # defer: batch the fused launches (see DEFER_BATCH). Only for code whose in-place
+        # writes bump a tensor's version (torch ops): an engine's custom kernels (SGLang's,
+        # vLLM's fused add + RMSNorm) write without it, and a held tensor would be read
+        # after the write. A version that moved before the launch skips that tensor.
+        self.defer = defer
+        self.skipped_modified = 0  # tensors whose statistics were skipped: written in place while held
         self._reset()
 
     def _reset(self) -> None:
@@ -123,6 +147,9 @@ class StepStats:
         self._buffers: dict[torch.device, SlotBuffer] = {}
         self._wanted: dict[torch.device, int] = {}
         self._seen: dict[int, tuple[Any, int, int]] = {}
+        # dtype -> [(tensor, its version when noted, entry index)], waiting for a batched launch
+        self._held: dict[Any, list[tuple[torch.Tensor, int, int]]] = {}
+        self._held_bytes = 0
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -140,19 +167,65 @@ class StepStats:
             return hit[2]
         # Read through a detached alias only where autograd would otherwise record the reductions.
         x = tensor.detach() if tensor.requires_grad else tensor
-        if x.is_cpu:
+        index = len(self.entries)
+        path = _path(x)
+        if path == "host":
             entry: tuple[Any, ...] = ("host", cpu_row(x))
-        elif fused_ok(x):
+        elif path == "fused":
+            if self.defer and x.numel() * x.element_size() <= DEFER_TENSOR_BYTES and multi_ok(x.device):
+                self.entries.append(("held",))
+                self._hold(x, index)
+                self._remember(tensor, index)
+                return index
             entry = self._fused(x, x.device)
         else:
             entry = ("row", torch_stats(x))
-        index = len(self.entries)
         self.entries.append(entry)
+        self._remember(tensor, index)
+        return index
+
+    def _remember(self, tensor: torch.Tensor, index: int) -> None:
         try:
-            self._seen[key] = (weakref.ref(tensor), tensor._version, index)
+            self._seen[id(tensor)] = (weakref.ref(tensor), tensor._version, index)
         except TypeError:
             pass
-        return index
+
+    def _hold(self, x: torch.Tensor, index: int) -> None:
+        held = self._held.setdefault((x.device, x.dtype), [])
+        held.append((x, x._version, index))
+        self._held_bytes += x.numel() * x.element_size()
+        if len(held) >= DEFER_BATCH or self._held_bytes > DEFER_BYTES:
+            self.launch_held()
+
+    def launch_held(self) -> None:
+        """Launch the statistics of every held tensor now: one launch per device and dtype
+        (a tensor written in place since it was noted is skipped and counted)."""
+        held, self._held, self._held_bytes = self._held, {}, 0
+        for (device, _dtype), items in held.items():
+            live = []
+            for x, version, index in items:
+                if x._version != version:
+                    self.entries[index] = ("skipped",)
+                    self.skipped_modified += 1
+                else:
+                    live.append((x, index))
+            if not live:
+                continue
+            buffer = self._buffers.get(device)
+            if buffer is None:
+                buffer = self._buffers[device] = _pool.take(device)
+            self._wanted[device] = self._wanted.get(device, 0) + len(live)
+            room = max(0, buffer.tensor.shape[0] - buffer.used)
+            batch, rest = live[:room], live[room:]
+            if batch:
+                launch_multi([x for x, _ in batch], buffer.tensor, buffer.used)
+                for n, (_x, index) in enumerate(batch):
+                    self.entries[index] = ("slot", buffer, buffer.used + n)
+                buffer.used += len(batch)
+            for x, index in rest:  # the buffer is full: a launch and rows of their own
+                out = torch.empty(programs_for(device), ROW, device=device, dtype=torch.float64)
+                launch_partials(x, out)
+                self.entries[index] = ("row", out)
 
     def _fused(self, x: torch.Tensor, device: torch.device) -> tuple[Any, ...]:
         buffer = self._buffers.get(device)
@@ -174,6 +247,8 @@ class StepStats:
         Returns None when the step computed no statistics. A device whose reduction fails
         leaves its entries without values; the error is kept on the read-back.
         """
+        if self._held:
+            self.launch_held()
         entries, buffers, wanted, generation = self.entries, self._buffers, self._wanted, self.generation
         self._reset()
         if not entries:
@@ -183,6 +258,8 @@ class StepStats:
         by_device: dict[torch.device, list[int]] = {}
         host: list[int] = []
         for index, entry in enumerate(entries):
+            if entry[0] == "skipped":
+                continue  # written in place before its launch: no values (counted)
             if entry[0] == "host":
                 host.append(index)
                 continue
@@ -215,8 +292,10 @@ def copy_rows(device: torch.device, entries: list[tuple[Any, ...]], indices: lis
     if rows:
         parts.append(reduce_rows(rows))
     reduced = parts[0] if len(parts) == 1 else torch.cat(parts)
-    # Row order in ``reduced``: the slots in slot order, then the other rows in entry order.
-    order = [i for i, e in zip(indices, entries) if e[0] == "slot"] + [i for i, e in zip(indices, entries) if e[0] == "row"]
+    # Row order in ``reduced``: the slots in slot order (a batched launch fills its slots
+    # after later entries took theirs), then the other rows in entry order.
+    by_slot = sorted((e[2], i) for i, e in zip(indices, entries) if e[0] == "slot")
+    order = [i for _slot, i in by_slot] + [i for i, e in zip(indices, entries) if e[0] == "row"]
     if device.type == "cuda":
         host = torch.empty(reduced.shape, dtype=reduced.dtype, pin_memory=True)
         host.copy_(reduced, non_blocking=True)

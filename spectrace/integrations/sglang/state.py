@@ -95,6 +95,7 @@ def tracer() -> Any:
         from ...hooks.engine import Tracer
 
         STATE.tracer = Tracer(STATE.recorder)
+        STATE.tracer.defer_stats = False  # SGLang's kernels write in place unversioned (Tracer.defer_stats)
     return STATE.tracer
 
 

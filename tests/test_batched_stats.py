@@ -1,0 +1,209 @@
+"""Batched statistics launches: small accelerator tensors wait, held, for one launch per batch.
+
+The kernel (``fused_stats.launch_multi``) must write exactly what one launch per tensor
+(``launch_partials``) writes; the step's bookkeeping (``readback.StepStats`` with
+``defer``) must give every tensor its own row in entry order, never read a tensor that was
+written in place while held, and hold at most a batch. On the CPU the kernel runs under
+Triton's interpreter (a child pytest sets ``TRITON_INTERPRET=1`` before Triton loads), with
+the step routing CPU tensors to the kernel path as CUDA tensors go; on a GPU the same
+tests run on CUDA, plus a traced model compared with and without batching.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from spectrace.hooks import fused_stats as F
+from spectrace.hooks import readback as R
+from spectrace.hooks.tensor_stats import ROW, cpu_row, reduce_rows, stats_fields
+
+ROOT = Path(__file__).resolve().parent.parent
+INTERP = os.environ.get("TRITON_INTERPRET") == "1"
+CUDA = torch.cuda.is_available()
+needs_kernel = pytest.mark.skipif(not (INTERP or CUDA), reason="the Triton kernel needs CUDA or TRITON_INTERPRET=1")
+DEVICE = "cuda" if CUDA else "cpu"
+
+
+@pytest.fixture
+def few_programs():
+    F.set_programs(DEVICE, 6)  # few partial rows: small tensors leave rows for the kernel to zero
+    yield
+    F.set_programs(DEVICE, None)
+
+
+@pytest.fixture
+def kernel_path(monkeypatch):
+    """The step routes this device's float tensors to the fused kernel, batched where small."""
+    if not CUDA:
+        monkeypatch.setattr(R, "_path", lambda x: "fused" if x.dtype in F.TRITON_DTYPES and x.is_contiguous() else "host")
+        monkeypatch.setattr(R, "multi_ok", lambda device: True)
+    else:
+        assert F.prepare("cuda") and F.multi_ok(torch.device("cuda", torch.cuda.current_device()))
+
+
+def _tensors(dtype: torch.dtype) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(3)
+    xs = [(torch.randn(n, generator=gen, dtype=torch.float64) * 3 + 0.25).to(dtype) for n in (1, 5, 1024, 3 * 1024 + 7, 41 * 1024 + 3)]
+    xs[2][9] = math.nan
+    xs[3][0] = -math.inf
+    return [x.to(DEVICE) for x in xs]
+
+
+def _rows(values: torch.Tensor) -> list[list[float]]:
+    return values.nan_to_num(nan=-1.0).tolist()
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_one_batched_launch_writes_what_one_launch_per_tensor_writes(dtype, few_programs):
+    xs = _tensors(dtype)
+    rows = F.programs_for(torch.device(DEVICE))
+    one = torch.zeros(len(xs), rows, ROW, dtype=torch.float64, device=DEVICE)
+    for i, x in enumerate(xs):
+        F.launch_partials(x, one, i)
+    # Stale values everywhere: every row of the batch's slots must be written, no other slot.
+    batched = torch.full((len(xs) + 2, rows, ROW), 9.0, dtype=torch.float64, device=DEVICE)
+    F.launch_multi(xs, batched, 1)
+    assert torch.equal(batched[1 : 1 + len(xs)].nan_to_num(nan=-1.0), one.nan_to_num(nan=-1.0))
+    assert bool((batched[0] == 9.0).all()) and bool((batched[-1] == 9.0).all())
+
+
+@needs_kernel
+def test_the_batched_launch_passes_its_self_check_and_refuses_more_than_a_batch():
+    assert F.check_multi(torch.device(DEVICE))
+    from spectrace.hooks.fused_stats_kernel import MULTI
+
+    x = torch.ones(4, device=DEVICE)
+    out = torch.zeros(MULTI + 1, F.programs_for(torch.device(DEVICE)), ROW, dtype=torch.float64, device=DEVICE)
+    with pytest.raises(ValueError, match="1..16"):
+        F.launch_multi([x] * (MULTI + 1), out, 0)
+    with pytest.raises(ValueError):
+        F.launch_multi([], out, 0)
+
+
+@needs_kernel
+def test_held_tensors_get_their_own_rows_in_entry_order(kernel_path, few_programs, monkeypatch):
+    # One tensor too big to hold launches at once between held ones: its slot comes first,
+    # the held ones' later, and each index still reads its own tensor's row.
+    monkeypatch.setattr(R, "DEFER_TENSOR_BYTES", 20_000)
+    xs = _tensors(torch.float32) + [torch.randn(2, 100, device=DEVICE)]
+    step = R.StepStats(defer=True)
+    indices = [step.add(x, reuse=False) for x in xs]
+    assert indices == list(range(len(xs)))
+    assert step.entries[4][0] == "slot" and all(step.entries[i] == ("held",) for i in (0, 1, 2, 3, 5))
+    values = step.start_readback().values()
+    for x, row in zip(xs, values):
+        assert row is not None
+        # As recorded (absmax None where a NaN is; the rows' NaN conventions differ by path).
+        got, want = stats_fields(row, x.numel()), stats_fields(cpu_row(x.cpu().double()), x.numel())
+        assert got.keys() == want.keys()
+        for key in got:
+            if want[key] is None:
+                assert got[key] is None, key
+            else:
+                assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-9), key
+
+
+@needs_kernel
+def test_a_tensor_written_in_place_while_held_is_skipped_and_counted(kernel_path):
+    step = R.StepStats(defer=True)
+    kept, written = torch.randn(64, device=DEVICE), torch.randn(64, device=DEVICE)
+    before = cpu_row(written.cpu())
+    step.add(kept)
+    step.add(written)
+    written.mul_(100.0)  # what a later op of the same forward may do to a module's output
+    values = step.start_readback().values()
+    assert values[0] is not None and values[0][0] == pytest.approx(float(kept.sum()), rel=1e-6)
+    assert values[1] is None  # never the statistics of the written values, nor of the old ones
+    assert step.skipped_modified == 1 and before[0] != pytest.approx(float(written.sum()))
+
+
+@needs_kernel
+def test_a_step_holds_at_most_one_batch_and_each_batch_is_one_launch(kernel_path, monkeypatch):
+    launches: list[int] = []
+    real = R.launch_multi
+    monkeypatch.setattr(R, "launch_multi", lambda xs, out, slot0: (launches.append(len(xs)), real(xs, out, slot0)))
+    step = R.StepStats(defer=True)
+    xs = [torch.full((8,), float(i), device=DEVICE) for i in range(2 * R.DEFER_BATCH + 3)]
+    for x in xs:
+        step.add(x)
+        assert sum(len(v) for v in step._held.values()) < R.DEFER_BATCH
+    values = step.start_readback().values()
+    assert launches == [R.DEFER_BATCH, R.DEFER_BATCH, 3]
+    assert [v[0] for v in values] == [8.0 * i for i in range(len(xs))]
+
+
+@needs_kernel
+def test_a_traced_model_gives_the_same_statistics_batched_or_not(kernel_path):
+    from conftest import tiny_llama
+
+    import spectrace
+
+    model = tiny_llama(layers=3, hidden=64).to(DEVICE)
+    ids = torch.randint(0, 128, (2, 8), device=DEVICE)
+    runs = []
+    for defer in (True, False):
+        with torch.no_grad(), spectrace.trace(model, stats="basic") as t:
+            t.tracer.defer_stats = defer
+            model(ids)
+            t.tracer.finish_step()
+            runs.append([(c.module, [m.stats for m in (*c.inputs, *c.outputs)]) for c in t.calls()])
+            if defer:
+                assert t.tracer._thread().stats.defer  # the batched path did run
+    assert len(runs[0]) == len(runs[1]) > 0
+    for (name_a, stats_a), (name_b, stats_b) in zip(*runs):
+        assert name_a == name_b
+        for a, b in zip(stats_a, stats_b):
+            assert (a is None) == (b is None), name_a
+            if a is not None:
+                assert a.mean == pytest.approx(b.mean, rel=1e-5, abs=1e-7) and a.std == pytest.approx(b.std, rel=1e-5)
+                assert a.absmax == b.absmax and a.nan == b.nan and a.inf == b.inf
+
+
+def test_no_batching_under_a_serving_engine():
+    from spectrace.hooks.engine import Tracer, _engine_loaded
+    from spectrace.recorder import Recorder
+    from spectrace.settings import Settings
+
+    tracer = Tracer(Recorder(Settings(), sinks=[]))
+    assert tracer.defer_stats
+    assert tracer._thread().stats.defer is (not _engine_loaded())
+    assert _engine_loaded() is ("sglang" in sys.modules or "vllm" in sys.modules)
+
+
+def test_reduce_rows_of_held_slots_matches_entry_order_without_a_kernel():
+    # The bookkeeping alone: slots filled out of entry order read back in entry order.
+    step = R.StepStats()
+    buffer = R._pool.take(torch.device("cpu"))
+    step._buffers[torch.device("cpu")] = buffer
+    for slot, value in ((0, 5.0), (1, 7.0)):
+        buffer.tensor[slot].zero_()
+        buffer.tensor[slot, 0, 0] = value
+    buffer.used = 2
+    step.entries = [("slot", buffer, 1), ("slot", buffer, 0)]
+    values = step.start_readback().values()
+    assert [v[0] for v in values] == [7.0, 5.0]
+    assert reduce_rows([buffer.tensor[0]]).shape == (1, ROW)
+
+
+@pytest.mark.skipif(INTERP or CUDA, reason="this is the parent run on a CPU machine")
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_kernel_tests_under_triton_interpreter():
+    """The kernel tests above again, in a child pytest that sets TRITON_INTERPRET=1 before importing Triton."""
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]),
+    }
+    cmd = [sys.executable, "-m", "pytest", __file__, "-q", "-x", "-k", "not under_triton_interpreter", "-p", "no:cacheprovider"]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    assert " skipped" not in done.stdout.splitlines()[-1], done.stdout[-2000:]  # the kernel tests ran
