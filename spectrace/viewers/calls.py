@@ -89,7 +89,10 @@ def selection_problem(ts: TraceSet, flt: ViewFilter, role: str | None) -> str:
         return f"--role {role!r} matches no call ({held})"
     if not any(f.calls for f in files):
         return "the trace holds no call records"
-    return "no call matches " + " and ".join(_given(flt, role)) + " together"
+    given = _given(flt, role)
+    if len(given) == 1:  # view counts findings and captures too; no call is named by it
+        return f"no call matches {given[0]} (it names findings or captures only)"
+    return "no call matches " + " and ".join(given) + " together"
 
 
 def _given(flt: ViewFilter, role: str | None) -> list[str]:
@@ -116,8 +119,7 @@ def call_lines(sel: SelectedCall, width: int = 80, *, show_process: bool = False
     head.append(c.module, style="bold cyan")
     head.append(f"  {c.module_type}", style="dim")
     lines = [_fit(head)]
-    context = _context(c)
-    if context:
+    for context in _wrapped(_context(c), width - 2):
         lines.append(_fit(Text("  " + context, style="dim")))
     tensors = [("in", m) for m in c.inputs] + [("out", m) for m in c.outputs]
     if not tensors:
@@ -135,7 +137,18 @@ def _process_tag(f: TraceFile) -> str:
     return f"pid {f.header.pid}" if f.header else f.name
 
 
-def _context(c: Call) -> str:
+def _wrapped(parts: list[str], width: int) -> list[str]:
+    """Parts joined by two spaces, a new line where the next would pass ``width``."""
+    lines: list[str] = []
+    for part in parts:
+        if lines and len(lines[-1]) + 2 + len(part) <= width:
+            lines[-1] += "  " + part
+        else:
+            lines.append(part)
+    return lines
+
+
+def _context(c: Call) -> list[str]:
     parts = []
     if c.role:
         parts.append(f"role {c.role}")
@@ -149,7 +162,7 @@ def _context(c: Call) -> str:
         parts.append("recorded during CUDA graph capture")
     if c.graph_replay:
         parts.append("CUDA graph replay" + (f" ({c.graph})" if c.graph else ""))
-    return "  ".join(parts)
+    return parts
 
 
 def _tensor_lines(side: str, m: TensorMeta, arg_w: int, shape_w: int, width: int) -> list[Text]:
