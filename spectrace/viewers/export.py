@@ -442,16 +442,21 @@ def not_drawn_lines(nd: NotDrawn) -> list[str]:
 
 
 # ------------------------------------------------------------------------- writing
+def refuse_to_clobber(path: str, *, force: bool) -> None:
+    """A folder at ``path``, or anything at all without ``force``: one line (:class:`_Usage`)."""
+    if os.path.isdir(path):
+        raise _Usage(f"{shown_path(path)} is a folder; name the file to write")
+    if os.path.lexists(path) and not force:
+        raise _Usage(f"{shown_path(path)} exists; --force replaces it")
+
+
 def write_new_file(path: str, text: str, *, force: bool) -> None:
     """Write ``text`` at ``path`` whole or not at all: through a temporary file beside it,
     linked into place so an existing file (or one that appears meanwhile) is never
     replaced without ``force``. A FIFO, a link or a device at the path is replaced, never
     written through. Every failure is one line (:class:`_Usage`)."""
     shown = shown_path(path)
-    if os.path.isdir(path):
-        raise _Usage(f"{shown} is a folder; name the file to write")
-    if os.path.lexists(path) and not force:
-        raise _Usage(f"{shown} exists; --force replaces it")
+    refuse_to_clobber(path, force=force)
     folder = os.path.dirname(os.path.abspath(path))
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
@@ -505,8 +510,8 @@ def _export(argv: list[str]) -> int:
     args = export_parser().parse_args(argv)
     lo, hi = args.step if args.step else (None, None)
     flt = ViewFilter(module=args.module, rank=args.rank, step_min=lo, step_max=hi)
-    if args.output != "-" and os.path.lexists(args.output) and not args.force:  # before any work
-        raise _Usage(f"{shown_path(args.output)} exists; --force replaces it")
+    if args.output != "-":
+        refuse_to_clobber(args.output, force=args.force)  # before any work; checked again when writing
     ts = load_traces(args.path)
     if not ts.readable:
         _err(f"{PROG}: error: {_nothing_readable(ts)}")
