@@ -97,14 +97,17 @@ def check_format(doc: dict) -> None:
 
 
 def check_nesting(doc: dict) -> None:
-    """Complete events on one track nest: each lies inside the one open around it, or after it."""
+    """Complete events of one track, in the file's order, nest: each starts no earlier than
+    the one before, and lies inside the one open around it or after it (a viewer that
+    reads them in order draws them as they ran)."""
     tracks: dict[tuple[int, int], list[dict]] = defaultdict(list)
     for e in doc["traceEvents"]:
         if e["ph"] == "X":
             tracks[(e["pid"], e["tid"])].append(e)
     for events in tracks.values():
         stack: list[dict] = []
-        for e in sorted(events, key=lambda e: (e["ts"], -e["dur"])):
+        for before, e in zip([None, *events], events):
+            assert before is None or before["ts"] <= e["ts"], (before["name"], "after", e["name"])
             while stack and end(stack[-1]) <= e["ts"] + EPS:  # closed before e starts
                 stack.pop()
             if stack:
@@ -201,6 +204,9 @@ def test_sub_module_calls_nest_inside_their_parent(tmp_path: Path, nested: Path)
         assert p["ts"] - EPS <= e["ts"] and end(e) <= end(p) + EPS, (module, parent)
         checked += 1
     assert checked > 20  # q_proj in self_attn in layers.0 in model, ...
+    order = [e["args"]["module"] for e in slices if e["args"]["step"] == 0]
+    assert order[:3] == ["model", "model.embed_tokens", "model.rotary_emb"]  # parent, then its children as they ran
+    assert by_key[(0, "model.embed_tokens")]["dur"] == 0 and by_key[(0, "model.rotary_emb")]["ts"] == by_key[(0, "model")]["ts"]
     mlp = by_key[(0, "model.layers.0.mlp")]
     assert end(by_key[(0, "model.layers.0.mlp.down_proj")]) == pytest.approx(end(mlp), abs=200)
     assert by_key[(0, "model.layers.0.mlp.gate_proj")]["ts"] == pytest.approx(mlp["ts"], abs=EPS)

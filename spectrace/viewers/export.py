@@ -136,6 +136,7 @@ class _Slice:
     call: Call
     start: int  # ns
     end: int  # ns
+    children: list[_Slice] = field(default_factory=list)
 
 
 @dataclass
@@ -202,30 +203,34 @@ def _is_inside(child: Call, parent: Call) -> bool:
 
 
 def step_slices(calls: list[Call], has_children: set[str]) -> list[_Slice]:
-    """The calls of one step (call order, all with a time stamp) as intervals.
+    """The calls of one step (call order, all with a time stamp) as intervals, outermost
+    first and in the order they began (a viewer meets a parent before its children).
 
     The hooks record a call when it returns, so a module's sub-modules come before it.
     Subtrees not yet claimed by a parent wait in ``pending``; a call with sub-modules
     claims them from the earliest one named under it (what ran between them ran inside
     it), and starts where that one starts."""
-    slices: list[_Slice] = []
     pending: list[_Slice] = []
     prev_end: int | None = None
     for c in calls:
         end = _ns(c.t_unix)
-        start = end if prev_end is None else prev_end
+        sl = _Slice(c, end if prev_end is None else min(prev_end, end), end)
         if c.module in has_children or c.module == "":
             first = next((i for i, s in enumerate(pending) if _is_inside(s.call, c)), None)
             if first is not None:
-                children = pending[first:]
+                sl.children = pending[first:]
                 del pending[first:]
-                start = min(s.start for s in children)
-                end = max(end, max(s.end for s in children))
-        sl = _Slice(c, min(start, end), end)
+                sl.start = min(sl.start, min(s.start for s in sl.children))
+                sl.end = max(end, max(s.end for s in sl.children))
         pending.append(sl)
-        slices.append(sl)
         prev_end = end
-    return slices
+    out: list[_Slice] = []
+    stack = list(reversed(pending))
+    while stack:  # pre-order, iteratively: nesting has no depth limit
+        sl = stack.pop()
+        out.append(sl)
+        stack.extend(reversed(sl.children))
+    return out
 
 
 def _names_with_children(calls: Iterable[Call]) -> set[str]:
@@ -242,6 +247,7 @@ class _Builder:
         self.ts = ts
         self.flt = flt
         self.events: list[TraceEvent] = []
+        self._order: dict[int, int] = {}  # id(call event) -> its place in the steps' pre-orders, one after another
         self.meta: list[TraceEvent] = []
         self.not_drawn = NotDrawn()
         self.counts = ExportCounts()
@@ -273,9 +279,10 @@ class _Builder:
         for p in self.processes:
             self._process(p)
         self.counts.processes = len(self.processes)
-        # Equal starts: the longer slice first, then the later call (a parent is recorded
-        # after its sub-modules), so a viewer nests them as they ran.
-        self.events.sort(key=lambda e: (e.ts, -(e.dur or 0.0), -int(e.args.get("call", 0)) if e.ph == "X" else 0))
+        # Equal starts (a call with no duration, its parent, its next sibling): the order
+        # they began in, so a viewer nests them as they ran.
+        order = self._order
+        self.events.sort(key=lambda e: (e.ts, order.get(id(e), -1)))
         summary = ExportSummary(source=shown_path(self.ts.source), t0_unix=self.t0 / 1e9, counts=self.counts, not_drawn=self.not_drawn)
         return ChromeTrace(traceEvents=self.meta + self.events, otherData=summary)
 
@@ -318,18 +325,18 @@ class _Builder:
             slices = step_slices(step_calls, has_children)
             for sl in slices:
                 c = sl.call
-                self.events.append(
-                    TraceEvent(
-                        name=c.module or c.module_type,
-                        ph="X",
-                        ts=self._us(sl.start),
-                        dur=(sl.end - sl.start) / 1000,
-                        pid=p.pid,
-                        tid=self._tid(p, c.root),
-                        cat=c.role or "call",
-                        args=call_args(c),
-                    )
+                event = TraceEvent(
+                    name=c.module or c.module_type,
+                    ph="X",
+                    ts=self._us(sl.start),
+                    dur=(sl.end - sl.start) / 1000,
+                    pid=p.pid,
+                    tid=self._tid(p, c.root),
+                    cat=c.role or "call",
+                    args=call_args(c),
                 )
+                self._order[id(event)] = len(self._order)
+                self.events.append(event)
             start, end = min(s.start for s in slices), max(s.end for s in slices)
             modes = sorted({c.forward_mode for c in step_calls if c.forward_mode})
             args: dict[str, Any] = {"step": step, "calls": len(step_calls)}
