@@ -230,3 +230,29 @@ def test_a_missing_trace_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert (rc, out) == (2, "")
     assert err.splitlines() == ["spectrace calls: error: nowhere: no such file or folder"]
     assert not os.path.exists(tmp_path / "nowhere")
+
+
+def test_long_names_keep_their_line_and_control_characters_are_shown_escaped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from test_viewer_fixtures import header
+
+    from spectrace.records import Call, TensorMeta
+
+    long = "target.model.model.layers.31.self_attn.qkv_proj.a_sub_module_with_a_long_name"
+    hostile = "draft.model.\x1b]52;c;ZWNobyBoaQ==\x07fc"
+    meta = TensorMeta(
+        arg="input[0]", shape=[4, 192], dtype="torch.bfloat16", device="cuda:0", stats=TensorStats(mean=0.5, std=1.0, absmax=3.0)
+    )
+    write_trace(
+        tmp_path / "trace-h-1.jsonl",
+        [header(), *(Call(step=0, seq=i, module=m, module_type="QKVParallelLinear", inputs=[meta]) for i, m in enumerate((long, hostile)))],
+    )
+    rc, out, _ = calls(capsys, str(tmp_path))
+    assert rc == 0
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert lines[2:5] == ["step 0  call 0", f"  {long}", "  type QKVParallelLinear"]
+    assert "\x1b" not in out and "\x07" not in out
+    [head] = [line for line in lines if line.startswith("step 0  call 1  ")]
+    assert head.startswith("step 0  call 1  draft.model.\\x1b]52;c;ZWNobyBoaQ==") and head.endswith("fc  QKVParallelLinear")
+    rc, out, _ = calls(capsys, str(tmp_path), "--jsonl")
+    assert [json.loads(line)["module"] for line in out.splitlines()] == [long, hostile]  # JSON carries them as they are

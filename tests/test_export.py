@@ -329,3 +329,40 @@ def test_dash_writes_to_standard_output(bypass: Path, capsys: pytest.CaptureFixt
     check_format(doc)
     assert {e["args"]["step"] for e in x_events(doc)} == {0}
     assert err.startswith("wrote standard output: 1 process, 1 step, ")
+
+
+def test_processes_that_share_a_pid_or_have_no_header_stay_apart(tmp_path: Path) -> None:
+    from spectrace.records import Header
+
+    trace = tmp_path / "t"
+    live = Live()
+    calls = live.cycles(1)
+    for host in ("node1", "node2"):  # two hosts, one pid
+        h = Header(spectrace_version="0.1.0", pid=4242, host=host, rank=0 if host == "node1" else 1, started_unix=T0)
+        write_trace(trace / f"trace-{host}-4242.jsonl", [h, *calls])
+    write_trace(trace / "trace-x-1.jsonl", calls)  # no header line
+    doc = export(tmp_path, trace)
+    check_format(doc)
+    check_nesting(doc)
+    procs = {e["pid"]: e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "process_name"}
+    assert len(procs) == 3 and 4242 in procs
+    assert sorted(procs.values()) == ["node1 pid 4242 rank 0", "node2 pid 4242 rank 1", "trace-x-1.jsonl"]
+    for pid in procs:
+        assert len([e for e in x_events(doc) if e["pid"] == pid]) == len(calls)
+
+
+def test_a_reader_that_leaves_early_ends_the_export_quietly(bypass: Path) -> None:
+    """`spectrace export TRACE -o - | head -c 100`."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "spectrace", "export", str(bypass), "-o", "-"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    first = proc.stdout.read(100)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0, err
+    assert first.startswith(b'{"traceEvents":[')
+    assert "Traceback" not in err and "Error" not in err

@@ -113,14 +113,20 @@ def call_lines(sel: SelectedCall, width: int = 80, *, show_process: bool = False
     """The lines of one call: a heading, its context, then one line per tensor (two when
     the statistics would not fit ``width``)."""
     c = sel.call
-    head = Text(f"step {c.step}  call {c.seq}  ", style="bold")
-    if show_process:
-        head.append(_process_tag(sel.file) + "  ", style="bold")
-    head.append(c.module, style="bold cyan")
-    head.append(f"  {c.module_type}", style="dim")
-    lines = [_fit(head)]
-    for context in _wrapped(_context(c), width - 2):
-        lines.append(_fit(Text("  " + context, style="dim")))
+    where = f"step {c.step}  call {c.seq}  " + (_process_tag(sel.file) + "  " if show_process else "")
+    if len(where) + len(c.module) <= width:
+        lines = [Text(where, style="bold")]
+        lines[0].append(c.module, style="bold cyan")
+    else:  # a long name gets a line of its own: whole wherever it can be
+        lines = [Text(where.rstrip(), style="bold"), Text("  " + c.module, style="bold cyan")]
+    context = _context(c)
+    if len(lines[-1]) + 2 + len(c.module_type) <= width:
+        lines[-1].append(f"  {c.module_type}", style="dim")
+    else:
+        context.insert(0, f"type {c.module_type}")
+    lines = [_fit(line) for line in lines]
+    for text in _wrapped(context, width - 2):
+        lines.append(_fit(Text("  " + text, style="dim")))
     tensors = [("in", m) for m in c.inputs] + [("out", m) for m in c.outputs]
     if not tensors:
         lines.append(Text("  no tensors recorded", style="dim"))
