@@ -231,6 +231,7 @@ def test_each_traced_process_is_one_process_named_by_rank(tmp_path: Path, ranks:
     one = export(tmp_path, ranks, "--rank", "1", "--step", "2:4", name="one.json")
     assert {e["pid"] for e in one["traceEvents"]} == {11}
     assert {e["args"]["step"] for e in x_events(one)} == {2, 3, 4}
+    assert min(e["ts"] for e in x_events(one)) == 0  # a window starts at its own first event, not at the process start
 
 
 @pytest.mark.parametrize("args", [["--module", "nonexistent"], ["--rank", "5"], ["--step", "5:2"]])

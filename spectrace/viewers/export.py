@@ -266,10 +266,16 @@ class _Builder:
         self.t0 = self._origin()
 
     def _origin(self) -> int:
-        times = [f.header.started_unix for f in self.ts.files if f.header and time_ok(f.header.started_unix)]
+        """The earliest time drawn (a window of steps starts at its own first event); the
+        earliest process start when nothing with a time stamp is drawn."""
+        flt = self.flt
+        times: list[float] = []
         for p in self.processes:
             times += [c.t_unix for c in p.calls if c.t_unix and time_ok(c.t_unix)]
-            times += [r.t_unix for r in (*p.file.findings, *p.file.coverage) if r.t_unix is not None and time_ok(r.t_unix)]
+            notes = [fd for fd in p.file.findings if flt.finding_ok(fd)] + [cv for cv in p.file.coverage if flt.step_ok(cv.step)]
+            times += [r.t_unix for r in notes if r.t_unix is not None and time_ok(r.t_unix)]
+        if not times:
+            times = [f.header.started_unix for f in self.ts.files if f.header and time_ok(f.header.started_unix)]
         return _ns(min(times)) if times else 0
 
     def _us(self, ns: int) -> float:
