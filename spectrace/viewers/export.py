@@ -40,7 +40,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from spectrace import __version__
 from spectrace.records import Call, Coverage, Finding, TensorMeta
 
 from .calls import SelectedCall, select_calls, selection_problem
@@ -79,6 +78,17 @@ DRAWING = (
 
 
 # ------------------------------------------------------------------------- the file
+def _version() -> str:
+    # The installed distribution's version: ``spectrace.__version__`` would make the
+    # package (and its torch-importing API) a dependency of the viewers.
+    try:
+        from importlib.metadata import version
+
+        return version("spectrace")
+    except Exception:  # noqa: BLE001 - run from a source tree that is not installed
+        return "unknown"
+
+
 class TraceEvent(BaseModel):
     """One event of the Chrome Trace Event Format (the fields the viewers require)."""
 
@@ -115,7 +125,7 @@ class ExportCounts(BaseModel):
 
 class ExportSummary(BaseModel):
     source: str
-    exported_by: str = f"spectrace {__version__}"
+    exported_by: str = Field(default_factory=lambda: f"spectrace {_version()}")
     t0_unix: float = Field(description="the time every ts counts from (Unix seconds)")
     drawing: str = DRAWING
     counts: ExportCounts
