@@ -20,6 +20,8 @@ from typing import NoReturn
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("spectrace.demo:main", "run the EAGLE-3 reference pipeline healthy and under every bug switch"),
     "view": ("spectrace.viewers.commands:view_main", "show a trace: findings first, then the data path"),
+    "calls": ("spectrace.viewers.calls:calls_main", "every call of a trace: each tensor's shape, dtype, statistics; --jsonl for jq"),
+    "export": ("spectrace.viewers.export:export_main", "write a trace as Chrome / Perfetto trace JSON (ui.perfetto.dev)"),
     "diff": ("spectrace.viewers.commands:diff_main", "compare two traces (train vs serve, good vs bad)"),
     "audit": ("spectrace.audit.command:main", "check a draft checkpoint against the serving engine before launch"),
     "fingerprint": ("spectrace.demo:fingerprint_main", "record the per-chunk statistics of the fused draft input"),

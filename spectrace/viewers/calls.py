@@ -1,0 +1,295 @@
+"""``spectrace calls``: one call at a time, every tensor's shape, dtype and statistics.
+
+Where ``spectrace view`` folds calls into a data path and a module table, this prints the
+calls themselves, in the order each process made them: step, call index, module, role,
+forward mode, and each argument and output. ``--jsonl`` and ``--json`` print the selected
+call records exactly as the writer wrote them, for ``jq``.
+
+The filters are ``view``'s (:class:`.model.ViewFilter`: ``--module``, ``--rank``,
+``--step``) plus ``--role``; one that matches nothing is one line on stderr and exit 2,
+worded as ``view`` words it.
+
+    >>> calls_main(["spectrace-demo/fc_bypass", "--role", "draft.fc", "--limit", "2"])
+    0
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from rich.console import Group
+from rich.text import Text
+
+from spectrace.records import Call, TensorMeta
+from spectrace.rules.globs import glob_match
+
+from .commands import _err, _guard, _nothing_readable, _step_range, _warn_problems
+from .loader import TraceFile, TraceSet, load_traces
+from .model import ViewFilter, _listed, build_view
+from .render import dtype, make_console, shape, stats_text
+
+PROG = "spectrace calls"
+DEFAULT_LIMIT = 100  # calls printed as text unless --limit says otherwise (--jsonl/--json: all)
+ARG_WIDTH = 22  # the argument column, before a longer name pushes the line
+SHAPE_WIDTH = 16
+
+CALLS_EXAMPLES = """examples:
+  spectrace calls traces/ --step 12             every call of step 12, every tensor
+  spectrace calls traces/ --role draft.fc       the draft's fc, call by call
+  spectrace calls traces/ --module '*layers.0' --step 10:20 --limit 5
+  spectrace calls traces/ --role 'target.layer[*]' --rank 1
+  spectrace calls traces/ --jsonl | jq -c 'select(.outputs[0].stats.nan > 0)'
+  spectrace calls traces/ --role draft.fc --json | jq '.[0].inputs'
+
+--module and --role are globs: * stays within one dotted part, ** crosses dots.
+Statistics are mean, std and absmax; nan and inf counts show when they are not zero.
+exit status: 0 calls shown, 2 nothing readable, a bad argument or a filter that matches nothing
+"""
+
+
+@dataclass(frozen=True)
+class SelectedCall:
+    """One call and the process (file) that made it."""
+
+    file: TraceFile
+    call: Call
+
+
+def role_matches(role: str | None, pattern: str) -> bool:
+    """``--role``: the module-name glob dialect on the whole role (``draft.*``, ``target.layer[*]``)."""
+    return role is not None and glob_match(role, pattern)
+
+
+def select_calls(ts: TraceSet, flt: ViewFilter, role: str | None = None) -> list[SelectedCall]:
+    """The calls ``flt`` and ``role`` keep, per process (file order), in call order."""
+    out: list[SelectedCall] = []
+    for f in ts.files:
+        if flt.rank is not None and f.rank != flt.rank:
+            continue
+        for c in sorted(f.calls, key=lambda c: c.seq):
+            if flt.step_ok(c.step) and flt.module_ok(c.module) and (role is None or role_matches(c.role, role)):
+                out.append(SelectedCall(f, c))
+    return out
+
+
+def selection_problem(ts: TraceSet, flt: ViewFilter, role: str | None) -> str:
+    """Why no call was selected, in one line: ``view``'s wording for the filter that matched
+    nothing (rank, step, module), else the role's, else the filters together."""
+    problem = build_view(ts, flt).filter_problem
+    if problem:
+        return problem
+    files = [f for f in ts.files if flt.rank is None or f.rank == flt.rank]
+    if role is not None and not any(role_matches(c.role, role) for f in files for c in f.calls):
+        roles = sorted({c.role for f in files for c in f.calls if c.role})
+        held = f"roles: {_listed(roles)}" if roles else "no call records a role"
+        return f"--role {role!r} matches no call ({held})"
+    if not any(f.calls for f in files):
+        return "the trace holds no call records"
+    given = _given(flt, role)
+    if len(given) == 1:  # view counts findings and captures too; no call is named by it
+        return f"no call matches {given[0]} (it names findings or captures only)"
+    return "no call matches " + " and ".join(given) + " together"
+
+
+def _given(flt: ViewFilter, role: str | None) -> list[str]:
+    given = []
+    if flt.rank is not None:
+        given.append(f"--rank {flt.rank}")
+    if flt.step_min is not None or flt.step_max is not None:
+        given.append(f"--step {flt.steps_text}")
+    if flt.module:
+        given.append(f"--module {flt.module!r}")
+    if role is not None:
+        given.append(f"--role {role!r}")
+    return given
+
+
+# ------------------------------------------------------------------------------ text
+def call_lines(sel: SelectedCall, width: int = 80, *, show_process: bool = False) -> list[Text]:
+    """The lines of one call: a heading, its context, then one line per tensor (two when
+    the statistics would not fit ``width``)."""
+    c = sel.call
+    where = f"step {c.step}  call {c.seq}  " + (_process_tag(sel.file) + "  " if show_process else "")
+    if len(where) + len(c.module) <= width:
+        lines = [Text(where, style="bold")]
+        lines[0].append(c.module, style="bold cyan")
+    else:  # a long name gets a line of its own: whole wherever it can be
+        lines = [Text(where.rstrip(), style="bold"), Text("  " + c.module, style="bold cyan")]
+    context = _context(c)
+    if len(lines[-1]) + 2 + len(c.module_type) <= width:
+        lines[-1].append(f"  {c.module_type}", style="dim")
+    else:
+        context.insert(0, f"type {c.module_type}")
+    lines = [_fit(line) for line in lines]
+    for text in _wrapped(context, width - 2):
+        lines.append(_fit(Text("  " + text, style="dim")))
+    tensors = [("in", m) for m in c.inputs] + [("out", m) for m in c.outputs]
+    if not tensors:
+        lines.append(Text("  no tensors recorded", style="dim"))
+    arg_w = min(ARG_WIDTH, max((len(m.arg) for _, m in tensors), default=0))
+    shape_w = min(SHAPE_WIDTH, max((len(shape(m.shape)) for _, m in tensors), default=0))
+    for side, m in tensors:
+        lines += _tensor_lines(side, m, arg_w, shape_w, width)
+    return lines
+
+
+def _process_tag(f: TraceFile) -> str:
+    if f.rank is not None:
+        return f"rank {f.rank}"
+    return f"pid {f.header.pid}" if f.header else f.name
+
+
+def _wrapped(parts: list[str], width: int) -> list[str]:
+    """Parts joined by two spaces, a new line where the next would pass ``width``."""
+    lines: list[str] = []
+    for part in parts:
+        if lines and len(lines[-1]) + 2 + len(part) <= width:
+            lines[-1] += "  " + part
+        else:
+            lines.append(part)
+    return lines
+
+
+def _context(c: Call) -> list[str]:
+    parts = []
+    if c.role:
+        parts.append(f"role {c.role}")
+    if c.forward_mode:
+        parts.append(f"mode {c.forward_mode}")
+    if c.tokens is not None:
+        parts.append(f"tokens {c.tokens}")
+    if c.draft_step is not None:
+        parts.append(f"draft step {c.draft_step}")
+    if c.graph_capture:
+        parts.append("recorded during CUDA graph capture")
+    if c.graph_replay:
+        parts.append("CUDA graph replay" + (f" ({c.graph})" if c.graph else ""))
+    return parts
+
+
+def _tensor_lines(side: str, m: TensorMeta, arg_w: int, shape_w: int, width: int) -> list[Text]:
+    left = f"  {side:<3} {m.arg:<{arg_w}} {shape(m.shape):<{shape_w}} {dtype(m.dtype):<4}"
+    stats = stats_text(m.stats)
+    style = "red" if m.stats is not None and (m.stats.nan or m.stats.inf) else ""
+    if len(left) + 2 + len(stats) <= width:
+        line = Text(left + "  ")
+        line.append(stats, style=style)
+        return [_fit(line)]
+    return [_fit(Text(left.rstrip())), _fit(Text("        " + stats, style=style))]
+
+
+def _fit(t: Text) -> Text:
+    t.no_wrap = True
+    t.overflow = "ellipsis"
+    return t
+
+
+def render_calls(selected: list[SelectedCall], limit: int | None, width: int = 80) -> Iterator[Text]:
+    """The text of ``spectrace calls``: a count, the calls, and what ``limit`` left out."""
+    processes = len({id(s.file) for s in selected})
+    shown = selected if limit is None else selected[:limit]
+    where = f" in {processes} processes" if processes > 1 else ""
+    yield Text(f"{len(selected)} calls{where}", style="bold")
+    for sel in shown:
+        yield Text("")
+        yield from call_lines(sel, width, show_process=processes > 1)
+    if len(shown) < len(selected):
+        yield Text("")
+        yield Text(f"{len(selected) - len(shown)} more calls not shown (--limit N shows N, --limit 0 all)", style="yellow")
+
+
+# ------------------------------------------------------------------------------ raw records
+def write_jsonl(selected: Iterable[SelectedCall]) -> None:
+    """One call record per line, as written (the loader keeps unknown keys, so nothing is lost)."""
+    write = sys.stdout.write
+    for sel in selected:
+        write(sel.call.model_dump_json() + "\n")
+
+
+def write_json_array(selected: Iterable[SelectedCall]) -> None:
+    """The same records as one JSON array, streamed (a large trace is never held as text)."""
+    write = sys.stdout.write
+    first = True
+    write("[")
+    for sel in selected:
+        write(("\n" if first else ",\n") + sel.call.model_dump_json())
+        first = False
+    write("\n]\n")
+
+
+# ------------------------------------------------------------------------------ command
+def _limit(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"wants a whole number >= 0 (0: no limit), got {text!r}")
+    return n
+
+
+def calls_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Print a trace's calls one by one: step, call, module, role, forward mode, and every "
+        "argument's and output's shape, dtype and statistics.",
+        epilog=CALLS_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("path", help="a trace-*.jsonl file or a folder of them")
+    p.add_argument("--module", metavar="GLOB", help="only modules matching GLOB (full name or dotted suffix)")
+    p.add_argument("--role", metavar="GLOB", help="only calls whose role matches GLOB (draft.fc, 'target.layer[*]', 'draft.*')")
+    p.add_argument("--rank", type=int, metavar="N", help="only the process of this rank")
+    p.add_argument("--step", type=_step_range, metavar="N|A:B", help="only these steps (A: or :B leave one end open)")
+    p.add_argument(
+        "--limit",
+        type=_limit,
+        metavar="N",
+        help=f"at most N calls (0: all; text shows the first {DEFAULT_LIMIT} unless told, --jsonl and --json all)",
+    )
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--jsonl", action="store_true", help="print the selected call records, one JSON object per line, as written")
+    out.add_argument("--json", action="store_true", help="print the selected call records as one JSON array")
+    p.add_argument("--no-pager", action="store_true", help="never page long output")
+    return p
+
+
+def calls_main(argv: list[str]) -> int:
+    """Entry point of ``spectrace calls``; returns the exit status."""
+    return _guard(PROG, _calls, argv)
+
+
+def _calls(argv: list[str]) -> int:
+    args = calls_parser().parse_args(argv)
+    lo, hi = args.step if args.step else (None, None)
+    flt = ViewFilter(module=args.module, rank=args.rank, step_min=lo, step_max=hi)
+    ts = load_traces(args.path)
+    if not ts.readable:
+        _err(f"{PROG}: error: {_nothing_readable(ts)}")
+        return 2
+    _warn_problems(PROG, ts)
+    selected = select_calls(ts, flt, args.role)
+    if not selected:
+        _err(f"{PROG}: error: {selection_problem(ts, flt, args.role)}")
+        return 2
+    limit = args.limit or None  # 0 and unset: no limit, but text has its default
+    if args.jsonl or args.json:
+        chosen = selected if limit is None else selected[:limit]
+        (write_jsonl if args.jsonl else write_json_array)(chosen)
+        return 0
+    if args.limit is None:
+        limit = DEFAULT_LIMIT
+    console = make_console()
+    lines = list(render_calls(selected, limit, console.width))
+    text = Group(*lines)  # each line is cut to the width, never wrapped: one line each
+    if not args.no_pager and console.is_terminal and len(lines) > console.height:
+        os.environ.setdefault("LESS", "-R")  # let less pass colours through
+        with console.pager(styles=True):
+            console.print(text)
+        return 0
+    console.print(text)
+    return 0
