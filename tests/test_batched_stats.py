@@ -34,9 +34,10 @@ DEVICE = "cuda" if CUDA else "cpu"
 
 @pytest.fixture
 def few_programs():
-    F.set_programs(DEVICE, 6)  # few partial rows: small tensors leave rows for the kernel to zero
+    device = torch.device(DEVICE, 0) if CUDA else torch.device("cpu")
+    F.set_programs(device, 6)  # few partial rows: small tensors leave rows for the kernel to zero
     yield
-    F.set_programs(DEVICE, None)
+    F.set_programs(device, None)
 
 
 @pytest.fixture
@@ -72,7 +73,11 @@ def test_one_batched_launch_writes_what_one_launch_per_tensor_writes(dtype, few_
     # Stale values everywhere: every row of the batch's slots must be written, no other slot.
     batched = torch.full((len(xs) + 2, rows, ROW), 9.0, dtype=torch.float64, device=DEVICE)
     F.launch_multi(xs, batched, 1)
-    assert torch.equal(batched[1 : 1 + len(xs)].nan_to_num(nan=-1.0), one.nan_to_num(nan=-1.0))
+    # The batch splits each tensor over as many programs as its largest member takes, so
+    # the partial rows may be cut elsewhere; their sums are the same numbers.
+    got = reduce_rows([batched[1 + i] for i in range(len(xs))]).nan_to_num(nan=-1.0)
+    want = reduce_rows([one[i] for i in range(len(xs))]).nan_to_num(nan=-1.0)
+    assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)
     assert bool((batched[0] == 9.0).all()) and bool((batched[-1] == 9.0).all())
 
 
