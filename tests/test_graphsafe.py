@@ -240,7 +240,10 @@ def test_traced_forward_has_no_host_sync():
             model(ids)
         finally:
             torch.cuda.set_sync_debug_mode(0)
-    assert all(m.stats is not None for c in t.calls() for m in c.outputs)
+    # Every output has statistics but the embedding's (a function of one token id: privacy.py).
+    calls = t.calls()
+    assert all(m.stats is not None for c in calls if c.module != "model.embed_tokens" for m in c.outputs)
+    assert all(m.stats is None for c in calls if c.module == "model.embed_tokens" for m in c.outputs)
 
 
 def test_step_readback_reduces_each_slot_of_a_step_buffer():
