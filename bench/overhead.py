@@ -228,12 +228,20 @@ def eager_section(args: argparse.Namespace, out: dict[str, Any], shape: tuple[in
             for _ in range(args.variant_warmup):
                 step()
             ts = [time_one(step) for _ in range(reps)]
-        elif name in ("shapes", "stats"):
-            with spectrace.trace(models, settings=settings, stats="off" if name == "shapes" else "basic") as t:
-                for _ in range(args.variant_warmup):
-                    step()
-                ts = [time_one(step) for _ in range(reps)]
-                t.tracer.finish_step()
+        elif name in ("shapes", "stats", "stats_per_tensor"):
+            from spectrace.hooks import readback
+
+            batch = readback.DEFER_BATCH
+            if name == "stats_per_tensor":
+                readback.DEFER_BATCH = 1  # one statistics launch per tensor, as before batching
+            try:
+                with spectrace.trace(models, settings=settings, stats="off" if name == "shapes" else "basic") as t:
+                    for _ in range(args.variant_warmup):
+                        step()
+                    ts = [time_one(step) for _ in range(reps)]
+                    t.tracer.finish_step()
+            finally:
+                readback.DEFER_BATCH = batch
                 if name == "stats":
                     calls = t.calls()
                     out["stats_filled"] = sum(m.stats is not None for c in calls[-len(hooked) :] for m in c.outputs)
@@ -260,6 +268,8 @@ def eager_section(args: argparse.Namespace, out: dict[str, Any], shape: tuple[in
         samples.setdefault(name, []).append(ts)
 
     variants = ["bare", "off", "shapes", "stats", "anchor_item_hooks", "anchor_profiler_record_shapes"]
+    if dev == "cuda":
+        variants.insert(4, "stats_per_tensor")  # the same, one launch per tensor: what batching saves
     for _ in range(3):
         step()  # warm-up: allocator, kernels, first-use compiles
     t_start = time.perf_counter()
@@ -315,8 +325,12 @@ def hook_time(
     medians per step are independent of how loaded the machine is elsewhere.
     """
     result: dict[str, Any] = {}
-    for mode in ("off", "basic"):
-        with spectrace.trace(models, settings=settings, stats=mode) as t:
+    from spectrace.hooks import readback
+
+    batch = readback.DEFER_BATCH
+    for mode in ("off", "basic", "per_tensor") if dev == "cuda" else ("off", "basic"):
+        readback.DEFER_BATCH = 1 if mode == "per_tensor" else batch  # per_tensor: one launch each, as before batching
+        with spectrace.trace(models, settings=settings, stats="basic" if mode == "per_tensor" else mode) as t:
             spent = [0.0]
             worker_cpu = [0.0]
 
@@ -353,7 +367,8 @@ def hook_time(
                 per.append(spent[0] * 1e3)
                 t.tracer.finish_step()
                 per_worker.append(worker_cpu[0] * 1e3)
-        name = "shapes" if mode == "off" else "stats"
+        readback.DEFER_BATCH = batch
+        name = {"off": "shapes", "basic": "stats", "per_tensor": "stats_per_tensor"}[mode]
         result[name] = round(statistics.median(per), 3)
         result[f"{name}_worker_thread"] = round(statistics.median(per_worker), 3)
     return result
