@@ -29,7 +29,7 @@ from typing import Any, NoReturn
 
 from .checks.values import ChunkMatch, boundary_label, check_values, match_chunks
 from .records import Finding
-from .rules.readings import readings
+from .rules.readings import aux_ids, readings
 
 PROG = "spectrace compare-train"
 
@@ -162,6 +162,13 @@ def compare(values_path: str, record: Any, model: Any, draft_config: dict[str, A
     if meta.width % hidden:
         raise InputError(f"the fused rows are {meta.width} wide, not a multiple of the target's hidden size {hidden}: --target is another model")
     chunks = meta.width // hidden
+    found = readings(draft_config, num_layers)
+    trained = list(found[0].boundaries) if found else None
+    if trained is not None and chunks != len(trained):
+        raise InputError(
+            f"the fused rows are {meta.width} wide, {chunks} chunks of the target's hidden size {hidden}, but the draft was "
+            f"trained on {len(trained)}: --target is another model"
+        )
     sums = torch.zeros(chunks, num_layers + 1, dtype=torch.float64)
     rows = 0
     with torch.no_grad():
@@ -181,8 +188,6 @@ def compare(values_path: str, record: Any, model: Any, draft_config: dict[str, A
     if not rows:
         raise InputError(f"{values_path} holds no rows")
     matches = match_chunks((sums / rows).tolist())
-    found = readings(draft_config, num_layers)
-    trained = list(found[0].boundaries) if found else None
     source = f"{found[0].source}, {found[0].convention}" if found else ""
     findings = check_values(
         matches,
@@ -192,6 +197,7 @@ def compare(values_path: str, record: Any, model: Any, draft_config: dict[str, A
         rule=rule,
         values_file=os.path.basename(values_path),
         trained_source=source,
+        config_ids=aux_ids(draft_config)[0],
     )
     return Comparison(os.path.basename(values_path), len(steps), rows, matches, trained, source, num_layers, findings)
 

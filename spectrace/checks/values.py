@@ -97,6 +97,7 @@ def check_values(
     values_file: str = "",
     module: str = "draft.fc",
     trained_source: str = "",
+    config_ids: Sequence[int] | None = None,
 ) -> list[Finding]:
     """Findings for chunks that are not the boundary the draft was trained on, or no boundary at all."""
     out: list[Finding] = []
@@ -134,16 +135,16 @@ def check_values(
     served = [m.best for m in matches]
     ids = _ids_for(list(trained), rule, num_layers)
     how = f" ({trained_source})" if trained_source else ""
-    fix = (
-        f"the target serves boundaries {served} by value where the draft was trained on {list(trained)}{how}. "
-        + (
-            f"Set eagle_config.eagle_aux_hidden_state_layer_ids to {ids} (the {rule} rule then captures {list(trained)}), "
-            if ids is not None
-            else "Write eagle_config.eagle_aux_hidden_state_layer_ids in the convention the engine applies so it captures "
-            f"{list(trained)}, "
+    if ids is not None and config_ids is not None and list(config_ids) == ids:
+        change = (
+            f"The draft config already asks for {ids}, which the {rule} rule captures as {list(trained)}: the target was "
+            "given other ids than that config (another config file, a launch flag, a patched release); serve with this config, "
         )
-        + "then run compare-train again on a new trace"
-    )
+    elif ids is not None:
+        change = f"Set eagle_config.eagle_aux_hidden_state_layer_ids to {ids} (the {rule} rule then captures {list(trained)}), "
+    else:
+        change = f"Write eagle_config.eagle_aux_hidden_state_layer_ids in the convention the engine applies so it captures {list(trained)}, "
+    fix = f"the target serves boundaries {served} by value where the draft was trained on {list(trained)}{how}. {change}then run compare-train again on a new trace"
     out.append(
         finding(
             "values_boundary_mismatch",
