@@ -62,7 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("trace", metavar="TRACE", help="a trace file or folder written with SPECTRACE_CAPTURE_VALUES=N")
-    p.add_argument("--target", required=True, metavar="HF_MODEL_DIR", help="the target model as transformers loads it (a folder or a hub name)")
+    p.add_argument(
+        "--target", required=True, metavar="HF_MODEL_DIR", help="the target model as transformers loads it (a folder or a hub name)"
+    )
     p.add_argument("--draft-config", required=True, metavar="CONFIG", help="the draft's config.json (or its folder)")
     p.add_argument("--json", action="store_true", help="print the cosines and the findings as JSON")
     return p
@@ -146,7 +148,9 @@ def _text_config(model: Any) -> Any:
     return getattr(config, "text_config", None) or config
 
 
-def compare(values_path: str, record: Any, model: Any, draft_config: dict[str, Any], captured: list[int] | None, rule: str | None) -> Comparison:
+def compare(
+    values_path: str, record: Any, model: Any, draft_config: dict[str, Any], captured: list[int] | None, rule: str | None
+) -> Comparison:
     """Recompute the target's boundaries for the kept ids and match each chunk (float32, CPU)."""
     import torch
     import torch.nn.functional as F
@@ -160,7 +164,9 @@ def compare(values_path: str, record: Any, model: Any, draft_config: dict[str, A
     config = _text_config(model)
     hidden, num_layers, vocab = int(config.hidden_size), int(config.num_hidden_layers), int(config.vocab_size)
     if meta.width % hidden:
-        raise InputError(f"the fused rows are {meta.width} wide, not a multiple of the target's hidden size {hidden}: --target is another model")
+        raise InputError(
+            f"the fused rows are {meta.width} wide, not a multiple of the target's hidden size {hidden}: --target is another model"
+        )
     chunks = meta.width // hidden
     found = readings(draft_config, num_layers)
     trained = list(found[0].boundaries) if found else None
@@ -212,8 +218,10 @@ def report_lines(c: Comparison) -> list[str]:
     for m in c.matches:
         best = m.best
         runner = [b for b in m.ranked(3) if b != best][:1]
-        text = f"chunk {m.chunk} matches {boundary_label(best, n)} at {m.cosines[best]:.3f}" if m.matched else (
-            f"chunk {m.chunk} matches no boundary (best {boundary_label(best, n)} at {m.cosines[best]:.3f})"
+        text = (
+            f"chunk {m.chunk} matches {boundary_label(best, n)} at {m.cosines[best]:.3f}"
+            if m.matched
+            else (f"chunk {m.chunk} matches no boundary (best {boundary_label(best, n)} at {m.cosines[best]:.3f})")
         )
         want = c.trained[m.chunk] if c.trained is not None and m.chunk < len(c.trained) else None
         if want is not None and want != best:

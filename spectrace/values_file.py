@@ -136,7 +136,9 @@ def read_values(path: str) -> tuple[ValuesMeta, list[ValuesStepData]]:
             for i, s in enumerate(meta.steps):
                 fused, ids = handle.get_tensor(f"step{i}.fused"), handle.get_tensor(f"step{i}.input_ids")
                 if fused.dim() != 2 or ids.dim() != 1 or fused.shape[0] != ids.shape[0] or fused.shape[1] != meta.width:
-                    raise ValuesFileError(f"{path}: step {s.step} holds fused {list(fused.shape)} and ids {list(ids.shape)}, not rows x {meta.width}")
+                    raise ValuesFileError(
+                        f"{path}: step {s.step} holds fused {list(fused.shape)} and ids {list(ids.shape)}, not rows x {meta.width}"
+                    )
                 steps.append(ValuesStepData(s.step, ids.long(), fused, s.forward_mode))
             return meta, steps
     except ValuesFileError:

@@ -143,7 +143,9 @@ def check_values(
     elif ids is not None:
         change = f"Set eagle_config.eagle_aux_hidden_state_layer_ids to {ids} (the {rule} rule then captures {list(trained)}), "
     else:
-        change = f"Write eagle_config.eagle_aux_hidden_state_layer_ids in the convention the engine applies so it captures {list(trained)}, "
+        change = (
+            f"Write eagle_config.eagle_aux_hidden_state_layer_ids in the convention the engine applies so it captures {list(trained)}, "
+        )
     fix = f"the target serves boundaries {served} by value where the draft was trained on {list(trained)}{how}. {change}then run compare-train again on a new trace"
     out.append(
         finding(

@@ -24,9 +24,11 @@ landed: only the leading rows at positions 0, 1, 2, ... are written.
 Cost: once the steps are taken, one attribute test per root forward. At a kept step, on
 the CPU a clone; on an accelerator a ``non_blocking`` copy into pinned host memory and an
 event recorded after it (the pinned buffer is allocated then, at most :data:`MAX_STEPS`
-times, never while a graph is captured). The host's thread never waits: the file is
-written from the recorder's flush thread once every event has completed, or at close
-(which waits on the events).
+times, never while a graph is captured). The host's thread never waits: once the last
+step is kept, the recorder's flush thread waits on the events and writes the file; with
+fewer steps kept, the file is written at close.
+
+A forked child starts with no kept steps of its own (the parent's are the parent's).
 
     >>> capture = values_capture(recorder)   # None unless SPECTRACE_CAPTURE_VALUES
 """
@@ -176,12 +178,18 @@ class ValuesCapture:
         except Exception as exc:
             self.recorder.internal_error(f"values: {type(exc).__name__}: {exc}")
 
+    def _in_child(self) -> None:
+        """In a forked child: the parent's kept steps are not this process's (its trace is its own)."""
+        if os.getpid() != self._pid:
+            self._pid = os.getpid()
+            self._lock = threading.Lock()  # a parent thread may have held it at the fork
+            self._slots, self._full, self._written = [], False, False
+
     def _offer(self, fused: Any, step: int, module: str) -> None:
         inputs: StepInputs | None = getattr(self._local, "inputs", None)
-        if inputs is None or not isinstance(fused, torch.Tensor) or _capturing():
+        if inputs is None or not isinstance(fused, torch.Tensor) or _capturing() or torch.compiler.is_compiling():
             return  # not a forward from position 0, or inside a graph capture (nothing may be queued)
-        if os.getpid() != self._pid:
-            return  # a forked child: its recorder is its own, these slots are the parent's
+        self._in_child()
         x = fused.detach()
         if x.dim() == 3:
             x = x[0]
@@ -210,22 +218,18 @@ class ValuesCapture:
 
     # ---------------------------------------------------------- off the hot path
     def drain(self) -> None:
-        """The recorder's drain: write the file once every kept step has landed (at close:
-        whatever was kept, after waiting for its copies)."""
+        """The recorder's drain: write the file once the last step is kept (at close: whatever
+        was kept), after its copies have landed."""
+        self._in_child()
         final = bool(getattr(self.recorder, "closing", False))
         with self._lock:
             if self._written or not self._slots or (not self._full and not final):
                 return
             slots = list(self._slots)
-            for slot in slots:
-                if slot.event is None:
-                    continue
-                if final:
-                    slot.event.synchronize()  # closing: the host is done, waiting is allowed
-                elif not slot.event.query():
-                    return  # a later drain writes it
-            self._written = True
-            self._full = True
+            self._written = self._full = True
+        for slot in slots:
+            if slot.event is not None:
+                slot.event.synchronize()  # a drain runs on the flush thread or a reader's, never in a forward
         self._write(slots)
 
     def _write(self, slots: list[_Slot]) -> None:
