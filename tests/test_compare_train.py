@@ -224,3 +224,61 @@ def test_the_view_header_names_the_values_file(healthy):
     )
     (values,) = healthy.glob("*.values.safetensors")
     assert f"values captured: {values.name} ({TOKENS} tokens x 4 steps)" in done.stdout, done.stdout[:2000]
+
+
+def test_no_fused_input_seen_is_said_once(tmp_path):
+    """fc_bypass: no aux capture, no aux concat; the trace says no values were kept, and why."""
+    folder = run_traced("fc_bypass", tmp_path / "bypass")
+    assert not list(folder.glob("*.values.safetensors"))
+    notes = [c.detail for c in load_traces(folder).all("coverage") if "SPECTRACE_CAPTURE_VALUES" in c.detail]
+    assert len(notes) == 1 and "no fused draft input was seen" in notes[0]
+
+
+def test_capture_changes_no_output():
+    """The same prompt with the capture on and off: the same tokens, the same accept lengths."""
+    results = []
+    for values in (0, TOKENS):
+        scenario = build_scenario("healthy")
+        with api.trace(
+            {"target": scenario.target, "draft": scenario.draft}, profile="eagle3", settings=Settings(quiet=True, capture_values=values)
+        ):
+            with torch.no_grad():
+                results.append(speculate(scenario.target, scenario.draft, demo_prompts()[1], k=4, max_new_tokens=12))
+    assert results[0].generated == results[1].generated and results[0].accept_lengths == results[1].accept_lengths
+
+
+def test_a_trace_without_a_folder_says_the_values_were_not_written(capsys):
+    scenario = build_scenario("healthy")
+    with api.trace(
+        {"target": scenario.target, "draft": scenario.draft}, profile="eagle3", settings=Settings(quiet=True, capture_values=4)
+    ) as t:
+        with torch.no_grad():
+            speculate(scenario.target, scenario.draft, demo_prompts()[0], k=4, max_new_tokens=4)
+    notes = [r.detail for r in t.records if getattr(r, "type", "") == "coverage" and "SPECTRACE_CAPTURE_VALUES" in r.detail]
+    assert notes == ["SPECTRACE_CAPTURE_VALUES: the trace has no folder (set SPECTRACE_DIR or directory=): the values were not written"]
+
+
+def test_a_forked_child_never_writes_the_parents_values(tmp_path):
+    """Rows kept before a fork are the parent's: the child's trace gets no values file of them."""
+    scenario = build_scenario("healthy")
+    folder = tmp_path / "fork"
+    t = api.trace(
+        {"target": scenario.target, "draft": scenario.draft},
+        profile="eagle3",
+        directory=str(folder),
+        settings=Settings(quiet=True, capture_values=8),
+    )
+    with torch.no_grad():
+        scenario.target(torch.tensor(demo_prompts()[0]))  # one forward from position 0, kept
+    child = os.fork()
+    if child == 0:
+        try:
+            t.close()
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(child, 0)
+    t.close()
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    (values,) = folder.glob("*.values.safetensors")
+    assert f"-{os.getpid()}." in values.name
+    assert len(list(folder.glob("trace-*.jsonl"))) == 2  # the child wrote a trace of its own, without values

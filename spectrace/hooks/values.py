@@ -223,6 +223,14 @@ class ValuesCapture:
         self._in_child()
         final = bool(getattr(self.recorder, "closing", False))
         with self._lock:
+            if final and not self._slots and not self._written:
+                self._written = True
+                self.recorder.coverage(
+                    "not_covered",
+                    f"SPECTRACE_CAPTURE_VALUES={self.tokens}: no fused draft input was seen in a forward from position 0 "
+                    "(no aux concat ran, or only decode, verify or CUDA-graph replays did): no values file",
+                )
+                return
             if self._written or not self._slots or (not self._full and not final):
                 return
             slots = list(self._slots)
