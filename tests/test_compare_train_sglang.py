@@ -34,9 +34,11 @@ SCRIPT = textwrap.dedent(
     hf.save_pretrained(sys.argv[2])  # the weights SGLang loads below, as transformers reads them
     target = sh.build_sglang_llama_target(cfg, hf, layer_ids=[-1, 1, 2] if sys.argv[1] == "embed" else [0, 1, 2])
     ids = torch.randint(0, 128, (12,), generator=torch.Generator().manual_seed(1))
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+    mode = CaptureHiddenMode.LAST if sys.argv[1] == "last" else None  # LAST: one stored row per request
     with torch.no_grad():
         for _ in range(2):
-            sh.run_target(target, ids)
+            sh.run_target(target, ids, capture_hidden_mode=mode)
     """
 )
 
@@ -96,3 +98,14 @@ def test_sglang_embedding_served_for_a_layer_is_found(tmp_path):
     assert chunk0.startswith("chunk 0 matches the embedding at 1.000, out(block 0) at 0.")
     assert chunk0.endswith("the draft was trained on out(block 0)")
     assert "error values_boundary_mismatch: 1 of 3 chunks" in done.stdout
+
+
+def test_sglang_last_token_capture_keeps_nothing_and_says_why(tmp_path):
+    """LAST capture mode stores one row per request, not one per token: no row can be paired
+    with its token id and position, so nothing is kept and the trace says so once."""
+    traces, _ = _serve(tmp_path, "last")
+    assert not list(traces.glob("*.values.safetensors"))
+    (trace,) = traces.glob("trace-*.jsonl")
+    notes = [json.loads(x) for x in trace.read_text().splitlines()]
+    notes = [r["detail"] for r in notes if r["type"] == "coverage" and "SPECTRACE_CAPTURE_VALUES" in r["detail"]]
+    assert len(notes) == 1 and "last-token" in notes[0]

@@ -193,8 +193,8 @@ class ValuesCapture:
         x = fused.detach()
         if x.dim() == 3:
             x = x[0]
-        if x.dim() != 2:
-            return
+        if x.dim() != 2 or x.shape[0] != inputs.ids.shape[0]:
+            return  # not one row per token of the forward (SGLang's LAST capture mode keeps one per request)
         n = min(self.tokens, int(x.shape[0]), int(inputs.ids.shape[0]), inputs.limit if inputs.limit is not None else self.tokens)
         if n <= 0:
             return
@@ -227,8 +227,9 @@ class ValuesCapture:
                 self._written = True
                 self.recorder.coverage(
                     "not_covered",
-                    f"SPECTRACE_CAPTURE_VALUES={self.tokens}: no fused draft input was seen in a forward from position 0 "
-                    "(no aux concat ran, or only decode, verify or CUDA-graph replays did): no values file",
+                    f"SPECTRACE_CAPTURE_VALUES={self.tokens}: no fused draft input was seen with a row per token of a forward "
+                    "from position 0 (no aux concat ran, or only decode, verify, last-token or CUDA-graph replays did): "
+                    "no values file",
                 )
                 return
             if self._written or not self._slots or (not self._full and not final):
