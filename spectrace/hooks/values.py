@@ -130,13 +130,18 @@ def _capturing() -> bool:
         return False
 
 
-def _host_copy(tensor: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """A host copy of ``tensor``: a clone on the CPU; queued, not waited for, elsewhere."""
+def _host_copy(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.device | None]:
+    """A host copy of ``tensor`` and the CUDA device whose stream must finish it (None: done).
+
+    On the CPU a clone; on CUDA a copy queued into pinned memory, not waited for; on any
+    other accelerator a plain copy (it waits, at most :data:`MAX_STEPS` times a process)."""
     if tensor.device.type == "cpu":
-        return tensor.clone(), False
+        return tensor.clone(), None
+    if tensor.device.type != "cuda":
+        return tensor.to("cpu"), None
     pinned = torch.empty(tuple(tensor.shape), dtype=tensor.dtype, pin_memory=True)
     pinned.copy_(tensor, non_blocking=True)
-    return pinned, True
+    return pinned, tensor.device
 
 
 class ValuesCapture:
@@ -202,14 +207,16 @@ class ValuesCapture:
             if self._full:
                 return
             self._local.inputs = None  # one slot per forward
-            fused_h, on_device = _host_copy(x[:n])
+            fused_h, device = _host_copy(x[:n])
             ids_h, ids_device = _host_copy(inputs.ids[:n])
             positions = inputs.positions
-            pos_h, pos_device = _host_copy(positions[:n]) if positions is not None else (None, False)
+            pos_h, pos_device = _host_copy(positions[:n]) if positions is not None else (None, None)
             event = None
-            if on_device or ids_device or pos_device:
+            device = device or ids_device or pos_device
+            if device is not None:
+                # Recorded after the copies, on the stream that queued them (the tensors' device).
                 event = torch.cuda.Event()
-                event.record()
+                event.record(torch.cuda.current_stream(device))
             self._slots.append(_Slot(step, fused_h, ids_h, pos_h, inputs.forward_mode, event))
             self._module = self._module or module
             self._full = len(self._slots) >= self.max_steps
