@@ -66,6 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--target", required=True, metavar="HF_MODEL_DIR", help="the target model as transformers loads it (a folder or a hub name)"
     )
     p.add_argument("--draft-config", required=True, metavar="CONFIG", help="the draft's config.json (or its folder)")
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="the dtype the target is recomputed in on the CPU (default float32; bfloat16 halves the memory of a large target)",
+    )
     p.add_argument("--json", action="store_true", help="print the cosines and the findings as JSON")
     return p
 
@@ -82,10 +88,11 @@ class Comparison:
     trained_source: str
     num_layers: int
     findings: list[Finding]
+    other_readings: list[tuple[str, list[int]]]  # (trainer convention, boundaries) the config's ids could also mean
 
 
-def _values_records(trace: str) -> list[tuple[str, Any, list[int] | None, str | None]]:
-    """(values file path, values record, captured boundaries, capture rule) per values record."""
+def _values_records(trace: str) -> list[tuple[str, list[int] | None, str | None]]:
+    """(values file path, captured boundaries, capture rule) per values record of the trace."""
     from .viewers.loader import load_traces
 
     if not os.path.exists(trace):
@@ -100,7 +107,7 @@ def _values_records(trace: str) -> list[tuple[str, Any, list[int] | None, str | 
         rule = capture.rule if capture is not None else None
         for record in f.values:
             name = os.path.basename(record.file)  # a name in the trace's own folder, never a path elsewhere
-            found.append((os.path.join(os.path.dirname(f.path), name), record, captured, rule))
+            found.append((os.path.join(os.path.dirname(f.path), name), captured, rule))
     if not found:
         raise InputError(
             f"{trace} holds no values record: trace the run with SPECTRACE_CAPTURE_VALUES=N "
@@ -123,7 +130,7 @@ def _draft_config(path: str) -> dict[str, Any]:
     return config
 
 
-def _load_target(path: str) -> Any:
+def _load_target(path: str, dtype: str = "float32") -> Any:
     try:
         import torch
         from transformers import AutoModelForCausalLM
@@ -136,7 +143,7 @@ def _load_target(path: str) -> Any:
     except Exception:
         pass
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
     except Exception as exc:
         first = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
         raise InputError(f"cannot load the target {path} with transformers: {first}")
@@ -148,9 +155,7 @@ def _text_config(model: Any) -> Any:
     return getattr(config, "text_config", None) or config
 
 
-def compare(
-    values_path: str, record: Any, model: Any, draft_config: dict[str, Any], captured: list[int] | None, rule: str | None
-) -> Comparison:
+def compare(values_path: str, model: Any, draft_config: dict[str, Any], captured: list[int] | None, rule: str | None) -> Comparison:
     """Recompute the target's boundaries for the kept ids and match each chunk (float32, CPU)."""
     import torch
     import torch.nn.functional as F
@@ -205,7 +210,8 @@ def compare(
         trained_source=source,
         config_ids=aux_ids(draft_config)[0],
     )
-    return Comparison(os.path.basename(values_path), len(steps), rows, matches, trained, source, num_layers, findings)
+    others = [(r.convention, list(r.boundaries)) for r in found[1:]]
+    return Comparison(os.path.basename(values_path), len(steps), rows, matches, trained, source, num_layers, findings, others)
 
 
 def report_lines(c: Comparison) -> list[str]:
@@ -215,6 +221,11 @@ def report_lines(c: Comparison) -> list[str]:
     if c.trained is not None:
         trained = ", ".join(boundary_label(b, n) for b in c.trained)
         lines.append(f"the draft was trained on [{trained}] ({c.trained_source})")
+        for convention, boundaries in c.other_readings:
+            other = ", ".join(boundary_label(b, n) for b in boundaries)
+            lines.append(
+                f"  (read under {convention}'s convention the ids would mean [{other}]; stamp trained_aux_boundaries to settle it)"
+            )
     for m in c.matches:
         best = m.best
         runner = [b for b in m.ranked(3) if b != best][:1]
@@ -249,8 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         found = _values_records(args.trace)
         draft_config = _draft_config(args.draft_config)
-        model = _load_target(args.target)
-        results = [compare(path, record, model, draft_config, captured, rule) for path, record, captured, rule in found]
+        model = _load_target(args.target, args.dtype)
+        results = [compare(path, model, draft_config, captured, rule) for path, captured, rule in found]
     except InputError as exc:
         sys.stderr.write(f"{PROG}: error: {exc}\n")
         return 2

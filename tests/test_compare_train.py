@@ -44,14 +44,17 @@ def write_target_folder(folder: Path) -> Path:
     return folder
 
 
-def run_traced(name: str, folder: Path, capture_values: int = TOKENS) -> Path:
+def run_traced(name: str, folder: Path, capture_values: int = TOKENS, dtype: torch.dtype = torch.float32) -> Path:
     """One demo prompt through scenario ``name``, traced into ``folder``; its draft config beside it."""
     scenario = build_scenario(name, load=False)
+    scenario.target.model.to(dtype)
+    scenario.draft.to(dtype)
     settings = Settings(quiet=True, capture_values=capture_values)
     with api.trace({"target": scenario.target, "draft": scenario.draft}, profile="eagle3", directory=str(folder), settings=settings) as t:
         watch = PipelineWatch(t, scenario.target, scenario.draft, scenario.draft_config, algorithm=scenario.algorithm)
         watch.load(scenario.checkpoint)
         scenario.draft.set_embed(scenario.target.get_embed())
+        scenario.draft.to(dtype)  # the loader wrote float32 tensors
         with torch.no_grad():
             speculate(scenario.target, scenario.draft, demo_prompts()[0], k=4, max_new_tokens=12, on_step=watch.on_step)
         watch.finish()
@@ -162,6 +165,22 @@ def test_embedding_vs_layer_is_found_by_value(shifted, target_dir, capsys):
     assert chunk0.endswith("the draft was trained on the embedding")
     assert "error values_boundary_mismatch: 3 of 3 chunks" in out
     assert "eagle_aux_hidden_state_layer_ids to [-1, 1, 3]" in out  # the ids that capture [0, 2, 4] under SGLang's Llama rule
+
+
+@pytest.mark.parametrize("served, recomputed", [("bfloat16", "float32"), ("float32", "bfloat16")])
+def test_bf16_on_either_side_keeps_matching_chunks_above_0_99(served, recomputed, target_dir, tmp_path, capsys):
+    """Served in bf16 (as on a GPU) or recomputed in bf16 (a large target on the CPU): the
+    right boundary stays above 0.99 and the bug is still found."""
+    for name, expect in (("healthy", 0), ("embedding_vs_layer", 1)):
+        folder = run_traced(name, tmp_path / f"{name}-{served}", dtype=getattr(torch, served))
+        (record,) = load_traces(folder).all("values")
+        assert record.dtype == served
+        code, out, _ = _compare(folder, target_dir, capsys, "--json", "--dtype", recomputed)
+        (result,) = json.loads(out)
+        assert code == expect
+        served_boundaries = [0, 2, 4] if name == "healthy" else [2, 4, 5]
+        assert result["matched_boundaries"] == [[b] for b in served_boundaries]
+        assert all(row[b] > 0.99 for row, b in zip(result["cosines"], served_boundaries))
 
 
 def test_json_gives_the_cosines_and_the_finding(shifted, target_dir, capsys):
