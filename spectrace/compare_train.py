@@ -44,6 +44,13 @@ Exit status: 0 every chunk is the boundary the draft was trained on, 1 an error 
 """
 
 
+ALL_BOUNDARIES_SHOWN = 16  # a deeper target's full cosine rows are in --json
+
+
+def _short_label(b: int) -> str:
+    return "emb" if b == 0 else f"b{b}"
+
+
 class InputError(Exception):
     """Unusable input: one line on stderr, exit 2."""
 
@@ -223,9 +230,7 @@ def report_lines(c: Comparison) -> list[str]:
         lines.append(f"the draft was trained on [{trained}] ({c.trained_source})")
         for convention, boundaries in c.other_readings:
             other = ", ".join(boundary_label(b, n) for b in boundaries)
-            lines.append(
-                f"  (read under {convention}'s convention the ids would mean [{other}]; stamp trained_aux_boundaries to settle it)"
-            )
+            lines.append(f"  (under the {convention} convention the ids would mean [{other}]; stamp trained_aux_boundaries to settle it)")
     for m in c.matches:
         best = m.best
         runner = [b for b in m.ranked(3) if b != best][:1]
@@ -242,6 +247,10 @@ def report_lines(c: Comparison) -> list[str]:
             if want is not None:
                 text += ", as trained"
         lines.append(text)
+        if len(m.cosines) <= ALL_BOUNDARIES_SHOWN:
+            lines.append("  " + "  ".join(f"{_short_label(b)} {cos:.3f}" for b, cos in enumerate(m.cosines)))
+    if c.matches and len(c.matches[0].cosines) <= ALL_BOUNDARIES_SHOWN:
+        lines.append("(emb: the embedding; bk: out(block k-1), the last one normed; cosines averaged over the token rows)")
     for f in c.findings:
         lines += [f"{f.severity} {f.code}: {f.message}", f"  fix: {f.fix}"]
     if not c.findings:
