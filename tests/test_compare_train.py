@@ -154,6 +154,9 @@ def test_healthy_pair_every_chunk_matches_its_trained_boundary(healthy, target_d
     assert "chunk 0 matches the embedding at 1.000" in out
     assert "chunk 1 matches out(block 1) at 1.000" in out and "chunk 2 matches out(block 3) at 1.000" in out
     assert "every chunk is the boundary the draft was trained on" in out
+    lines = out.splitlines()
+    every = lines[lines.index(next(x for x in lines if x.startswith("chunk 0 "))) + 1].split()
+    assert every[:2] == ["emb", "1.000"] and every[2::2] == ["b1", "b2", "b3", "b4", "b5", "b6"]  # every boundary of 6 layers
 
 
 def test_embedding_vs_layer_is_found_by_value(shifted, target_dir, capsys):
