@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "diff": ("spectrace.viewers.commands:diff_main", "compare two traces (train vs serve, good vs bad)"),
     "audit": ("spectrace.audit.command:main", "check a draft checkpoint against the serving engine before launch"),
     "fingerprint": ("spectrace.demo:fingerprint_main", "record the per-chunk statistics of the fused draft input"),
+    "compare-train": ("spectrace.compare_train:main", "say by value which target boundary each served fused-input chunk is"),
     "settings": ("spectrace.cli:settings_main", "print the SPECTRACE_* settings in effect"),
 }
 

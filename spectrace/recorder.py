@@ -142,6 +142,7 @@ class Recorder:
         self._drains: list[Callable[[], None]] = []
         self._last_flush = time.monotonic()
         self._closed = False
+        self.closing = False  # set as close() starts: a drain then hands over what it still holds
         self.header = Header(
             spectrace_version=__version__,
             pid=os.getpid(),
@@ -496,6 +497,24 @@ class Recorder:
     def path(self) -> str | None:
         return self._file.path if self._file else None
 
+    def open_file(self) -> str | None:
+        """Create the trace file now (its header first) and return its path: a file that
+        sits beside the trace takes its name from it. None without a folder, or when the
+        file cannot be made (a sink error, counted)."""
+        if self.directory is None:
+            return None
+        with self._write_lock:
+            outputs = self._line_outputs()
+            sink = outputs[0]
+            if id(sink) not in self._started:
+                try:
+                    sink.write([self.header.model_dump_json()])
+                    self._started.add(id(sink))
+                except Exception as exc:
+                    self._sink_failed(sink, exc)
+                    return None
+            return self._file.path if self._file is not None else None
+
     def set_rank(self, rank: int) -> None:
         """Name the rank before the first flush (it goes in the file name and header)."""
         with self._write_lock, self._lock:
@@ -629,6 +648,7 @@ class Recorder:
         and one ``sink_error`` coverage record saying how many spans of how many.
         """
         if not self._closed:
+            self.closing = True
             self._drain()
         with self._write_lock, self._lock:
             if self._closed:

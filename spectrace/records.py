@@ -182,6 +182,26 @@ class Fingerprint(_Record):
     boundaries: list[int] | None = None
 
 
+class Values(_Record):
+    """Tensor values kept beside the trace (``SPECTRACE_CAPTURE_VALUES=N``): user data.
+
+    The first rows of the fused draft input (the aux concat the draft's fc reads) and their
+    token ids, for a few steps, in a safetensors file: ``spectrace compare-train`` recomputes
+    the target's hidden states for the same ids and says which boundary each chunk is.
+    """
+
+    type: Literal["values"] = "values"
+    file: str = Field(description="the safetensors file, a name in the trace's folder (<trace stem>.values.safetensors)")
+    module: str = Field(description="where the values were taken: the aux concat (the fused draft input)")
+    tokens: int = Field(description="SPECTRACE_CAPTURE_VALUES: the most token rows kept per step")
+    steps: list[int] = Field(description="the steps whose rows were kept")
+    rows: list[int] = Field(description="token rows kept per step (each a sequence from position 0)")
+    width: int = Field(description="width of one fused row (chunks x hidden)")
+    dtype: str = Field(description="the fused input's dtype as served (kept as is)")
+    boundaries: list[int] | None = Field(None, description="the boundaries the capture record says the chunks are, when known")
+    t_unix: float | None = Field(None, description="when it was recorded (the writer stamps it)")
+
+
 class Counters(_Record):
     """Run counters written at flush: what was recorded and what was lost."""
 
@@ -226,10 +246,10 @@ class Counters(_Record):
 
 
 Record = Annotated[
-    Union[Header, Call, Finding, Acceptance, Coverage, Weights, Capture, Fingerprint, Counters],
+    Union[Header, Call, Finding, Acceptance, Coverage, Weights, Capture, Fingerprint, Values, Counters],
     Field(discriminator="type"),
 ]
 RECORD_ADAPTER: TypeAdapter[Any] = TypeAdapter(Record)
-RECORD_TYPES = ("header", "call", "finding", "acceptance", "coverage", "weights", "capture", "fingerprint", "counters")
+RECORD_TYPES = ("header", "call", "finding", "acceptance", "coverage", "weights", "capture", "fingerprint", "values", "counters")
 # Names older writers used, still read: the closing record was "stats" before schema 2.
 LEGACY_RECORD_TYPES = {"stats": "counters"}

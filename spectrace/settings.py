@@ -31,6 +31,10 @@ DEFAULT_FLUSH_SECONDS = 2.0
 MAX_RECORD_CAP = 10_000_000
 MAX_SAMPLE = 1_000_000
 MAX_FLUSH_SECONDS = 86_400.0
+# Tokens of the fused draft input kept per captured step (SPECTRACE_CAPTURE_VALUES): a
+# train-vs-serve comparison needs tens of them; 4096 rows of a 3 x 8192 fused input are
+# already 200 MB of bf16 per step.
+MAX_CAPTURE_VALUES = 4096
 REDACTED = "<redacted>"
 # The named module lists of hooks/selection.py (which imports torch; this module must not).
 PROFILE_NAMES = ("default", "hf", "eagle3", "all")
@@ -112,6 +116,18 @@ def _positive_int(env: Mapping[str, str], name: str, default: int, maximum: int)
     return default
 
 
+def _count(env: Mapping[str, str], name: str, maximum: int) -> int:
+    """An integer from 0 (off, the default) to ``maximum``."""
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return 0
+    text = raw.strip()
+    if text.isdigit() and len(text) <= 19 and int(text) <= maximum:
+        return int(text)
+    _bad(name, raw, f"{name}={_shown(raw)} is not an integer from 0 (off) to {maximum}; using 0 (off)")
+    return 0
+
+
 def _positive_float(env: Mapping[str, str], name: str, default: float, maximum: float) -> float:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
@@ -166,6 +182,9 @@ class Settings:
     graph_sample: int = 64  # in-graph statistics read back after 1 in N replays of each captured graph
     fingerprint: str = ""  # a training fingerprint (spectrace fingerprint) to compare the live draft input with
     control: str = ""  # a file whose first word ("off"/"on") pauses or resumes per-step work at run time
+    # Tensor VALUES (user data): the first N tokens of the fused draft input and their ids,
+    # for a few steps, in a safetensors file beside the trace (hooks/values.py). 0: off.
+    capture_values: int = 0
 
     def __post_init__(self) -> None:
         # Settings built in code get the bounds the environment gets (a deque of 10^20 raises).
@@ -183,6 +202,14 @@ class Settings:
                 f"Settings(flush_seconds={seconds!r}) is not a number above 0 and at most {MAX_FLUSH_SECONDS:g}; using {DEFAULT_FLUSH_SECONDS}",
             )
             object.__setattr__(self, "flush_seconds", DEFAULT_FLUSH_SECONDS)
+        values = self.capture_values
+        if not isinstance(values, int) or isinstance(values, bool) or not 0 <= values <= MAX_CAPTURE_VALUES:
+            _bad(
+                "capture_values",
+                repr(values),
+                f"Settings(capture_values={values!r}) is not an integer from 0 (off) to {MAX_CAPTURE_VALUES}; using 0 (off)",
+            )
+            object.__setattr__(self, "capture_values", 0)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -191,11 +218,13 @@ class Settings:
         keep_argv = _flag(env, "SPECTRACE_KEEP_ARGV", False)
         if keep_argv:
             warn("SPECTRACE_KEEP_ARGV=1: trace headers keep the full command line (prompts, tokens, paths); keep them private")
-        if "SPECTRACE_CAPTURE_VALUES" in env:
-            # Its name promised tensor values; all it ever did was keep the command line.
-            warn(
-                "SPECTRACE_CAPTURE_VALUES is gone and has no effect: traces never hold tensor values; "
-                "SPECTRACE_KEEP_ARGV=1 keeps the full command line in the header"
+        capture_values = _count(env, "SPECTRACE_CAPTURE_VALUES", MAX_CAPTURE_VALUES)
+        if capture_values:
+            _bad(
+                "SPECTRACE_CAPTURE_VALUES",
+                str(capture_values),
+                f"SPECTRACE_CAPTURE_VALUES={capture_values}: tensor values and token ids of the fused draft input are "
+                "written beside the trace (*.values.safetensors); they are user data, keep them private",
             )
         return cls(
             enabled=_flag(env, "SPECTRACE", False),
@@ -214,6 +243,7 @@ class Settings:
             graph_sample=_positive_int(env, "SPECTRACE_GRAPH_SAMPLE", 64, MAX_SAMPLE),
             fingerprint=env.get("SPECTRACE_FINGERPRINT", "").strip(),
             control=env.get("SPECTRACE_CONTROL", "").strip(),
+            capture_values=capture_values,
             # Only "is an endpoint set" (spans on) and what to show: the OTLP exporter reads
             # the URL and the rest from the environment itself (sinks/otel.py). The signal
             # variable wins, as in the spec.

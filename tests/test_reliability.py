@@ -731,11 +731,12 @@ if __name__ != "__main__":
         assert Recorder(Settings()).header.argv == ["serve.py", "--prompt", "<redacted>"]
         assert not Settings.from_env({}).keep_argv and capsys.readouterr().err == ""
 
-    def test_the_old_capture_values_variable_says_it_is_gone(capsys) -> None:
+    def test_capture_values_keeps_values_only_and_says_so(capsys) -> None:
+        # SPECTRACE_CAPTURE_VALUES now keeps fused-input values (compare-train), never the command line.
         s = Settings.from_env({"SPECTRACE_CAPTURE_VALUES": "1"})
-        assert not s.keep_argv
+        assert not s.keep_argv and s.capture_values == 1
         (line,) = capsys.readouterr().err.strip().splitlines()
-        assert "SPECTRACE_CAPTURE_VALUES is gone" in line and "SPECTRACE_KEEP_ARGV=1" in line
+        assert "SPECTRACE_CAPTURE_VALUES=1" in line and "user data" in line
 
     def test_endpoint_credentials_stay_out_of_the_header() -> None:
         rec = Recorder(Settings(otlp_endpoint="https://user:s3cret@collector:4318/v1"))

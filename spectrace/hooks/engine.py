@@ -39,6 +39,7 @@ from .roles import role_of
 from .selection import ModuleFilter, select
 from .tensor_stats import INDEX_DTYPES, stats_for, stats_supported
 from .tensors import collect
+from .values import values_capture
 from .worker import RecordWorker
 
 # One tensor as a hook notes it: (arg, shape, dtype, device, statistics generation,
@@ -193,6 +194,8 @@ class Tracer:
         # tensor's version, so a held tensor could be read after the write unnoticed.
         self.defer_stats = True
         self._token_tensors = TokenTensors()
+        # SPECTRACE_CAPTURE_VALUES: the fused draft input's first rows and their ids (values.py).
+        self.values = values_capture(recorder)
         self._step = functools.partial(Tracer._step_around, self)
         self._step.compiled = self._compiled  # type: ignore[attr-defined]
 
@@ -232,8 +235,24 @@ class Tracer:
             self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
             self._handles.append(module.register_forward_hook(post, with_kwargs=True))
             names.append(full)
+        if self.values is not None:
+            self._hook_values(root, prefix)
         self.wrap_forward(root)
         return names
+
+    def _hook_values(self, root: nn.Module, prefix: str) -> None:
+        """The aux concat hands its output to the values capture (whatever the selection)."""
+        values = self.values
+        for name, module in root.named_modules():
+            if name.rsplit(".", 1)[-1] != "aux_concat" or self._role(root, name, module, prefix) != "target.aux_concat":
+                continue
+            full = f"{prefix}.{name}" if prefix else name
+            hookdicts.prepare(module)
+
+            def offer(module: nn.Module, args: Any, output: Any, full: str = full) -> None:
+                values.offer(output, self._thread().step, full)  # type: ignore[union-attr]
+
+            self._handles.append(module.register_forward_hook(hookdicts.mark(offer)))
 
     def _view(self, name: str, module: nn.Module) -> ModuleView | None:
         if self.views is None:
@@ -302,6 +321,8 @@ class Tracer:
             except Exception as exc:
                 state.context = None
                 self.recorder.internal_error(f"step context: {type(exc).__name__}: {exc}")
+        if depth == 0 and self.values is not None:  # an outermost forward, whoever numbers the steps
+            self.values.note_root(args, kwargs)
         stack = self._local.__dict__.setdefault("inputs", [])
         pending = len(stack)  # a hooked root's own pre-hook ran before this wrapper
         try:
@@ -310,6 +331,8 @@ class Tracer:
             # Back to the depth this call found, whatever happened inside: a root called
             # inside another (an HF LM head around its backbone) must not leave it raised.
             self._local.depth = depth
+            if depth == 0 and self.values is not None:
+                self.values.end_root()
             if opened:
                 # A module that raised inside left its inputs on the stack (no post-hook ran).
                 del stack[pending:]

@@ -102,6 +102,21 @@ CATALOGUE: dict[str, Code] = {
             "scale applied before the concat",
         ),
         Code(
+            "values_boundary_mismatch",
+            "error",
+            "by value, chunks of the served fused draft input are other hidden states of the target than the draft was "
+            "trained on: recomputed for the same token ids, each chunk equals another boundary (spectrace compare-train)",
+            "write eagle_aux_hidden_state_layer_ids so the engine captures the boundaries the draft was trained on",
+        ),
+        Code(
+            "values_chunk_unmatched",
+            "error",
+            "a chunk of the served fused draft input equals no hidden state of the target recomputed for the same token "
+            "ids (spectrace compare-train): another target, other weights or dtype, or rows of other tokens",
+            "compare against the exact target the server loads (same folder, same revision); if it is, find what writes "
+            "the aux hidden states (a norm or scale before the concat, a stale buffer under CUDA-graph replay)",
+        ),
+        Code(
             "acceptance_collapse",
             # A symptom, not a cause: the error findings beside it say why; alone, it points
             # at the draft's training rather than at the wiring spectrace can check.

@@ -44,6 +44,7 @@ from spectrace.records import (
     Finding,
     Fingerprint,
     Header,
+    Values,
     Weights,
 )
 
@@ -235,6 +236,7 @@ class TraceFile(BaseModel):
     weights: list[Weights] = []
     captures: list[Capture] = []
     fingerprints: list[Fingerprint] = []
+    values: list[Values] = []  # tensor values kept beside the trace (SPECTRACE_CAPTURE_VALUES)
     counters: list[Counters] = []  # the closing record (one per closed file); the newest few
     problems: list[LoadProblem] = []
     lines_read: int = 0
@@ -258,6 +260,7 @@ class TraceFile(BaseModel):
             + len(self.weights)
             + len(self.captures)
             + len(self.fingerprints)
+            + len(self.values)
             + len(self.counters)
         )
 
@@ -294,6 +297,7 @@ _FIELD_OF = {
     "weights": "weights",
     "capture": "captures",
     "fingerprint": "fingerprints",
+    "values": "values",
     "counters": "counters",
     "stats": "counters",  # the closing record's name before schema 2
 }

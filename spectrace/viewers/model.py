@@ -115,6 +115,8 @@ class HeaderSummary(BaseModel):
     coverage_gaps: list[str] = []
     graph_traced: str | None = None  # how replayed CUDA graphs were traced (in-graph statistics), if they were
     load_problems: list[str] = []
+    # SPECTRACE_CAPTURE_VALUES: "FILE (N tokens x S steps)" per values file beside the trace (user data)
+    values: list[str] = []
 
 
 class FindingGroup(BaseModel):
@@ -435,6 +437,7 @@ def _header(ts: TraceSet, files: list[TraceFile], states: list[_FileState], flt:
         coverage_gaps=[g for g in gaps if not g.startswith(GRAPH_TRACED)],
         graph_traced=next((g[len(GRAPH_TRACED) :] for g in gaps if g.startswith(GRAPH_TRACED)), None),
         load_problems=[p.message for p in ts.problems],
+        values=[f"{v.file} ({v.tokens} tokens x {len(v.steps)} steps)" for f in files for v in f.values],
     )
 
 

@@ -190,6 +190,9 @@ class HeaderPanel:
         if h.graph_traced:
             lines.append("\ngraph replays: ", style="green")
             lines.append(h.graph_traced)
+        for values in h.values:
+            lines.append("\nvalues captured: ", style="yellow")
+            lines.append(f"{values}, user data: keep it private")
         for gap in h.coverage_gaps:
             lines.append("\nnot seen: ", style="yellow")
             lines.append(gap)

@@ -289,6 +289,8 @@ def after_hidden_to_store(result: Any, *args: Any, **kwargs: Any) -> None:
             tracer.remember_token_tensor(aux[embedding])
             items[embedding] = (f"output.chunk[{embedding}]", aux[embedding], None, None)
         name = owner[0].rsplit(".", 1)[0] + ".aux_concat" if "." in owner[0] else "aux_concat"
+        if tracer.values is not None:  # SPECTRACE_CAPTURE_VALUES: its rows and the batch's input_ids
+            tracer.values.offer(result, tracer._thread().step, name)
         tracer.observe(name, "AuxConcat", R.TARGET_AUX_CONCAT, items, root=owner[0].split(".")[0])
     except Exception as exc:
         state.internal_error("aux concat", exc)
