@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -142,3 +143,54 @@ def test_demo_screen(width: int, tmp_path: Path) -> None:
     text = normalise(text, tmp_path, times=True)
     assert len(text.splitlines()) <= HEIGHT, "the demo's summary no longer fits one screen"
     check(f"demo-{width}", text)
+
+
+# ------------------------------------------------------------------ the newcomer's walkthrough
+# The seed reports' three bugs, as the demo reproduces them (docs/walkthrough.md).
+SEED_BUGS = (
+    ("fc_bypass", "the target hands the draft one hidden state where fc expects three"),
+    ("layers0_names", "the trained decoder layer is dropped at load (`layers.0.*` vs `midlayer.*`)"),
+    ("embedding_vs_layer", "the target captures other layers than the draft was trained on"),
+)
+WALKTHROUGH = Path(__file__).resolve().parent.parent / "docs" / "walkthrough.md"
+
+
+def _steady(text: str) -> str:
+    """The run-dependent parts of a header (host:pid, start time, span) as fixed example
+    values of the same width, so the box stays aligned."""
+
+    def same_width(new: str) -> Callable[[re.Match[str]], str]:
+        return lambda m: new.ljust(len(m.group(0)))
+
+    text = re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", "2026-12-01 12:00:00 UTC", text)
+    text = re.sub(r"span \d+(\.\d+)? m?s\b", same_width("span 1.2 s"), text)
+    return re.sub(r"(?<=1 process  )\S+:\d+", same_width("host:4242"), text)
+
+
+def test_walkthrough_shows_each_seed_bug_on_one_80x40_screen(tmp_path: Path) -> None:
+    screens = []
+    with Pane("walk", 80) as pane:
+        for bug, _what in SEED_BUGS:
+            run = pane.run(f"cd {shlex.quote(str(tmp_path))} && " + spectrace_cmd("demo", "--bug", bug, "--out", "demo"), timeout=900)
+            assert run.rstrip().endswith("[exit 0]"), run
+            text = pane.run(f"cd {shlex.quote(str(tmp_path))} && " + spectrace_cmd("view", f"demo/{bug}", "--no-pager"))
+            first = _steady(text).splitlines()[:HEIGHT]
+            screen = "\n".join(first)
+            # The root cause and its concrete fix are on the first screen.
+            assert re.search(r"^ ERROR ", screen, re.M), screen
+            assert re.search(r"^\s+fix\s", screen, re.M), screen
+            screens.append((bug, screen))
+    doc = _walkthrough_doc(screens)
+    if UPDATE:
+        WALKTHROUGH.write_text(doc)
+    assert WALKTHROUGH.read_text() == doc, "docs/walkthrough.md is not what the demo shows; SPECTRACE_UPDATE_GOLDEN=1 rewrites it"
+
+
+def _walkthrough_doc(screens: list[tuple[str, str]]) -> str:
+    intro = WALKTHROUGH.read_text().split("<!-- screens -->")[0] if WALKTHROUGH.exists() else "# Walkthrough\n\n"
+    parts = [intro.rstrip() + "\n\n<!-- screens -->\n"]
+    for (bug, what), (_bug, screen) in zip(SEED_BUGS, screens):
+        parts.append(
+            f"\n## `{bug}`: {what}\n\n```console\n$ spectrace demo --bug {bug} --out demo\n$ spectrace view demo/{bug}\n{screen}\n```\n"
+        )
+    return "".join(parts)
