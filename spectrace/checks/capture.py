@@ -17,8 +17,8 @@ from typing import Any
 from ..records import Capture, Finding
 from ..rules.catalogue import finding
 from ..rules.conventions import (
-    SGLANG_DRAFT_FLAG_NAMES,
     CONVENTIONS,
+    SGLANG_DRAFT_FLAG_NAMES,
     SGLANG_DRAFT_READ,
     SGLangCaptureFacts,
     default_ids,
