@@ -213,7 +213,7 @@ def check_algorithm(algorithm: str | None, config: Mapping[str, Any]) -> list[Fi
         finding(
             "algorithm_mismatch",
             f"the draft is an EAGLE-3 architecture ({', '.join(map(str, config.get('architectures') or ['eagle3']))}) "
-            f"but the speculative algorithm is {algorithm}: the target captures no aux states",
+            f"served under --speculative-algorithm {algorithm}",
             evidence={"algorithm": algorithm, "architectures": config.get("architectures")},
             source="checks.capture",
         )

@@ -82,9 +82,17 @@ def rename_map(dropped: list[str], missing: list[str]) -> dict[str, str]:
     return result
 
 
-def _listing(names: list[str]) -> str:
-    shown = ", ".join(names[:MAX_NAMES])
-    return shown + (f" (+{len(names) - MAX_NAMES} more)" if len(names) > MAX_NAMES else "")
+def _listing(names: list[str], limit: int = MAX_NAMES) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
+
+
+SEEN_NAMES = 3  # names in a finding's one-line observation; its evidence lists them all
+
+
+def _said(n: int, noun: str, one: str, many: str) -> str:
+    """``1 parameter was never written ...``, ``7 parameters were ...``: the verbs agree with the count."""
+    return f"{n} {noun} was {one}" if n == 1 else f"{n} {noun}s were {many}"
 
 
 def check_weights(weights: Weights) -> list[Finding]:
@@ -95,8 +103,23 @@ def check_weights(weights: Weights) -> list[Finding]:
         pairs = "; ".join(f"{src}.* -> {dst}.*" if dst else f"{src}.* -> (no prefix)" for src, dst in renames.items())
         rename_fix = f"rename the checkpoint keys {pairs} (or map them in the loader)"
     for code, names, key, what in (
-        ("weights_dropped", weights.ignored, "dropped", "checkpoint tensors were ignored by the loader"),
-        ("weights_missing", weights.missing, "missing", "parameters were never written and stay at init"),
+        (
+            "weights_dropped",
+            weights.ignored,
+            "dropped",
+            _said(len(weights.ignored), "checkpoint tensor", "ignored by the loader", "ignored by the loader"),
+        ),
+        (
+            "weights_missing",
+            weights.missing,
+            "missing",
+            _said(
+                len(weights.missing),
+                "parameter",
+                "never written and keeps its initial value",
+                "never written and keep their initial values",
+            ),
+        ),
     ):
         if not names:
             continue
@@ -105,7 +128,7 @@ def check_weights(weights: Weights) -> list[Finding]:
         findings.append(
             finding(
                 code,
-                f"{len(names)} {what}: {_listing(names)}",
+                f"{what}: {_listing(names, SEEN_NAMES)}",
                 module=weights.module,
                 evidence={key: names, "by_prefix": {k: len(v) for k, v in groups.items()}, "rename_map": renames},
                 fix=fix,
