@@ -63,7 +63,7 @@ def aux_ids_fix(trained: list[int], rule: str, n: int, rule_named: str | None = 
     named = rule_named or f"the {rule} rule"
     ids = ids_for_boundaries(trained, rule, n)
     if ids is not None:
-        return ids, f"set eagle_config.{IDS_KEY} to {ids}: under {named} that captures the trained boundaries {trained}"
+        return ids, f"set eagle_config.{IDS_KEY} to {ids}: {named} maps them to the trained boundaries {trained}"
     if sorted(trained) != trained:
         return None, (
             "the engine captures layers in ascending order; retrain with sorted ids or permute fc.weight's input "
@@ -100,7 +100,7 @@ def check_capture(capture: Capture, config: Mapping[str, Any] | None, algorithm:
             findings.append(
                 finding(
                     "aux_capture_disabled",
-                    f"capture record: enabled={capture.enabled}, boundaries {capture.boundaries}, for an EAGLE-3 draft"
+                    f"aux capture off in the target (enabled={capture.enabled}, boundaries {capture.boundaries}) for an EAGLE-3 draft"
                     + (f" asking ids {capture.requested_ids}" if capture.requested_ids else "")
                     + (f" ({'; '.join(why)})" if why else ""),
                     module=capture.module,

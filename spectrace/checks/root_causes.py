@@ -152,37 +152,48 @@ class Judgement:
     follows_from: str | None = None  # the finding it follows from directly
     root: str | None = None  # the top of that chain: the one whose fix clears this one
     how: str = ""  # why it follows (the rule's line)
+    also: tuple[str, ...] = ()  # other root causes present that explain it as well
 
 
-def _parent(i: int, findings: Sequence[Judged]) -> int | None:
+def _parents(i: int, findings: Sequence[Judged]) -> list[int]:
+    """Every finding ``findings[i]`` can follow from, the rule's preferred first."""
     me = findings[i]
     rule = RULE_BY_CODE.get(me.code)
     if rule is None:
-        return None
+        return []
+    out = []
     for root_code in rule.roots:
         for j, other in enumerate(findings):
             if j == i or other.code != root_code or other.severity != "error":
                 continue
             if rule.when is None or rule.when(me, other):
-                return j
-    return None
+                out.append(j)
+    return out
 
 
 def root_causes(findings: Sequence[Judged]) -> list[Judgement]:
     """One :class:`Judgement` per finding, in the same order."""
-    parents = [_parent(i, findings) for i in range(len(findings))]
+    candidates = [_parents(i, findings) for i in range(len(findings))]
+    parents = [c[0] if c else None for c in candidates]
+
+    def top(i: int) -> int | None:
+        """The root above ``i`` (None: ``i`` has no parent, or sits in a cycle)."""
+        at, seen = parents[i], {i}
+        while at is not None and parents[at] is not None:
+            if at in seen:  # the rules form no cycle; stop at one anyway
+                return None
+            seen.add(at)
+            at = parents[at]
+        return None if at in seen else at
+
     out = []
     for i, f in enumerate(findings):
-        parent = parents[i]
-        if parent is None:
+        root = top(i)
+        if root is None or parents[i] is None:
             out.append(Judgement(f.code))
             continue
-        top, seen = parent, {i}
-        while parents[top] is not None and top not in seen:  # the rules form no cycle; stop one anyway
-            seen.add(top)
-            top = parents[top]  # type: ignore[assignment]
-        if top in seen:  # a cycle: no root above it, so it stands alone
-            out.append(Judgement(f.code))
-            continue
-        out.append(Judgement(f.code, findings[parent].code, findings[top].code, RULE_BY_CODE[f.code].how))
+        # Another cause present explains it as well (a collapse with two bugs): said, not hidden.
+        others = {findings[r].code for r in (j if parents[j] is None else top(j) for j in candidates[i][1:]) if r is not None}
+        also = tuple(sorted(others - {findings[root].code}))
+        out.append(Judgement(f.code, findings[parents[i]].code, findings[root].code, RULE_BY_CODE[f.code].how, also))
     return out

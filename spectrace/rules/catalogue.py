@@ -65,8 +65,8 @@ CATALOGUE: dict[str, Code] = {
         Code(
             "algorithm_mismatch",
             "error",
-            "the speculative algorithm, not the draft's architecture, decides what the target captures: under EAGLE "
-            "it captures no aux states for an EAGLE-3 draft",
+            "what the target captures is set by the launch flag, not read from the draft's config: only EAGLE3 makes "
+            "it capture aux states",
             "use --speculative-algorithm EAGLE3 for an EAGLE-3 draft (LlamaForCausalLMEagle3)",
         ),
         Code(

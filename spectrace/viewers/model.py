@@ -137,6 +137,7 @@ class FindingGroup(BaseModel):
     root: str | None = None
     how: str = ""  # why it follows from follows_from
     root_fix: str | None = None  # the root's fix: the one to apply
+    also_from: list[str] = []  # other root causes shown that explain it as well
     consequences: list[str] = []
 
 
@@ -651,7 +652,7 @@ def _by_root_cause(found: list[FindingGroup]) -> list[FindingGroup]:
     """Each root cause followed by its consequences (nearest first); the others in their order."""
     by_code = {g.code: g for g in found if g.severity == "error"}
     for g, judged in zip(found, root_causes(found)):
-        g.follows_from, g.root, g.how = judged.follows_from, judged.root, judged.how
+        g.follows_from, g.root, g.how, g.also_from = judged.follows_from, judged.root, judged.how, list(judged.also)
         if judged.root is not None:
             g.root_fix = by_code[judged.root].fix
 

@@ -243,7 +243,8 @@ class FindingsView:
                 grid.add_row("", label, Text(value, style=style))
             beneath = [c for c in self.findings if c.root == f.code]
             if beneath:
-                grid.add_row("", "then", Text(f"{plural(len(beneath), 'consequence')}, cleared by this fix:", style="dim"))
+                cleared = "those marked 'also from' need that fix too" if any(c.also_from for c in beneath) else "cleared by this fix"
+                grid.add_row("", "then", Text(f"{plural(len(beneath), 'consequence')}, {cleared}:", style="dim"))
             yield grid
             for c in beneath:
                 yield from _consequence(c, width)
@@ -290,6 +291,8 @@ def _consequence(c: FindingGroup, width: int) -> Iterable[Text]:
     head = Text("   ↳ ")
     head.append(c.severity.upper(), style=SEVERITY_STYLE.get(c.severity, ""))
     head.append(f" {c.code}", style="bold")
+    if c.also_from:
+        head.append(f" (also from {', '.join(c.also_from)})", style="yellow")
     where = f"  {_modules(c.modules)}," if c.modules else " "
     head.append(f"{where} {_when(c)}", style="dim")
     if c.ranks:
