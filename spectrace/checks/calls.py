@@ -163,6 +163,9 @@ def check_feature_skew(seen: Fingerprint, reference: Fingerprint) -> list[Findin
                 f"training had {len(reference.chunks)} of {reference.chunk_width}",
                 module=seen.module,
                 evidence={"seen_chunks": len(seen.chunks), "reference_chunks": len(reference.chunks)},
+                fix=f"make the target capture the {len(reference.chunks)} layers the fingerprint was taken on"
+                + (f" (boundaries {list(reference.boundaries)})" if reference.boundaries else "")
+                + f", each {reference.chunk_width} wide",
                 source="checks.calls",
             )
         ]

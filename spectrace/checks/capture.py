@@ -215,6 +215,8 @@ def check_algorithm(algorithm: str | None, config: Mapping[str, Any]) -> list[Fi
             f"the draft is an EAGLE-3 architecture ({', '.join(map(str, config.get('architectures') or ['eagle3']))}) "
             f"served under --speculative-algorithm {algorithm}",
             evidence={"algorithm": algorithm, "architectures": config.get("architectures")},
+            fix=f"launch with --speculative-algorithm EAGLE3 (not {algorithm}) for this EAGLE-3 draft "
+            f"({', '.join(map(str, config.get('architectures') or ['eagle3']))})",
             source="checks.capture",
         )
     ]
@@ -261,6 +263,8 @@ def check_config_flags(config: Mapping[str, Any], engine: str = "sglang", versio
                     severity="warning",
                     module=f"config.json:{flag}",
                     evidence=evidence,
+                    fix=f"read {label}'s draft class for {flag} ({row.how}); if it ignores it, retrain with {flag}=false"
+                    + (f" or serve with SGLang {since} or newer, which implements it" if since else ""),
                     source="checks.capture",
                 )
             )

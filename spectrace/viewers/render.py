@@ -216,7 +216,7 @@ class FindingsView:
             yield Text("Findings: none", style="green")
             return
         yield Text(findings_headline(self.findings), style="bold")
-        shown = {f.code for f in self.findings}
+        shown = {f.code for f in self.findings if f.severity == "error"}  # only an error is a root
         width = options.max_width
         for f in self.findings:
             if f.root is not None and f.root in shown:
@@ -241,7 +241,7 @@ class FindingsView:
                 rows.append(("fix", f.fix, "green"))
             for label, value, style in rows:
                 grid.add_row("", label, Text(value, style=style))
-            beneath = [c for c in self.findings if c.root == f.code]
+            beneath = [c for c in self.findings if c.root == f.code] if f.root is None and f.severity == "error" else []
             if beneath:
                 cleared = "those marked 'also from' need that fix too" if any(c.also_from for c in beneath) else "cleared by this fix"
                 grid.add_row("", "then", Text(f"{plural(len(beneath), 'consequence')}, {cleared}:", style="dim"))
