@@ -62,7 +62,7 @@ def _same_rename(consequence: Judged, root: Judged) -> bool:
     rename = root.evidence.get("rename")  # the audit: one finding per renamed prefix
     to = rename.get("to") if isinstance(rename, Mapping) else None
     params = consequence.evidence.get("parameters") or []
-    return bool(to) and any(isinstance(p, str) and to in p for p in params)
+    return isinstance(to, str) and bool(to) and any(isinstance(p, str) and to in p for p in params)
 
 
 def _a_width_check(consequence: Judged, root: Judged) -> bool:
@@ -188,12 +188,12 @@ def root_causes(findings: Sequence[Judged]) -> list[Judgement]:
 
     out = []
     for i, f in enumerate(findings):
-        root = top(i)
-        if root is None or parents[i] is None:
+        root, parent = top(i), parents[i]
+        if root is None or parent is None:
             out.append(Judgement(f.code))
             continue
         # Another cause present explains it as well (a collapse with two bugs): said, not hidden.
         others = {findings[r].code for r in (j if parents[j] is None else top(j) for j in candidates[i][1:]) if r is not None}
         also = tuple(sorted(others - {findings[root].code}))
-        out.append(Judgement(f.code, findings[parents[i]].code, findings[root].code, RULE_BY_CODE[f.code].how, also))
+        out.append(Judgement(f.code, findings[parent].code, findings[root].code, RULE_BY_CODE[f.code].how, also))
     return out

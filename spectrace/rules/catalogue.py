@@ -65,8 +65,7 @@ CATALOGUE: dict[str, Code] = {
         Code(
             "algorithm_mismatch",
             "error",
-            "what the target captures is set by the launch flag, not read from the draft's config: only EAGLE3 makes "
-            "it capture aux states",
+            "what the target captures is set by the launch flag, not read from the draft's config: only EAGLE3 makes it capture aux states",
             "use --speculative-algorithm EAGLE3 for an EAGLE-3 draft (LlamaForCausalLMEagle3)",
         ),
         Code(
