@@ -172,16 +172,32 @@ def test_view_shows_one_headline_and_one_fix_per_root(demo):
         assert line.lstrip().startswith("↳"), line
 
 
+def _rows(text: str, label: str) -> list[str]:
+    """Each ``label`` row of the findings block, its wrapped lines joined."""
+    lines, out = text.splitlines(), []
+    for i, line in enumerate(lines):
+        if line.startswith(f"   {label} ".ljust(12)):
+            parts = [line[12:]]
+            for more in lines[i + 1 :]:
+                if not more.startswith(" " * 12):
+                    break
+                parts.append(more.strip())
+            out.append(" ".join(" ".join(parts).split()))
+    return out
+
+
 @pytest.mark.parametrize("name", ["fc_bypass", "eagle_algorithm", "capture_id_past_end", "layers0_names"])
 def test_a_consequence_is_never_shown_with_its_own_fix(demo, name):
     found = _view(demo, name).findings
-    flat = " ".join(_text(found, width=200).split())
-    for f in found:
-        if f.root is not None and f.fix != f.root_fix:
-            assert " ".join(f.fix.split()) not in flat, (f.code, f.fix)
+    text = _text(found, width=200)
     roots = [f for f in found if f.root is None]
-    for f in roots:
-        assert " ".join(f.fix.split()) in flat
+    # One fix row per root cause, each the root's own; no consequence has a row at all.
+    assert _rows(text, "fix") == [" ".join(f.fix.split()) for f in roots]
+    assert len(_rows(text, "seen")) == len(roots)
+    flat = " ".join(text.split())
+    for f in found:
+        if f.root is not None and not any(f.fix in r.fix for r in roots):
+            assert " ".join(f.fix.split()) not in flat, (f.code, f.fix)
 
 
 def test_a_consequence_alone_under_finding_filter_gives_its_roots_fix(demo):
