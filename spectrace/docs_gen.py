@@ -31,6 +31,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel
 
 from . import records
+from .checks.root_causes import RULE_BY_CODE, RULES
 from .rules.catalogue import CATALOGUE
 
 PACKAGE = Path(__file__).resolve().parent
@@ -70,6 +71,7 @@ EVIDENCE_KEYS: dict[str, str] = {
     "engine_fc_in": "the fc input width the engine builds",
     "engine_ids": "the layer ids the engine reads from the config, or null for its defaults",
     "engine_ids_source": "where the engine reads them (`eagle_config.eagle_aux_hidden_state_layer_ids`, defaults, ...)",
+    "fix_ids": "the layer ids to write in eagle_config so the target captures the trained boundaries (null: none do)",
     "engine_rule": "the engine rule that maps ids to boundaries (`sglang_llama`, `sglang_deepseek`, ...)",
     "engine_version": "the engine release the check read (`0.5.17`, ...)",
     "expected": "the shape the engine loads the tensor as",
@@ -310,8 +312,13 @@ def findings_markdown() -> str:
     ]
     for code, entry in CATALOGUE.items():
         lines.append(f"| [`{code}`](#{code}) | {entry.severity} | {_cell(entry.meaning)} |")
+    lines += _root_cause_lines()
     for code, entry in CATALOGUE.items():
         lines += ["", f"## {code}", "", f"**Severity:** {entry.severity}."]
+        rule = RULE_BY_CODE.get(code)
+        if rule is not None:
+            roots = ", ".join(f"`{r}`" for r in rule.roots)
+            lines += ["", f"**Follows from** (when present, as an error): {roots}: {rule.how}."]
         for other in sorted(severities[code] - {entry.severity}, key=lambda s: records.SEVERITY_RANK.get(s, 9)):
             when = SEVERITY_WHEN.get((code, other))
             lines.append(f"Raised as **{other}** {when}." if when else f"Also raised as **{other}**.")
@@ -323,6 +330,29 @@ def findings_markdown() -> str:
         else:
             lines += ["", "**Evidence:** none beyond the message."]
     return "\n".join(lines) + "\n"
+
+
+def _root_cause_lines() -> list[str]:
+    """The root-cause rules (``spectrace.checks.root_causes``) as a table."""
+    lines = [
+        "",
+        "## Root causes and their consequences",
+        "",
+        "One bug is often seen several times: with aux capture off, the draft gets hidden-size-wide",
+        "states (`fc_bypass`) and the target rejects its tokens (`acceptance_collapse`). `spectrace view`",
+        "shows each root cause once, with its fix, and its consequences beneath it without a fix of their",
+        "own (the root's fix clears them); `--json` gives each finding's `follows_from`, `root`,",
+        "`root_fix`, `also_from` (other roots present that explain it as well) and, on a root, its",
+        "`consequences`. Only an error finding is a root. A finding that follows from none present",
+        "stands alone. The rules:",
+        "",
+        "| finding | follows from (the most direct first) | why |",
+        "|---|---|---|",
+    ]
+    for rule in RULES:
+        roots = ", ".join(f"`{r}`" for r in rule.roots)
+        lines.append(f"| `{rule.consequence}` | {roots} | {_cell(rule.how)} |")
+    return lines
 
 
 # ---------------------------------------------------------------------------- trace format

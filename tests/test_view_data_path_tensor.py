@@ -71,7 +71,7 @@ def test_capture_without_boundaries_and_findings_without_a_step(traces):
     text = _screen(traces / "fc_bypass", 80)
     assert "hidden 64, no boundary captured" in text
     assert "aux_capture_disabled  once, outside any step" in text
-    assert "fc_bypass  once, step 0" in text
+    assert "fc_bypass  draft.model.fc, once, step 0" in text  # beneath its root cause
     healthy = _screen(traces / "healthy", 120)
     assert "chunks of 64 (target.aux_concat, 1 sample)" in healthy
     assert "6 layers, hidden 64 x 3 = 192" in healthy

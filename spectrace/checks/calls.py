@@ -41,13 +41,26 @@ def check_nonfinite(calls: Iterable[Call]) -> list[Finding]:
                 counts[call.module] += 1
                 first.setdefault(call.module, (call, meta.arg, s))
     findings = []
-    for module, (call, arg, s) in sorted(first.items(), key=lambda kv: kv[1][0].seq):
+    ordered = sorted(first.items(), key=lambda kv: kv[1][0].seq)
+    if not ordered:
+        return []
+    # The earliest call with a non-finite value is where it entered: every later module
+    # may only have inherited it.
+    origin, (origin_call, origin_arg, _) = ordered[0]
+    where = "input" if any(m.arg == origin_arg for m in origin_call.inputs) else "output"
+    fix = f"start at {origin} (its {origin_arg}, the first non-finite {where} traced, step {origin_call.step}): " + (
+        "the value came in from the caller, so check what feeds it"
+        if where == "input"
+        else "check its weights for NaN/Inf and its dtype's range (an fp16 overflow), then its inputs"
+    )
+    for module, (call, arg, s) in ordered:
         findings.append(
             finding(
                 "nonfinite",
                 f"{module} {arg} holds {s.nan} NaN and {s.inf} Inf of {s.numel} values (first at step {call.step})",
                 module=module,
                 evidence={"arg": arg, "nan": s.nan, "inf": s.inf, "numel": s.numel, "calls_affected": counts[module]},
+                fix=fix,
                 step=call.step,
                 source="checks.calls",
             )
@@ -90,6 +103,9 @@ def check_fc_called(calls: Iterable[Call]) -> list[Finding]:
             "states already had the embedding width, so fc was skipped",
             module=layer.module,
             evidence={"steps_bypassed": len(bypassed), "first_step": bypassed[0], "decoder_input_width": width},
+            fix=(f"the decoder layer got {width}-wide states, the hidden width: " if width else "")
+            + "make the target capture the aux layers the draft was trained on (--speculative-algorithm EAGLE3, "
+            "eagle_config.use_aux_hidden_state=true, one id per aux layer in eagle_config.eagle_aux_hidden_state_layer_ids)",
             step=bypassed[0],
             source="checks.calls",
         )
@@ -110,7 +126,8 @@ def check_acceptance(records: Iterable[Acceptance], window: int = COLLAPSE_WINDO
                 finding(
                     "acceptance_collapse",
                     f"mean accept length {mean:.2f} over {window} verify steps from step {steps[start].step} "
-                    f"({overall:.2f} over the run, k={steps[0].draft_tokens}): the target rejects almost every draft token",
+                    f"({overall:.2f} over the run, k={steps[0].draft_tokens}; a draft that never misses reaches "
+                    f"{steps[0].draft_tokens + 1:g})",
                     evidence={
                         "window_mean": round(mean, 3),
                         "run_mean": round(overall, 3),
@@ -146,6 +163,9 @@ def check_feature_skew(seen: Fingerprint, reference: Fingerprint) -> list[Findin
                 f"training had {len(reference.chunks)} of {reference.chunk_width}",
                 module=seen.module,
                 evidence={"seen_chunks": len(seen.chunks), "reference_chunks": len(reference.chunks)},
+                fix=f"make the target capture the {len(reference.chunks)} layers the fingerprint was taken on"
+                + (f" (boundaries {list(reference.boundaries)})" if reference.boundaries else "")
+                + f", each {reference.chunk_width} wide",
                 source="checks.calls",
             )
         ]
@@ -167,9 +187,24 @@ def check_feature_skew(seen: Fingerprint, reference: Fingerprint) -> list[Findin
                 "seen_boundaries": seen.boundaries,
                 "reference_boundaries": reference.boundaries,
             },
+            fix=_skew_fix(seen.boundaries, reference.boundaries, sorted(skewed)),
             source="checks.calls",
         )
     ]
+
+
+def _skew_fix(seen: Sequence[int] | None, reference: Sequence[int] | None, chunks: list[int]) -> str:
+    """Which boundaries feed the skewed chunks against the ones the fingerprint was taken on."""
+    named = ", ".join(map(str, chunks))
+    if seen is not None and reference is not None and list(seen) != list(reference):
+        return (
+            f"the target captures boundaries {list(seen)}, the fingerprint was taken on {list(reference)}: write the "
+            f"layer ids so the target captures {list(reference)} (aux_layers_mismatch gives the ids under the engine's rule)"
+        )
+    return (
+        f"the same boundaries feed chunk {named} as in training, but not the same values: check that the capture "
+        "stores the raw residual stream (hidden_states + residual), with no norm or scale before the concat"
+    )
 
 
 def chunk_scale_outliers(stds: Sequence[float | None]) -> dict[int, str]:

@@ -17,10 +17,12 @@ from typing import Any
 from ..records import Capture, Finding
 from ..rules.catalogue import finding
 from ..rules.conventions import (
+    CONVENTIONS,
     SGLANG_DRAFT_FLAG_NAMES,
     SGLANG_DRAFT_READ,
     SGLangCaptureFacts,
     default_ids,
+    engine_boundaries,
     first_sglang_capturing_embedding,
     first_sglang_implementing,
     sglang_draft_flag,
@@ -30,11 +32,57 @@ from ..rules.conventions import (
     sglang_flag_everywhere,
     sglang_flag_value,
 )
-from ..rules.readings import is_eagle3_architecture, readings, uses_aux_hidden_state
+from ..rules.readings import IDS_KEY, is_eagle3_architecture, readings, uses_aux_hidden_state
 
 
 def _name(boundaries: list[int]) -> str:
     return "[" + ", ".join("embedding" if b == 0 else f"out(block {b - 1})" for b in boundaries) + "]"
+
+
+def ids_for_boundaries(boundaries: list[int], rule: str, n: int) -> list[int] | None:
+    """Ids that make the engine capture exactly ``boundaries`` under ``rule`` on an ``n``-layer
+    target (None if its sorting forbids the order, or no ids reach them).
+
+        >>> ids_for_boundaries([0, 2, 4], "sglang_llama", 6)
+        [-1, 1, 3]
+    """
+    if rule not in CONVENTIONS:
+        return None
+    for cand in ([b - 1 for b in boundaries], list(boundaries)):
+        if engine_boundaries(cand, rule, n).boundaries == boundaries:
+            return cand
+    return None
+
+
+def aux_ids_fix(trained: list[int], rule: str, n: int, rule_named: str | None = None) -> tuple[list[int] | None, str]:
+    """The ids to write so the target captures the ``trained`` boundaries, and the fix that says so.
+
+    One computation for the audit and the runtime check: both quote the same ids.
+    ``rule_named`` is how the fix names the rule (default ``the <rule> rule``).
+    """
+    named = rule_named or f"the {rule} rule"
+    ids = ids_for_boundaries(trained, rule, n)
+    if ids is not None:
+        return ids, f"set eagle_config.{IDS_KEY} to {ids}: {named} maps them to the trained boundaries {trained}"
+    if sorted(trained) != trained:
+        return None, (
+            "the engine captures layers in ascending order; retrain with sorted ids or permute fc.weight's input "
+            f"column blocks to the order {sorted(trained)}"
+        )
+    return (
+        None,
+        f"no ids make the engine capture boundaries {trained} on this {n}-layer target; check that the draft was trained for this target",
+    )
+
+
+def _capture_fix(algorithm: str | None, use_aux: bool | None) -> str | None:
+    """What turns aux capture on, as far as the facts say why it is off (None: the catalogue's both)."""
+    parts = []
+    if algorithm and algorithm.upper() != "EAGLE3":
+        parts.append(f"launch with --speculative-algorithm EAGLE3 (not {algorithm})")
+    if use_aux is False:
+        parts.append("set eagle_config.use_aux_hidden_state=true in the draft's config.json")
+    return " and ".join(parts) or None
 
 
 def check_capture(capture: Capture, config: Mapping[str, Any] | None, algorithm: str | None = None) -> list[Finding]:
@@ -48,17 +96,39 @@ def check_capture(capture: Capture, config: Mapping[str, Any] | None, algorithm:
         if config and not uses_aux_hidden_state(config):
             why.append("eagle_config.use_aux_hidden_state is false")
         if eagle3:
+            use_aux = uses_aux_hidden_state(config) if config else None
             findings.append(
                 finding(
                     "aux_capture_disabled",
-                    "the target captures no aux hidden states for an EAGLE-3 draft" + (f" ({'; '.join(why)})" if why else ""),
+                    f"aux capture off in the target (enabled={capture.enabled}, boundaries {capture.boundaries}) for an EAGLE-3 draft"
+                    + (f" asking ids {capture.requested_ids}" if capture.requested_ids else "")
+                    + (f" ({'; '.join(why)})" if why else ""),
                     module=capture.module,
-                    evidence={"requested_ids": capture.requested_ids, "algorithm": algorithm, "enabled": capture.enabled},
+                    evidence={
+                        "requested_ids": capture.requested_ids,
+                        "algorithm": algorithm,
+                        "enabled": capture.enabled,
+                        "use_aux_hidden_state": use_aux,
+                    },
+                    fix=_capture_fix(algorithm, use_aux),
                     source="checks.capture",
                 )
             )
         return findings
+    options = readings(config, capture.num_layers) if config else []
     if capture.requested_ids is not None and len(capture.boundaries) < len(capture.requested_ids):
+        dropped = _dropped_ids(capture)
+        trained_ids, trained_fix = aux_ids_fix(options[0].boundaries, capture.rule, capture.num_layers) if options else (None, "")
+        short_fix = (
+            f"ids {dropped} are past the target's {capture.num_layers} layers and are dropped without a word; "
+            if dropped
+            else f"the {capture.rule} rule maps ids {capture.requested_ids} onto fewer distinct layers; "
+        )
+        short_fix += (
+            trained_fix
+            if trained_ids is not None
+            else f"give {len(capture.requested_ids)} distinct ids that the {capture.rule} rule maps below {capture.num_layers}"
+        )
         findings.append(
             finding(
                 "short_capture",
@@ -70,13 +140,14 @@ def check_capture(capture: Capture, config: Mapping[str, Any] | None, algorithm:
                     "boundaries": capture.boundaries,
                     "num_layers": capture.num_layers,
                     "rule": capture.rule,
+                    "dropped_ids": dropped,
                 },
+                fix=short_fix,
                 source="checks.capture",
             )
         )
-    if not config:
+    if not options:
         return findings
-    options = readings(config, capture.num_layers)
     primary, alternates = options[0], options[1:]
     evidence = {
         "captured_boundaries": capture.boundaries,
@@ -87,6 +158,7 @@ def check_capture(capture: Capture, config: Mapping[str, Any] | None, algorithm:
     if primary.boundaries != capture.boundaries:
         agreeing = [r.convention for r in alternates if r.boundaries == capture.boundaries]
         note = f"; under the {agreeing[0]} reading they agree" if agreeing else ""
+        fix_ids, fix = aux_ids_fix(primary.boundaries, capture.rule, capture.num_layers)
         findings.append(
             finding(
                 "aux_layers_mismatch",
@@ -94,13 +166,15 @@ def check_capture(capture: Capture, config: Mapping[str, Any] | None, algorithm:
                 f"{primary.source} ids {primary.ids}), target captures {capture.boundaries} {_name(capture.boundaries)} "
                 f"under {capture.rule}{note}",
                 module=capture.module,
-                evidence=evidence,
+                evidence={**evidence, "fix_ids": fix_ids},
+                fix=fix,
                 source="checks.capture",
             )
         )
     else:
         for alt in alternates:
             if alt.boundaries != capture.boundaries:
+                alt_ids = ids_for_boundaries(alt.boundaries, capture.rule, capture.num_layers)
                 findings.append(
                     finding(
                         "aux_layers_mismatch",
@@ -108,14 +182,26 @@ def check_capture(capture: Capture, config: Mapping[str, Any] | None, algorithm:
                         f"if the draft was trained with {alt.convention}, it expects {alt.boundaries} {_name(alt.boundaries)} "
                         "and every chunk is off by one",
                         module=capture.module,
-                        evidence=evidence,
+                        evidence={**evidence, "fix_ids": alt_ids},
                         severity="warning",
-                        fix=f"confirm which trainer wrote the draft; for {alt.convention} write ids so the engine captures {alt.boundaries}",
+                        fix=f"confirm which trainer wrote the draft; if {alt.convention}, set eagle_config.{IDS_KEY} to "
+                        + (
+                            f"{alt_ids}, which the {capture.rule} rule captures as {alt.boundaries}"
+                            if alt_ids is not None
+                            else f"ids the {capture.rule} rule captures as {alt.boundaries}"
+                        ),
                         source="checks.capture",
                     )
                 )
                 break
     return findings
+
+
+def _dropped_ids(capture: Capture) -> list[int]:
+    """The requested ids the engine's capture loop never reaches (the rule says which)."""
+    if capture.requested_ids is None or capture.rule not in CONVENTIONS:
+        return []
+    return list(engine_boundaries(capture.requested_ids, capture.rule, capture.num_layers).dropped_ids)
 
 
 def check_algorithm(algorithm: str | None, config: Mapping[str, Any]) -> list[Finding]:
@@ -127,8 +213,10 @@ def check_algorithm(algorithm: str | None, config: Mapping[str, Any]) -> list[Fi
         finding(
             "algorithm_mismatch",
             f"the draft is an EAGLE-3 architecture ({', '.join(map(str, config.get('architectures') or ['eagle3']))}) "
-            f"but the speculative algorithm is {algorithm}: the target captures no aux states",
+            f"served under --speculative-algorithm {algorithm}",
             evidence={"algorithm": algorithm, "architectures": config.get("architectures")},
+            fix=f"launch with --speculative-algorithm EAGLE3 (not {algorithm}) for this EAGLE-3 draft "
+            f"({', '.join(map(str, config.get('architectures') or ['eagle3']))})",
             source="checks.capture",
         )
     ]
@@ -175,6 +263,8 @@ def check_config_flags(config: Mapping[str, Any], engine: str = "sglang", versio
                     severity="warning",
                     module=f"config.json:{flag}",
                     evidence=evidence,
+                    fix=f"read {label}'s draft class for {flag} ({row.how}); if it ignores it, retrain with {flag}=false"
+                    + (f" or serve with SGLang {since} or newer, which implements it" if since else ""),
                     source="checks.capture",
                 )
             )

@@ -32,7 +32,7 @@ from ..rules.conventions import (
 )
 from ..rules.readings import IDS_KEY, Reading
 from ..rules.readings import trained_readings as shared_readings
-from .capture import check_engine_support
+from .capture import aux_ids_fix, check_engine_support, ids_for_boundaries
 
 # Names the trainers use for the same aux-id list, for messages.
 TRAINER_MEANING = {
@@ -386,14 +386,6 @@ def trained_readings(cfg: DraftConfigFile, n: int | None) -> list[Reading]:
     )
 
 
-def _ids_for(boundaries: list[int], rule: str, n: int) -> list[int] | None:
-    """Ids that make the engine capture exactly ``boundaries`` (None if its sorting forbids the order)."""
-    for cand in ([b - 1 for b in boundaries], list(boundaries)):
-        if engine_boundaries(cand, rule, n).boundaries == boundaries:
-            return cand
-    return None
-
-
 def _describe(reading: Reading) -> str:
     if reading.ids is None:
         return f"the trainer's default boundaries {reading.boundaries}"
@@ -417,7 +409,7 @@ def check_aux_layers(cfg: DraftConfigFile, engine: Engine, target: TargetConfig 
         + (f" = boundaries {cap.boundaries} (n={n})" if cap.boundaries is not None else "")
     )
     if ignored_top:
-        fix_ids = _ids_for(readings[0].boundaries, cap.rule, n or max(readings[0].boundaries) + 2) if readings else None
+        fix_ids = ids_for_boundaries(readings[0].boundaries, cap.rule, n or max(readings[0].boundaries) + 2) if readings else None
         out.append(
             finding(
                 "unsupported_config_flag",
@@ -440,24 +432,13 @@ def check_aux_layers(cfg: DraftConfigFile, engine: Engine, target: TargetConfig 
         # defaults name twice on a shallow target. One cause, reported once: short_capture.
         return out
     n_eff = n or max(max(primary.boundaries), max(cap.boundaries)) + 2
-    fix_ids = _ids_for(primary.boundaries, cap.rule, n_eff)
-    if fix_ids is not None:
-        fix = f"set eagle_config.{IDS_KEY} to {fix_ids}: under {cap.rule_named} that captures the trained boundaries {primary.boundaries}"
-    elif sorted(primary.boundaries) != primary.boundaries:
-        fix = (
-            f"the engine captures layers in ascending order; retrain with sorted ids or permute fc.weight's input "
-            f"column blocks to the order {sorted(primary.boundaries)}"
-        )
-    else:
-        fix = (
-            f"no ids make the engine capture boundaries {primary.boundaries} on this {n}-layer target; "
-            "check that the draft was trained for this target"
-        )
+    fix_ids, fix = aux_ids_fix(primary.boundaries, cap.rule, n_eff, cap.rule_named)
     evidence: dict[str, Any] = {
         "engine_ids": cap.ids,
         "engine_ids_source": cap.source,
         "engine_rule": cap.rule,
         "engine_boundaries": cap.boundaries,
+        "fix_ids": fix_ids,
         "readings": {r.convention: {"ids": r.ids, "boundaries": r.boundaries, "source": r.source} for r in readings},
         "target_layers": n,
     }
@@ -481,7 +462,7 @@ def check_aux_layers(cfg: DraftConfigFile, engine: Engine, target: TargetConfig 
             f"they were written for the other trainer ({_describe(other)}), the engine captures {cap.boundaries} "
             f"instead of {other.boundaries}. Check which trainer produced eagle_config.{IDS_KEY}."
         )
-        alt_fix = _ids_for(other.boundaries, cap.rule, n_eff)
+        alt_fix = ids_for_boundaries(other.boundaries, cap.rule, n_eff)
         out.append(
             finding(
                 "aux_layers_mismatch",

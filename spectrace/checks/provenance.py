@@ -286,6 +286,9 @@ def _unmatched_maker(tally: ProvenanceTally, i: int, seen: list[int | None], exp
                 "numel": u.stats[3],
                 "first_step": u.step,
             },
+            fix=f"find what writes chunk {i} of the aux hidden states: the draft expects the raw residual stream "
+            f"(hidden_states + residual){' at ' + describe_boundary(expected[i]) if expected is not None and i < len(expected) else ''}"
+            ", over the step's own rows; check a stale buffer under CUDA-graph replay and any norm or scale before the concat",
             step=u.step,
             source="checks.provenance",
         )

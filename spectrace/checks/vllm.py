@@ -132,6 +132,9 @@ def check_vllm_fc_width(seen_width: int, fc_in_features: int, *, module: str | N
             "(num_aux_hidden_states x target hidden size): the target did not capture the layers fc was built for",
             module=module,
             evidence={"seen_width": seen_width, "fc_in_features": fc_in_features},
+            fix=f"make the target's aux states add up to {fc_in_features} wide ({seen_width} now): one distinct top-level "
+            f"{IDS_KEY} entry per aux state the draft was trained on, each between 0 (the embedding) and the target's "
+            "layer count",
             source=SOURCE,
         )
     ]

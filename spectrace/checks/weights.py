@@ -82,9 +82,17 @@ def rename_map(dropped: list[str], missing: list[str]) -> dict[str, str]:
     return result
 
 
-def _listing(names: list[str]) -> str:
-    shown = ", ".join(names[:MAX_NAMES])
-    return shown + (f" (+{len(names) - MAX_NAMES} more)" if len(names) > MAX_NAMES else "")
+def _listing(names: list[str], limit: int = MAX_NAMES) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
+
+
+SEEN_NAMES = 3  # names in a finding's one-line observation; its evidence lists them all
+
+
+def _said(n: int, noun: str, one: str, many: str) -> str:
+    """``1 parameter was never written ...``, ``7 parameters were ...``: the verbs agree with the count."""
+    return f"{n} {noun} was {one}" if n == 1 else f"{n} {noun}s were {many}"
 
 
 def check_weights(weights: Weights) -> list[Finding]:
@@ -95,23 +103,54 @@ def check_weights(weights: Weights) -> list[Finding]:
         pairs = "; ".join(f"{src}.* -> {dst}.*" if dst else f"{src}.* -> (no prefix)" for src, dst in renames.items())
         rename_fix = f"rename the checkpoint keys {pairs} (or map them in the loader)"
     for code, names, key, what in (
-        ("weights_dropped", weights.ignored, "dropped", "checkpoint tensors were ignored by the loader"),
-        ("weights_missing", weights.missing, "missing", "parameters were never written and stay at init"),
+        (
+            "weights_dropped",
+            weights.ignored,
+            "dropped",
+            _said(len(weights.ignored), "checkpoint tensor", "ignored by the loader", "ignored by the loader"),
+        ),
+        (
+            "weights_missing",
+            weights.missing,
+            "missing",
+            _said(
+                len(weights.missing),
+                "parameter",
+                "never written and keeps its initial value",
+                "never written and keep their initial values",
+            ),
+        ),
     ):
         if not names:
             continue
         groups = group_by_prefix(names)
+        fix = rename_fix or _unpaired_fix(code, names)
         findings.append(
             finding(
                 code,
-                f"{len(names)} {what}: {_listing(names)}",
+                f"{what}: {_listing(names, SEEN_NAMES)}",
                 module=weights.module,
                 evidence={key: names, "by_prefix": {k: len(v) for k, v in groups.items()}, "rename_map": renames},
-                fix=rename_fix,
+                fix=fix,
                 source="checks.weights",
             )
         )
     return findings
+
+
+def _unpaired_fix(code: str, names: list[str]) -> str:
+    """The fix for tensors (or parameters) no rename pairs with the other side."""
+    if code == "weights_dropped":
+        return f"map {_listing(names)} to the draft's parameter names in the loader, or delete them from the checkpoint"
+    heads = [n for n in names if n.split(".")[-2:-1] == ["lm_head"]]
+    if heads:
+        rest = [n for n in names if n not in heads]
+        also = f", and {_listing(rest)}" if rest else ""
+        return (
+            f"add the trained lm_head.weight{also} to the checkpoint, or drop draft_vocab_size from config.json so "
+            "the engine takes the target's head"
+        )
+    return f"add the trained {_listing(names)} to the checkpoint under these names"
 
 
 def check_hot_token_map(draft_vocab: int | None, target_vocab: int | None, loaded: bool, *, module: str, source: str = "") -> list[Finding]:
@@ -124,7 +163,7 @@ def check_hot_token_map(draft_vocab: int | None, target_vocab: int | None, loade
             f"draft_vocab_size {draft_vocab} < target vocab {target_vocab} but no d2t was loaded: draft ids are read as target ids",
             module=module,
             evidence={"draft_vocab_size": draft_vocab, "vocab_size": target_vocab, "missing": ["d2t"]},
-            fix="save d2t (draft id -> target id offsets) with the draft checkpoint",
+            fix=f"save the trainer's d2t ({draft_vocab} int64 entries: target id - draft id) with the draft checkpoint",
             source=source,
         )
     ]

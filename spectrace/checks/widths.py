@@ -46,6 +46,7 @@ def check_draft_input_width(
                 "embedding width, so SGLang skipped fc and the draft runs on inputs it was never trained on",
                 module="draft.model.fc",
                 evidence=evidence,
+                fix=_width_fix(expected, hidden),
                 source=source,
             )
         ]
@@ -55,6 +56,7 @@ def check_draft_input_width(
             f"the draft got {seen}-wide hidden states in {mode}; fc expects {expected} (hidden {hidden})",
             module="draft.model.fc",
             evidence=evidence,
+            fix=_width_fix(expected, hidden),
             source=source,
         )
     ]
@@ -69,6 +71,8 @@ def check_stored_hidden(width: int, capture_mode: str, *, source: str = "") -> l
             f"state ({width} wide) for the EAGLE-3 draft instead of the aux concat",
             module="target.logits_processor",
             evidence={"stored_width": width, "capture_hidden_mode": capture_mode},
+            fix="launch with --speculative-algorithm EAGLE3 and set eagle_config.use_aux_hidden_state=true, so the "
+            f"target stores its aux concat instead of this {width}-wide state",
             source=source,
         )
     ]
@@ -89,6 +93,7 @@ def check_target_handoff_width(
             f"the target handed the draft {width}-wide hidden states, fc expects {fc_in} ({num_aux} x {fc_in // num_aux}); {what}",
             module=module,
             evidence={"seen_width": width, "fc_in_features": fc_in, "embed_width": embed_width, "aux_enabled": aux_enabled},
+            fix=_width_fix(fc_in, fc_in // num_aux if num_aux else None),
             step=step,
             source=source,
         )
@@ -107,6 +112,21 @@ def check_graph_buffer_width(seen: int, expected: int, runner: str, *, source: s
             "(target hidden x num aux): SGLang skips the copy and replays the graph on stale hidden states",
             module="draft.cuda_graph_runner_for_draft_extend",
             evidence={"seen_width": seen, "fc_in_features": expected, "runner": runner},
+            fix=f"make the target hand the draft {expected}-wide hidden states, the width the graph buffer was "
+            "captured with (the same aux layers at every forward), or serve with --disable-cuda-graph to see the "
+            "fresh states",
             source=source,
         )
     ]
+
+
+def _width_fix(fc_in: int, hidden: int | None) -> str:
+    """The width fc takes, in aux layers: what the target must capture."""
+    if hidden and fc_in % hidden == 0:
+        n = fc_in // hidden
+        return (
+            f"make the target capture {n} aux layers ({n} x {hidden} = {fc_in}, fc.in_features): launch with "
+            f"--speculative-algorithm EAGLE3, eagle_config.use_aux_hidden_state=true and {n} ids in "
+            "eagle_config.eagle_aux_hidden_state_layer_ids, all below the target's layer count"
+        )
+    return f"make the target hand the draft {fc_in}-wide hidden states (fc.in_features = num aux x target hidden size)"

@@ -30,63 +30,70 @@ CATALOGUE: dict[str, Code] = {
         Code(
             "fc_bypass",
             "error",
-            "the draft received hidden states whose width is not fc.in_features, so fc was skipped",
+            "the draft fuses its input through fc only when it is num_aux x hidden wide; with fewer aux states the engine "
+            "skips fc (SGLang: an input as wide as the embedding) or never builds it (vLLM), and raises nothing",
             "make the target capture the aux layers (EAGLE3 algorithm, eagle_config.use_aux_hidden_state=true, "
             "eagle_aux_hidden_state_layer_ids inside eagle_config)",
         ),
         Code(
             "weights_dropped",
             "error",
-            "checkpoint tensors that no parameter consumed",
+            "the engine's loader maps checkpoint names onto its own parameter names and skips a name it does not know "
+            "without an error, so a trainer's other naming is lost at load",
             "rename the checkpoint keys to the engine's names (e.g. layers.0.* <-> midlayer.*) or add a name map",
         ),
         Code(
             "weights_missing",
             "error",
-            "parameters that no checkpoint tensor wrote; they stay at random init",
+            "a parameter the loader finds no tensor for keeps its random initial value, and the engine serves it without an error",
             "add the missing tensors to the checkpoint, or configure the engine to take them from the target",
         ),
         Code(
             "aux_layers_mismatch",
             "error",
-            "the target captures other layers than the draft was trained on",
+            "trainers and engines count aux layer ids differently (SpecForge's id k is the output of block k, speculators' "
+            "id k is boundary k, SGLang's Llama target adds 1 to each id): ids written for one reading shift the chunks",
             "write the layer ids in the convention the engine applies so the captured boundaries equal the trained ones",
         ),
         Code(
             "aux_capture_disabled",
             "error",
-            "an EAGLE-3 draft, but the target captures no aux hidden states",
+            "SGLang's target captures aux hidden states only under --speculative-algorithm EAGLE3 with "
+            "eagle_config.use_aux_hidden_state true; otherwise it hands the draft its last hidden state alone",
             "launch with --speculative-algorithm EAGLE3 and set eagle_config.use_aux_hidden_state=true",
         ),
         Code(
             "algorithm_mismatch",
             "error",
-            "the draft architecture and the speculative algorithm disagree",
+            "what the target captures is set by the launch flag, not read from the draft's config: only EAGLE3 makes it capture aux states",
             "use --speculative-algorithm EAGLE3 for an EAGLE-3 draft (LlamaForCausalLMEagle3)",
         ),
         Code(
             "unsupported_config_flag",
             "error",
-            "the draft config sets a flag the engine ignores",
+            "the engine's draft class reads only the config keys it implements: a training flag it does not implement "
+            "is skipped without a word, and the draft computes other than it was trained to",
             "retrain without the flag, or serve with an engine that implements it",
         ),
         Code(
             "shape_mismatch",
             "error",
-            "a static width contract between target and draft is broken",
+            "fc.in_features, the checkpoint's tensor shapes and the target's hidden size must agree: a width that differs "
+            "fails at load or at the first forward",
             "make fc.in_features equal num_aux x target hidden size",
         ),
         Code(
             "feature_skew",
             "error",
-            "per-chunk statistics of the fused draft input differ from the training fingerprint",
+            "a chunk fed by another layer than in training (or by a normed or scaled state) has other statistics than "
+            "the fingerprint recorded while the training data was generated",
             "check which target layers feed each chunk (layer ids and their convention)",
         ),
         Code(
             "chunk_provenance",
             "error",
-            "chunks of the fused draft input are other boundaries of the target than its capture record says: in the same "
-            "step, each chunk's statistics equal those of the residual stream at another boundary",
+            "the capture record says what the engine was told to capture; a patched release, layers_to_capture set after "
+            "load or another concat order makes the stored chunks other boundaries of the residual stream",
             "find what changed the capture (a patched or other engine release, layers_to_capture set after load, the aux "
             "states concatenated in another order), then write the layer ids so the boundaries really captured equal the "
             "ones the draft was trained on",
@@ -94,9 +101,8 @@ CATALOGUE: dict[str, Code] = {
         Code(
             "chunk_unmatched",
             "error",
-            "a chunk of the fused draft input equals no boundary of the target's residual stream traced in the same step: "
-            "it is not a captured hidden state as the engine stores it (a normed or scaled state, a layer's partial output, "
-            "rows of another step)",
+            "the engine stores the raw residual stream at each captured boundary; a chunk that equals none of them was "
+            "written by something else (a norm or scale before the concat, a layer's partial output, a stale buffer)",
             "find what writes the aux hidden states: the draft expects the raw residual stream (hidden_states + residual) at "
             "its trained boundaries, over the step's own rows; check a stale buffer under CUDA-graph replay and any norm or "
             "scale applied before the concat",
@@ -121,35 +127,39 @@ CATALOGUE: dict[str, Code] = {
             # A symptom, not a cause: the error findings beside it say why; alone, it points
             # at the draft's training rather than at the wiring spectrace can check.
             "warning",
-            "accept length stays near 1 over a window of verify steps",
+            "the target accepts a draft token only where it would have chosen it: a draft fed other inputs or weights than "
+            "it was trained with, or trained for another target, proposes tokens it rejects",
             "look at the error findings: acceptance collapses when the draft's inputs or weights are wrong; "
             "with none, check the draft's training and that it was trained for this target",
         ),
         Code(
             "nonfinite",
             "error",
-            "NaN or Inf in a traced tensor",
+            "a NaN or Inf spreads through every later operation: the first module that holds one is where it entered "
+            "(a bad weight, an fp16 overflow, a bad input)",
             "find the first module whose output is non-finite and check its inputs and dtype",
         ),
         Code(
             "short_capture",
             "error",
-            "the target captured fewer aux hidden states than ids were asked for",
+            "the engine's capture loop walks the target's layers: an id past the last layer is never reached and is "
+            "dropped without an error, and ids that map to one layer capture it once",
             "use layer ids below the target's layer count; the engine drops the others without a word",
         ),
         Code(
             "capture_unsupported",
             "error",
-            "this SGLang release cannot capture the layers the target is asked for (the embedding output on a "
-            "Llama target before 0.5.22, fewer layers than ids on DeepSeek): it fails at the first forward, "
-            "on a server at CUDA-graph capture, and says nothing else",
+            "a release's target forward captures only what its code handles (a Llama target before 0.5.22 has no "
+            "residual yet at layer 0, so no embedding output; DeepSeek raises on fewer layers than ids): it fails at the "
+            "first forward, on a server at CUDA-graph capture, and says nothing else",
             "serve with a release whose target captures these layers, or retrain the draft on layers this "
             "release can capture; rewriting the ids alone does not help, the draft was trained on those chunks",
         ),
         Code(
             "logits_fallback",
             "error",
-            "the logits processor stored the final hidden state because no aux states were captured",
+            "SGLang's logits processor stores the aux concat for the draft when the target captured one, and its final "
+            "normed hidden state otherwise: the draft then gets one hidden-size-wide state",
             "enable aux capture on the target (EAGLE3 algorithm, use_aux_hidden_state)",
         ),
     ]

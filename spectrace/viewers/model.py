@@ -28,6 +28,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from spectrace.checks.calls import check_fc_called, chunk_scale_outliers
+from spectrace.checks.root_causes import root_causes
 from spectrace.records import SEVERITY_RANK, Call, TensorMeta, TensorStats
 from spectrace.rules.catalogue import CATALOGUE
 from spectrace.rules.globs import suffix_match
@@ -131,6 +132,15 @@ class FindingGroup(BaseModel):
     modules: list[str] = []
     ranks: list[int] = []
     evidence: dict[str, Any] = {}
+    # Root causes (decided by spectrace.checks.root_causes): a consequence names the finding
+    # it follows from and the root at the top of that chain, whose fix clears it; a root
+    # lists its consequences. Both None / empty: the finding stands alone.
+    follows_from: str | None = None
+    root: str | None = None
+    how: str = ""  # why it follows from follows_from
+    root_fix: str | None = None  # the root's fix: the one to apply
+    also_from: list[str] = []  # other root causes shown that explain it as well
+    consequences: list[str] = []
 
 
 class StatsSummary(BaseModel):
@@ -591,8 +601,6 @@ def _findings(files: list[TraceFile], flt: ViewFilter) -> list[FindingGroup]:
     for f in files:
         repeats = _once_counts(f)
         for fd in f.findings:
-            if flt.finding and fd.code != flt.finding:
-                continue
             if not flt.finding_ok(fd):
                 continue
             key = (fd.code, fd.severity)
@@ -619,8 +627,6 @@ def _findings(files: list[TraceFile], flt: ViewFilter) -> list[FindingGroup]:
         if flt.module or flt.step_min is not None or flt.step_max is not None:
             continue  # counts only: no module, no step of each; the load problem line says so
         for (code, severity), folded in f.findings_folded.items():
-            if flt.finding and code != flt.finding:
-                continue
             g = groups.get((code, severity))
             if g is None:
                 entry = CATALOGUE.get(code)
@@ -639,10 +645,37 @@ def _findings(files: list[TraceFile], flt: ViewFilter) -> list[FindingGroup]:
                     g.last_step = step if g.last_step is None else max(g.last_step, step)
             if f.rank is not None and f.rank not in g.ranks:
                 g.ranks.append(f.rank)
-    out = list(groups.values())
+    # Judged over every finding the step and module filters pass, before --finding: a
+    # consequence shown alone still names its root and the root's fix.
+    out = _by_root_cause(list(groups.values()))
+    return [g for g in out if not flt.finding or g.code == flt.finding]
+
+
+def _by_root_cause(found: list[FindingGroup]) -> list[FindingGroup]:
+    """Each root cause followed by its consequences (nearest first); the others in their order."""
+    by_code = {g.code: g for g in found if g.severity == "error"}
+    for g, judged in zip(found, root_causes(found)):
+        g.follows_from, g.root, g.how, g.also_from = judged.follows_from, judged.root, judged.how, list(judged.also)
+        if judged.root is not None:
+            g.root_fix = by_code[judged.root].fix
+
+    def depth(g: FindingGroup) -> int:
+        d, at = 0, g
+        while at.follows_from is not None and d < len(found):
+            d, at = d + 1, by_code[at.follows_from]
+        return d
+
     # Causes before symptoms: an acceptance collapse is explained by the other findings.
     symptom = {"acceptance_collapse": 1}
-    out.sort(key=lambda g: (SEVERITY_RANK.get(g.severity, 9), symptom.get(g.code, 0), -g.count, g.code))
+
+    def key(g: FindingGroup) -> tuple[int, int, int, str]:
+        return (SEVERITY_RANK.get(g.severity, 9), symptom.get(g.code, 0), -g.count, g.code)
+
+    out: list[FindingGroup] = []
+    for g in sorted((g for g in found if g.root is None), key=key):
+        beneath = sorted((c for c in found if c.root == g.code and g.severity == "error"), key=lambda c: (depth(c), key(c)))
+        g.consequences = [c.code for c in beneath]
+        out += [g, *beneath]
     return out
 
 

@@ -204,7 +204,12 @@ class HeaderPanel:
 
 
 class FindingsView:
-    """Findings grouped by code, errors first: what was seen, why, and the fix."""
+    """Findings by root cause, errors first: what was seen, why, and the fix.
+
+    A root cause (:mod:`spectrace.checks.root_causes` decides which) carries the one fix;
+    its consequences follow beneath it in a line or two each (code, where, what was seen),
+    with no fix of their own. A finding that follows from nothing is shown as a root.
+    """
 
     def __init__(self, findings: list[FindingGroup]) -> None:
         self.findings = findings
@@ -213,35 +218,90 @@ class FindingsView:
         if not self.findings:
             yield Text("Findings: none", style="green")
             return
-        errors = sum(1 for f in self.findings if f.severity == "error")
-        n = len(self.findings)
-        yield Text(f"Findings: {n} code{'s' if n != 1 else ''}, {errors} error{'s' if errors != 1 else ''}", style="bold")
+        yield Text(findings_headline(self.findings), style="bold")
+        shown = {f.code for f in self.findings if f.severity == "error"}  # only an error is a root
+        width = options.max_width
         for f in self.findings:
-            head = Text()
-            head.append(f" {f.severity.upper()} ", style=f"reverse {SEVERITY_STYLE.get(f.severity, '')}")
-            head.append(f" {f.code}", style="bold")
-            # A finding made outside the forward steps (at load, at close) names no step.
-            where = steps_text(f.first_step, f.last_step) if f.first_step is not None else "outside any step"
-            head.append(f"  {times(f.count)}, {where}")
-            if f.ranks:
-                head.append(f"  rank {','.join(map(str, sorted(f.ranks)))}")
-            yield head
+            if f.root is not None and f.root in shown:
+                continue  # drawn beneath its root
+            yield _finding_head(f)
             grid = Table.grid(padding=(0, 1))
             grid.add_column(width=2)
-            grid.add_column(style="dim", width=8, no_wrap=True)
+            grid.add_column(style="dim", width=LABEL_COL, no_wrap=True)
             grid.add_column(ratio=1)
             rows = [("seen", f.message, "")]
             if f.modules:
-                more = f" +{len(f.modules) - 3}" if len(f.modules) > 3 else ""
-                rows.append(("where", ", ".join(f.modules[:3]) + more, ""))
+                rows.append(("where", _modules(f.modules), ""))
             if f.cause:
                 rows.append(("cause", f.cause, ""))
             if f.evidence:
-                rows.append(("evidence", ", ".join(f"{k}={_short_value(v)}" for k, v in list(f.evidence.items())[:6]), ""))
-            rows.append(("fix", f.fix, "green"))
+                rows.append(("evidence", fit_evidence(f.evidence, width - VALUE_INDENT), ""))
+            if f.root is not None:
+                # Its root is hidden by --finding: the fix to apply is still the root's.
+                rows.append(("root", f"follows from {f.root} (not shown: --finding); {f.how}", "yellow"))
+                rows.append(("fix", f"{f.root_fix or f.fix} (the fix of {f.root})", "green"))
+            else:
+                rows.append(("fix", f.fix, "green"))
             for label, value, style in rows:
                 grid.add_row("", label, Text(value, style=style))
+            beneath = [c for c in self.findings if c.root == f.code] if f.root is None and f.severity == "error" else []
+            if beneath:
+                cleared = "those marked 'also from' need that fix too" if any(c.also_from for c in beneath) else "cleared by this fix"
+                grid.add_row("", "then", Text(f"{plural(len(beneath), 'consequence')}, {cleared}:", style="dim"))
             yield grid
+            for c in beneath:
+                yield from _consequence(c, width)
+
+
+LABEL_COL = 8  # seen / where / cause / evidence / fix
+VALUE_INDENT = 2 + 1 + LABEL_COL + 1  # where a row's value starts
+
+
+def findings_headline(findings: list[FindingGroup]) -> str:
+    """``Findings: 1 root cause, 2 consequences (3 codes, 2 errors)``; ``Findings: 2 codes, 1 error`` with no grouping."""
+    n = len(findings)
+    errors = sum(1 for f in findings if f.severity == "error")
+    counts = f"{plural(n, 'code')}, {plural(errors, 'error')}"
+    consequences = sum(1 for f in findings if f.root is not None)
+    if not consequences:
+        return f"Findings: {counts}"
+    return f"Findings: {plural(n - consequences, 'root cause')}, {plural(consequences, 'consequence')} ({counts})"
+
+
+def _finding_head(f: FindingGroup) -> Text:
+    head = Text()
+    head.append(f" {f.severity.upper()} ", style=f"reverse {SEVERITY_STYLE.get(f.severity, '')}")
+    head.append(f" {f.code}", style="bold")
+    head.append(f"  {_when(f)}")
+    if f.ranks:
+        head.append(f"  rank {','.join(map(str, sorted(f.ranks)))}")
+    return head
+
+
+def _when(f: FindingGroup) -> str:
+    # A finding made outside the forward steps (at load, at close) names no step.
+    where = steps_text(f.first_step, f.last_step) if f.first_step is not None else "outside any step"
+    return f"{times(f.count)}, {where}"
+
+
+def _modules(modules: list[str]) -> str:
+    more = f" +{len(modules) - 3}" if len(modules) > 3 else ""
+    return ", ".join(modules[:3]) + more
+
+
+def _consequence(c: FindingGroup, width: int) -> Iterable[Text]:
+    """Two lines: severity, code, where and when; then what was seen, cut to the line."""
+    head = Text("   ↳ ")
+    head.append(c.severity.upper(), style=SEVERITY_STYLE.get(c.severity, ""))
+    head.append(f" {c.code}", style="bold")
+    if c.also_from:
+        head.append(f" (also from {', '.join(c.also_from)})", style="yellow")
+    where = f"  {_modules(c.modules)}," if c.modules else " "
+    head.append(f"{where} {_when(c)}", style="dim")
+    if c.ranks:
+        head.append(f"  rank {','.join(map(str, sorted(c.ranks)))}", style="dim")
+    yield _no_wrap(head)
+    yield _no_wrap(Text("       " + c.message))
 
 
 class DataPathTree:
@@ -618,9 +678,29 @@ def _short(path: str, limit: int = 56) -> str:
     return path if len(path) <= limit else "..." + path[-(limit - 3) :]
 
 
-def _short_value(v: object, limit: int = 40) -> str:
+def _short_value(v: object, limit: int) -> str:
     text = str(v)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return text if len(text) <= limit else text[: max(1, limit - 3)] + "..."
+
+
+EVIDENCE_LINES = 3  # the evidence row's height at most; the whole of it is in --json
+
+
+def fit_evidence(evidence: dict[str, object], width: int, lines: int = EVIDENCE_LINES) -> str:
+    """``k=v, k=v`` in about ``lines`` lines of ``width``: each value cut to one line, the
+    items past that counted (``+2 more``). A wider console shows more of each value."""
+    width = max(20, width)
+    budget = lines * width - width // 4  # the terminal wraps at spaces: leave it room
+    items = list(evidence.items())
+    out = ""
+    for i, (k, v) in enumerate(items):
+        part = f"{k}={_short_value(v, width - len(k) - 3)}"
+        text = f"{out}, {part}" if out else part
+        left = len(items) - i - 1
+        if out and len(text) + (len(f", +{left} more") if left else 0) > budget:
+            return f"{out}, +{left + 1} more"
+        out = text
+    return out
 
 
 def iter_lines(renderable: object, width: int = 80) -> Iterable[str]:
