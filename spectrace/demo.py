@@ -149,14 +149,18 @@ def _table(results: list[ScenarioResult], total_seconds: float, details: bool = 
 
 
 def root_causes(findings: list[Finding]) -> list[Finding]:
-    """The findings that head the report, most severe first (one per code)."""
+    """The findings that head the report, most severe first, one per code: those that follow
+    from no other (:mod:`spectrace.checks.root_causes` decides)."""
+    from .checks.root_causes import root_causes as judge
+
     seen: set[str] = set()
-    out: list[Finding] = []
-    for f in sorted(findings, key=lambda f: SEVERITY_RANK[f.severity]):
-        if f.code not in seen:
+    heads: list[Finding] = []
+    judged = judge(findings)
+    for f, j in sorted(zip(findings, judged), key=lambda fj: SEVERITY_RANK[fj[0].severity]):
+        if j.root is None and f.code not in seen:
             seen.add(f.code)
-            out.append(f)
-    return out
+            heads.append(f)
+    return heads
 
 
 def _short(message: str, limit: int = 90) -> str:

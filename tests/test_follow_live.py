@@ -298,13 +298,27 @@ def test_tmux_follow_a_running_writer_shows_the_collapse_live(tmp_path: Path, wi
             assert "acceptance_collapse" not in screen and " ERROR " not in screen
 
             (control / "switch").touch()  # the capture goes off under the running writer
-            screen = t.wait_for(r"LIVE +WARNING +acceptance_collapse", timeout=90)
+            # Every "new" line stays 30 s; on a loaded machine the collapse may take longer
+            # to show than that, so the new lines are collected from every screen on the way.
+            news: list[str] = []
+            deadline = time.monotonic() + 120
+            while True:
+                screen = t.screen()
+                if "New in the last" in screen and "Findings:" in screen:
+                    news.append(screen[screen.index("New in the last") : screen.index("Findings:")])
+                if re.search(r"LIVE +WARNING +acceptance_collapse", screen) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            assert re.search(r"LIVE +WARNING +acceptance_collapse", screen), screen
             assert writer.poll() is None  # still running ...
             assert "acceptance_collapse" not in _trace_text(traces)  # ... and it has not said it: the screen read it live
-            new = screen[screen.index("New in the last") : screen.index("Findings:")]
+            new, seen = news[-1], "\n".join(news)
             assert "acceptance_collapse (live)" in new
-            assert re.search(r"finding fc_bypass \(error\)", new) and re.search(r"accept length now [3-5]\.\d\d -> [12]\.\d\d", new), new
-            assert re.search(r"fc: called -> bypassed", new), new
+            assert re.search(r"finding fc_bypass \(error\)", seen), seen
+            # The change line may be drawn while the window slides (from 2.50, say): it falls.
+            drops = [(float(a), float(b)) for a, b in re.findall(r"accept length now (\d\.\d\d) -> (\d\.\d\d)", seen)]
+            assert any(b < 2.0 and a - b > 0.5 for a, b in drops), seen
+            assert re.search(r"fc: called -> bypassed", seen), seen
             assert re.search(r"accept now 1\.\d\d / run \d\.\d\d", screen)
             assert all(len(line) <= width for line in screen.splitlines())
             if width == 80:
