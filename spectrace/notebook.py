@@ -254,11 +254,21 @@ def _summary_lines(t: LoadedTrace) -> list[str]:
     lines += [f"! {line}" for line in t.view.header.not_closed + t.problems]
     errors = sum(1 for f in t.findings if f.severity == "error")
     if t.findings:
-        lines.append(f"Findings: {len(t.findings)} code{'s' if len(t.findings) != 1 else ''}, {errors} error{'s' if errors != 1 else ''}")
+        codes = f"{len(t.findings)} code{'s' if len(t.findings) != 1 else ''}, {errors} error{'s' if errors != 1 else ''}"
+        follow = sum(1 for f in t.findings if f.root is not None)
+        if follow:  # as spectrace view counts them
+            roots = sum(1 for f in t.findings if f.consequences)
+            codes = f"{roots} root cause{'s' if roots != 1 else ''}, {follow} consequence{'s' if follow != 1 else ''} ({codes})"
+        lines.append(f"Findings: {codes}")
         w = max(len(f.code) for f in t.findings)
         for f in t.findings:
+            if f.root is not None:
+                continue  # beneath its root cause, below
             lines.append(f"  {f.severity.upper():<7} {f.code:<{w}}  x{f.count}  {f.message}")
             lines.append(f"  {'':<7} {'fix':>{w}}  {f.fix}")
+            for c in (g for g in t.findings if g.root == f.code):
+                # A consequence: cleared by its root's fix, so it shows none of its own.
+                lines.append(f"  {'':<7} {'then':>{w}}  {c.code}: {c.message}")
     else:
         lines.append("Findings: none")
     lines.append("Data path")
@@ -288,7 +298,7 @@ def _html(t: LoadedTrace) -> str:
     if warn:
         out.append("<ul>" + "".join(f"<li>{html.escape(w)}</li>" for w in warn) + "</ul>")
     if t.findings:
-        rows = [[f.severity, f.code, str(f.count), f.message, f.fix] for f in t.findings]
+        rows = [[f.severity, f.code, str(f.count), f.message, f.fix if f.root is None else f"(follows from {f.root})"] for f in t.findings]
         out.append("<p><b>Findings</b></p>" + _table(["severity", "code", "count", "seen", "fix"], rows))
     else:
         out.append("<p><b>Findings</b>: none</p>")

@@ -54,12 +54,14 @@ def test_summary_puts_findings_first_then_the_data_path(demo):
     lines = text.splitlines()
     assert all(len(line) <= 80 for line in lines)
     assert len(lines) <= 25
-    findings = lines.index("Findings: 3 codes, 2 errors")
+    findings = lines.index("Findings: 1 root cause, 2 consequences (3 codes, 2 errors)")
     path = lines.index("Data path")
     accept = next(i for i, line in enumerate(lines) if line.startswith("Acceptance: mean accept length 1.0"))
     assert findings < path < accept
-    assert any(line.split()[:2] == ["ERROR", "fc_bypass"] for line in lines[findings:path])
-    assert any(line.split()[:1] == ["fix"] for line in lines[findings:path])
+    # The root cause with its one fix, then what follows from it (no fix of their own).
+    block = [line.split() for line in lines[findings + 1 : path]]
+    assert block[0][:2] == ["ERROR", "aux_capture_disabled"] and block[1][:1] == ["fix"]
+    assert [b[:2] for b in block[2:]] == [["then", "fc_bypass:"], ["then", "acceptance_collapse:"]]
     assert any(line.split()[:2] == ["fc", "bypassed"] for line in lines[path:accept])
     assert any(line.split()[:4] == ["capture", "target:", "enabled", "False,"] for line in lines[path:accept])
 
