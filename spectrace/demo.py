@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
 
     console = Console()
     console.print(_table(results, total, details=args.details))
-    console.print(f"Traces in {os.path.abspath(args.out)}/<scenario>. Read one with: spectrace view {os.path.join(args.out, names[-1])}")
+    console.print(f"Traces in {os.path.join(args.out, '<scenario>')}. Read one with: spectrace view {os.path.join(args.out, names[-1])}")
     if not args.details:
         console.print("Every finding and its cause: spectrace demo --details, or spectrace view.")
     healthy = [r for r in results if r.name == "healthy"]
