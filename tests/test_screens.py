@@ -75,9 +75,10 @@ class Pane:
     def send(self, *keys: str) -> None:
         subprocess.run(self.sock + ["send-keys", "-t", self.name, *keys], check=True)
 
-    def capture(self) -> str:
+    def capture(self, history: bool = True) -> str:
+        extra = ["-J", "-S", "-"] if history else []  # the whole scrollback, wrapped lines joined; or the screen as it is
         return subprocess.run(
-            self.sock + ["capture-pane", "-p", "-J", "-S", "-", "-t", self.name], capture_output=True, text=True, check=True
+            self.sock + ["capture-pane", "-p", *extra, "-t", self.name], capture_output=True, text=True, check=True
         ).stdout
 
     def __exit__(self, *exc: object) -> None:
@@ -149,6 +150,29 @@ def test_demo_screen(width: int, tmp_path: Path) -> None:
     text = normalise(text, tmp_path, times=True)
     assert len(text.splitlines()) <= HEIGHT, "the demo's summary no longer fits one screen"
     check(f"demo-{width}", text)
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_follow_frame(width: int, tmp_path: Path) -> None:
+    # A trace its writer never closed (it ran on another host): the live screen as it stands,
+    # with the times of its "new" lines and its pace made fixed.
+    records = [r for r in fc_bypass_records() if type(r).__name__ != "Counters"]
+    write_trace(tmp_path / "run" / "trace-node1-4242-rank0.jsonl", records)
+    with Pane("follow", width) as pane:
+        pane.send(f"clear; cd {shlex.quote(str(tmp_path))} && " + spectrace_cmd("view", "run", "--follow", "--interval", "0.3"), "Enter")
+        deadline = time.monotonic() + 60
+        frame = ""
+        while time.monotonic() < deadline:
+            frame = pane.capture(history=False)
+            if frame.startswith(" not closed") and "EAGLE-3 data path" in frame:
+                break
+            time.sleep(0.2)
+        pane.send("C-c")
+    lines = [line.rstrip() for line in frame.splitlines()]
+    assert lines and lines[0].startswith(" not closed"), frame
+    assert len(lines) <= HEIGHT and all(len(line) <= width for line in lines)
+    text = re.sub(r"\b\d+s ago", "Ns ago", "\n".join(lines).rstrip("\n") + "\n")
+    check(f"follow-{width}", re.sub(r"[\d.]+ steps/s", "N steps/s", text))
 
 
 # ------------------------------------------------------------------ the newcomer's walkthrough

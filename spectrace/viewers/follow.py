@@ -35,6 +35,7 @@ from spectrace.checks.acceptance_live import LiveAcceptance, VerifyStep
 from spectrace.records import Finding
 from spectrace.rules.catalogue import CATALOGUE
 
+from ..checks.root_causes import root_causes
 from .model import FindingGroup, TraceView, ViewFilter
 from .render import SEVERITY_STYLE, AcceptancePanel, DataPathTree, ModuleTable, steps_text, times
 
@@ -349,15 +350,29 @@ class LiveScreen:
             return [Text("Findings: none", style="green")]
         n = len(groups) + (live is not None)
         errors = sum(1 for g in groups if g.severity == "error")
-        head = Text(f"Findings: {n} code{'s' if n != 1 else ''}, {errors} error{'s' if errors != 1 else ''}", style="bold")
+        counts = f"{n} code{'s' if n != 1 else ''}, {errors} error{'s' if errors != 1 else ''}"
+        # Which root the live symptom follows from: the checks judge it with the rest.
+        live_root = root_causes([*groups, live])[-1].root if live is not None else None
+        follow = sum(1 for g in groups if g.root is not None) + (live_root is not None)
+        if follow:  # counted as spectrace view counts them
+            roots = len({g.root for g in groups if g.root is not None} | ({live_root} if live_root else set()))
+            counts = f"{roots} root cause{'s' if roots != 1 else ''}, {follow} consequence{'s' if follow != 1 else ''} ({counts})"
+        head = Text(f"Findings: {counts}", style="bold", no_wrap=True, overflow="ellipsis")
         head.append("  one line each; new ones with their fix", style="dim")
         out: list[RenderableType] = [head]
         for g in groups:
+            if g.root is not None:
+                continue  # drawn beneath its root, which carries the one fix
             fresh = now - self._new_codes.get(g.code, -1e18) <= self.hold_s
             out.append(_finding_line(g.severity, g.code, _where(g), g.message))
             if fresh:
                 out.append(_detail("fix", g.fix, "green"))
-        if live is not None:
+            for c in (c for c in groups if c.root == g.code):
+                out.append(_finding_line(c.severity, c.code, _where(c), c.message, beneath=True))
+            if live is not None and live_root == g.code:
+                out.append(_finding_line(live.severity, live.code, f"from step {live.step}", live.message, live=True, beneath=True))
+                out.append(_detail("live", "from the acceptance records as they arrive; the writer has not said it", "yellow"))
+        if live is not None and live_root is None:
             line = _finding_line(live.severity, live.code, f"from step {live.step}", live.message, live=True)
             out.append(line)
             entry = CATALOGUE.get(live.code)
@@ -430,8 +445,10 @@ def _where(g: FindingGroup) -> str:
     return f"{times(g.count)}, {where}"
 
 
-def _finding_line(severity: str, code: str, where: str, message: str, *, live: bool = False) -> Text:
+def _finding_line(severity: str, code: str, where: str, message: str, *, live: bool = False, beneath: bool = False) -> Text:
     t = Text(no_wrap=True, overflow="ellipsis")
+    if beneath:
+        t.append("   ↳")  # follows from the root above: cleared by its fix
     if live:
         t.append(" LIVE ", style="reverse bold yellow")
     t.append(f" {severity.upper()} ", style=f"reverse {SEVERITY_STYLE.get(severity, '')}")
