@@ -256,3 +256,16 @@ def test_long_names_keep_their_line_and_control_characters_are_shown_escaped(tmp
     assert head.startswith("step 0  call 1  draft.model.\\x1b]52;c;ZWNobyBoaQ==") and head.endswith("fc  QKVParallelLinear")
     rc, out, _ = calls(capsys, str(tmp_path), "--jsonl")
     assert [json.loads(line)["module"] for line in out.splitlines()] == [long, hostile]  # JSON carries them as they are
+
+
+def test_view_drills_down_per_call_and_prints_raw_records(bypass: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``view --calls`` and ``view --jsonl`` are ``spectrace calls`` with the view's filters."""
+    assert view_main([str(bypass), "--calls", "--module", "draft.model.layers.0", "--step", "3:4"]) == 0
+    as_view = capsys.readouterr().out
+    rc, as_calls, _ = calls(capsys, str(bypass), "--module", "draft.model.layers.0", "--step", "3:4")
+    assert rc == 0 and as_view == as_calls and "draft.model.layers.0" in as_view
+    assert view_main([str(bypass), "--jsonl", "--module", "draft.model.layers.0", "--step", "3"]) == 0
+    want = [line for line in raw_lines(bypass) if (r := json.loads(line))["module"] == "draft.model.layers.0" and r["step"] == 3]
+    assert capsys.readouterr().out.splitlines() == want and want
+    assert view_main([str(bypass), "--calls", "--module", "nonexistent"]) == 2
+    assert len(capsys.readouterr().err.splitlines()) == 1

@@ -45,6 +45,8 @@ VIEW_EXAMPLES = """examples:
   spectrace view traces/ --window 128         data path: recent span of 128 steps
   spectrace view traces/ --json | jq .findings
   spectrace view traces/ --fail-on error      in CI: exit 1 on an error finding
+  spectrace view traces/ --calls --step 12    every call of step 12, each tensor's statistics
+  spectrace view traces/ --jsonl --module '*fc' | jq .outputs   the raw call records
 
 exit status:
   0  the view was shown (with --fail-on: and no finding at or above that severity)
@@ -117,6 +119,10 @@ def _view_parser() -> argparse.ArgumentParser:
         help="a live screen as lines are appended: status, what is new, live findings (docs/follow.md; Ctrl-C quits)",
     )
     p.add_argument("--json", action="store_true", help="print the view model as JSON")
+    p.add_argument(
+        "--calls", action="store_true", help="every selected call, with each tensor's shape, dtype and statistics (as spectrace calls)"
+    )
+    p.add_argument("--jsonl", action="store_true", help="the selected call records as written, one JSON object per line, for jq")
     p.add_argument(
         "--fail-on",
         choices=FAIL_ON,
@@ -204,6 +210,13 @@ def _view(argv: list[str]) -> int:
     args = _view_parser().parse_args(argv)
     lo, hi = args.step if args.step else (None, None)
     flt = ViewFilter(module=args.module, rank=args.rank, step_min=lo, step_max=hi, finding=args.finding, window_steps=args.window)
+    if args.calls or args.jsonl:
+        # The per-call drill-down lives in spectrace calls (calls.py); the same filters.
+        from .calls import calls_main
+
+        step = None if args.step is None else f"{'' if lo is None else lo}:{'' if hi is None else hi}"
+        given = [("--module", args.module), ("--rank", args.rank), ("--step", step)]
+        return calls_main([args.path, *[a for k, v in given if v is not None for a in (k, str(v))], *(["--jsonl"] if args.jsonl else [])])
     if args.follow:
         return _follow(args, flt)
     ts = load_traces(args.path)
