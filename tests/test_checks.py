@@ -83,3 +83,36 @@ def test_runtime_embed_requires_grad_only_when_the_target_embedding_replaces_it(
 
 def test_runtime_flags_are_sglang_facts_only():
     assert _flags(ALL_FLAGS, engine="vllm") == {}
+
+
+# ---------------------------------------------------------------- a fix the release can take
+def _llama_capture(ids: list[int]) -> Capture:
+    result = engine_boundaries(ids, "sglang_llama", 6)
+    return Capture(
+        module="target",
+        requested_ids=ids,
+        boundaries=result.boundaries,
+        num_layers=6,
+        hidden_size=64,
+        rule="sglang_llama",
+        target_class="LlamaForCausalLM",  # an extra field, as the SGLang integration writes it
+    )
+
+
+def test_ids_that_ask_for_the_embedding_on_a_release_that_crashes_on_it_say_so():
+    # The demo's trained pair served on SGLang 0.5.17 with ids [0, 1, 3] (its shipped
+    # [-1, 1, 3] ask for the embedding, which 0.5.17's Llama cannot capture): the ids that
+    # fix the mismatch are [-1, 1, 3], and the fix must say they need a newer release.
+    config = {
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 3]},
+        "trainer_convention": "specforge",
+        "trained_aux_boundaries": [0, 2, 4],
+    }
+    (old,) = [f for f in check_capture(_llama_capture([0, 1, 3]), config, engine_version="0.5.17") if f.code == "aux_layers_mismatch"]
+    assert old.evidence["fix_ids"] == [-1, 1, 3]
+    assert "set eagle_config.eagle_aux_hidden_state_layer_ids to [-1, 1, 3]" in old.fix
+    assert "SGLang 0.5.17 cannot capture the embedding" in old.fix and "0.5.22 or newer" in old.fix and "retrain" in old.fix
+    (new,) = [f for f in check_capture(_llama_capture([0, 1, 3]), config, engine_version="0.5.23") if f.code == "aux_layers_mismatch"]
+    assert "cannot capture" not in new.fix  # there the ids alone fix it
+    (unknown,) = [f for f in check_capture(_llama_capture([0, 1, 3]), config) if f.code == "aux_layers_mismatch"]
+    assert unknown.fix == new.fix  # no release known: no caveat is invented

@@ -85,7 +85,9 @@ def _capture_fix(algorithm: str | None, use_aux: bool | None) -> str | None:
     return " and ".join(parts) or None
 
 
-def check_capture(capture: Capture, config: Mapping[str, Any] | None, algorithm: str | None = None) -> list[Finding]:
+def check_capture(
+    capture: Capture, config: Mapping[str, Any] | None, algorithm: str | None = None, engine_version: str | None = None
+) -> list[Finding]:
     findings: list[Finding] = []
     config = config or {}
     eagle3 = is_eagle3_architecture(config) if config else True
@@ -159,6 +161,8 @@ def check_capture(capture: Capture, config: Mapping[str, Any] | None, algorithm:
         agreeing = [r.convention for r in alternates if r.boundaries == capture.boundaries]
         note = f"; under the {agreeing[0]} reading they agree" if agreeing else ""
         fix_ids, fix = aux_ids_fix(primary.boundaries, capture.rule, capture.num_layers)
+        if fix_ids is not None:
+            fix += _release_caveat(capture, primary.boundaries, engine_version)
         findings.append(
             finding(
                 "aux_layers_mismatch",
@@ -195,6 +199,25 @@ def check_capture(capture: Capture, config: Mapping[str, Any] | None, algorithm:
                 )
                 break
     return findings
+
+
+def _release_caveat(capture: Capture, boundaries: list[int], version: str | None) -> str:
+    """What the fix's ids would meet on this release: a Llama target before 0.5.22 cannot
+    capture the embedding (boundary 0) and crashes at the first forward, so ids that ask for
+    it are no fix there on their own (capture_unsupported says why)."""
+    extra = capture.model_extra or {}
+    version = version or extra.get("engine_version")
+    target_class = extra.get("target_class") or ""
+    family = extra.get("target_family") or (sglang_family(target_class) if target_class else None)
+    if 0 not in boundaries or not version or family is None:
+        return ""
+    facts = sglang_family_facts(family, version)
+    if facts is None or facts.embedding != "crash":
+        return ""
+    since = first_sglang_capturing_embedding(facts.family)
+    return f"; but SGLang {version} cannot capture the embedding those ids ask for (capture_unsupported): " + _embedding_fix(
+        "SGLang", since, facts, capture.num_layers
+    )
 
 
 def _dropped_ids(capture: Capture) -> list[int]:

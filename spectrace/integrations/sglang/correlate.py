@@ -108,7 +108,8 @@ def _run() -> None:
             for f in check_capture(off, config, st.algorithm):
                 _emit_once(f)
         return
-    for f in check_capture(capture, config, st.algorithm):
+    version = (capture.model_extra or {}).get("engine_version") or server.sglang_version()
+    for f in check_capture(capture, config, st.algorithm, engine_version=version):
         _emit_capture_finding(cap_key, f)
 
 
