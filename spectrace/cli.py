@@ -69,7 +69,8 @@ def settings_main(argv: list[str]) -> int:
 
 def _usage() -> str:
     lines = ["usage: spectrace COMMAND [ARGS]", "", "commands:"]
-    lines += [f"  {name:<12} {help_text}" for name, (_, help_text) in COMMANDS.items()]
+    width = max(len(name) for name in COMMANDS) + 1
+    lines += [f"  {name:<{width}} {help_text}" for name, (_, help_text) in COMMANDS.items()]
     lines += ["", "Run 'spectrace COMMAND --help' for a command's options.", "Set SPECTRACE=1 to trace any Python program."]
     return "\n".join(lines)
 
