@@ -304,3 +304,50 @@ def test_a_forked_child_never_writes_the_parents_values(tmp_path):
     (values,) = folder.glob("*.values.safetensors")
     assert f"-{os.getpid()}." in values.name
     assert len(list(folder.glob("trace-*.jsonl"))) == 2  # the child wrote a trace of its own, without values
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_the_rows_are_copied_without_a_sync_and_land_whole(tmp_path):
+    """On a GPU the kept rows go by non_blocking copy into pinned memory behind an event:
+    the forwards never wait (sync debug mode raises on a sync), and the file holds the
+    very rows the aux concat returned."""
+    import torch.nn as nn
+
+    class AuxConcat(nn.Module):
+        def forward(self, h: torch.Tensor) -> torch.Tensor:
+            return torch.cat([h, 2 * h, 3 * h], dim=-1)
+
+    class Target(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed_tokens = nn.Embedding(128, 16)
+            self.layer = nn.Linear(16, 16)
+            self.aux_concat = AuxConcat()
+
+        def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+            return self.aux_concat(self.layer(self.embed_tokens(input_ids)))
+
+    torch.manual_seed(0)
+    target = Target().cuda()
+    ids = [torch.randint(0, 128, (1, 12), device="cuda") for _ in range(4)]
+    settings = Settings(quiet=True, capture_values=8)
+    outs = []
+    with torch.no_grad(), api.trace({"target": target}, directory=str(tmp_path), settings=settings):
+        target(ids[0][:, :2])  # warm-up: kernels, the allocator (kept as a step of its own)
+        torch.cuda.synchronize()
+        # Sync debug mode is global: the flush thread's own wait (the drain, once the 4th
+        # step is kept) would trip it too, so the window holds the 2nd and 3rd kept steps.
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for x in ids[1:3]:
+                outs.append(target(x))
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        outs.append(target(ids[3]))
+    (values,) = tmp_path.glob("*.values.safetensors")
+    _, steps = read_values(str(values))
+    kept = steps[1:]  # the warm-up forward was the first kept
+    assert len(kept) == 3
+    for step, x, out in zip(kept, ids[1:], outs):
+        assert step.input_ids.tolist() == x[0, :8].tolist()
+        assert torch.equal(step.fused, out[0, :8].cpu())

@@ -22,11 +22,13 @@ Where positions come as a tensor, they are copied too and checked once the copy 
 landed: only the leading rows at positions 0, 1, 2, ... are written.
 
 Cost: once the steps are taken, one attribute test per root forward. At a kept step, on
-the CPU a clone; on an accelerator a ``non_blocking`` copy into pinned host memory and an
-event recorded after it (the pinned buffer is allocated then, at most :data:`MAX_STEPS`
-times, never while a graph is captured). The host's thread never waits: once the last
-step is kept, the recorder's flush thread waits on the events and writes the file; with
-fewer steps kept, the file is written at close.
+the CPU a clone; on CUDA a clone on the device and an event recorded after it (never
+while a graph is captured). A copy into pinned host memory would need a pinned
+allocation, and CUDA's host allocation synchronizes the device: the forward would wait.
+The host's thread never waits: once the last step is kept, the recorder's flush thread
+waits on the events, copies the rows to the host and writes the file; with fewer steps
+kept, that happens at close. Until then at most :data:`MAX_STEPS` x N rows stay on the
+device.
 
 A forked child starts with no kept steps of its own (the parent's are the parent's).
 
@@ -62,8 +64,8 @@ class StepInputs(NamedTuple):
 @dataclass
 class _Slot:
     step: int
-    fused: torch.Tensor  # host copy (n, width)
-    ids: torch.Tensor  # host copy (n,)
+    fused: torch.Tensor  # (n, width): a host copy, or on CUDA a device clone until the drain
+    ids: torch.Tensor  # (n,), the same
     positions: torch.Tensor | None
     forward_mode: str | None
     event: Any  # a CUDA event recorded after the copies, or None on the CPU
@@ -131,17 +133,17 @@ def _capturing() -> bool:
 
 
 def _host_copy(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.device | None]:
-    """A host copy of ``tensor`` and the CUDA device whose stream must finish it (None: done).
+    """A copy of ``tensor`` that nothing else writes, and the CUDA device whose stream must
+    finish it (None: done).
 
-    On the CPU a clone; on CUDA a copy queued into pinned memory, not waited for; on any
-    other accelerator a plain copy (it waits, at most :data:`MAX_STEPS` times a process)."""
+    On the CPU a clone; on CUDA a clone on the device, queued and not waited for (the drain
+    brings it to the host, see the module's doc); on any other accelerator a plain copy to
+    the host (it waits, at most :data:`MAX_STEPS` times a process)."""
     if tensor.device.type == "cpu":
         return tensor.clone(), None
     if tensor.device.type != "cuda":
         return tensor.to("cpu"), None
-    pinned = torch.empty(tuple(tensor.shape), dtype=tensor.dtype, pin_memory=True)
-    pinned.copy_(tensor, non_blocking=True)
-    return pinned, tensor.device
+    return tensor.clone(), tensor.device
 
 
 class ValuesCapture:
@@ -246,6 +248,8 @@ class ValuesCapture:
         for slot in slots:
             if slot.event is not None:
                 slot.event.synchronize()  # a drain runs on the flush thread or a reader's, never in a forward
+                slot.fused, slot.ids = slot.fused.cpu(), slot.ids.cpu()
+                slot.positions = slot.positions.cpu() if slot.positions is not None else None
         self._write(slots)
 
     def _write(self, slots: list[_Slot]) -> None:
