@@ -351,3 +351,22 @@ def test_on_cuda_the_rows_are_copied_without_a_sync_and_land_whole(tmp_path):
     for step, x, out in zip(kept, ids[1:], outs):
         assert step.input_ids.tolist() == x[0, :8].tolist()
         assert torch.equal(step.fused, out[0, :8].cpu())
+
+
+def test_a_values_write_that_fails_is_tried_again_at_the_next_drain(tmp_path, monkeypatch):
+    from spectrace.hooks import values as V
+
+    real, calls = V.ValuesCapture._write, []
+
+    def full_disk_once(self, slots):
+        calls.append(len(slots))
+        if len(calls) == 1:
+            raise OSError(28, "No space left on device")
+        return real(self, slots)
+
+    monkeypatch.setattr(V.ValuesCapture, "_write", full_disk_once)
+    folder = run_traced("healthy", tmp_path / "retry")
+    assert len(calls) == 2  # the failed write, then the one at the close that kept the rows
+    (values,) = folder.glob("*.values.safetensors")
+    _, steps = read_values(str(values))
+    assert len(steps) == 4 and all(s.fused.shape == (TOKENS, 192) for s in steps)

@@ -245,12 +245,19 @@ class ValuesCapture:
                 return
             slots = list(self._slots)
             self._written = self._full = True
-        for slot in slots:
-            if slot.event is not None:
-                slot.event.synchronize()  # a drain runs on the flush thread or a reader's, never in a forward
-                slot.fused, slot.ids = slot.fused.cpu(), slot.ids.cpu()
-                slot.positions = slot.positions.cpu() if slot.positions is not None else None
-        self._write(slots)
+        try:
+            for slot in slots:
+                if slot.event is not None:
+                    slot.event.synchronize()  # a drain runs on the flush thread or a reader's, never in a forward
+                    slot.fused, slot.ids = slot.fused.cpu(), slot.ids.cpu()
+                    slot.positions = slot.positions.cpu() if slot.positions is not None else None
+            self._write(slots)
+        except BaseException:
+            # A full disk, a folder gone for a moment: the rows are still here, and the next
+            # drain (a read, at the latest the close) tries again. The recorder counts this one.
+            with self._lock:
+                self._written = False
+            raise
 
     def _write(self, slots: list[_Slot]) -> None:
         rec = self.recorder
