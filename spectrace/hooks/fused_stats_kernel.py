@@ -24,25 +24,10 @@ def accumulate(v, acc_s, acc_q, acc_m, acc_nan, acc_inf):
     return acc_s, acc_q, acc_m, acc_nan, acc_inf
 
 
-# n, per and slot change with every tensor: without do_not_specialize Triton would
-# compile a new variant (a stall of a second, mid-forward) whenever one of them is 1
-# or divisible by 16 for the first time.
-@triton.jit(do_not_specialize=["n", "per", "slot", "rows"])
-def stats_partials(x_ptr, out_ptr, n, per, slot, rows, BLOCK: tl.constexpr, TILE: tl.constexpr, ZERO_REST: tl.constexpr):
-    # Program `pid` reads whole blocks [pid*per, (pid+1)*per) of x once, in its own
-    # dtype, unmasked: a block starts at a multiple of BLOCK, so loads are vectorised
-    # (a mask against an unspecialised n would make every load scalar). TILE blocks are
-    # loaded at once (more bytes in flight for the same accumulators); the blocks that
-    # do not fill a tile are read one by one. The last, partial block is read masked by
-    # program 0. Each writes [sum, sumsq, absmax (NaN ignored), nan count, inf count] to
-    # out[slot, pid]. Sums accumulate in float64:
-    # a bf16 value above 1.8e19 squared overflows float32, and the mean of a large
-    # residual stream keeps its digits. A small tensor gets fewer programs than the
-    # slot has rows (launching idle programs costs more than it reads); the programs
-    # then zero the rows nobody writes, so the slot still sums right (ZERO_REST; a
-    # caller that knows those rows already hold zeros skips it: graph-safe slots get the
-    # same tensor size on every replay).
-    pid = tl.program_id(0)
+@triton.jit
+def program_row(x_ptr, n, per, pid, grid, slot_base, rows, BLOCK: tl.constexpr, TILE: tl.constexpr, ZERO_REST: tl.constexpr):
+    # Program `pid` of `grid` reads whole blocks [pid*per, (pid+1)*per) of x (n elements)
+    # and writes its row to slot_base[pid]; see stats_partials for why it reads so.
     lanes = tl.arange(0, BLOCK)
     tile_rows = tl.arange(0, TILE)
     acc_s = tl.zeros([BLOCK], dtype=tl.float64)
@@ -65,8 +50,6 @@ def stats_partials(x_ptr, out_ptr, n, per, slot, rows, BLOCK: tl.constexpr, TILE
         idx = full.to(tl.int64) * BLOCK + lanes[None, :]
         v = tl.load(x_ptr + idx, mask=idx < n, other=0.0).to(tl.float32)
         acc_s, acc_q, acc_m, acc_nan, acc_inf = accumulate(v, acc_s, acc_q, acc_m, acc_nan, acc_inf)
-    grid = tl.num_programs(0)
-    slot_base = out_ptr + slot.to(tl.int64) * rows * 5
     if ZERO_REST:
         # Rows [grid, rows) of the slot get no program: zero them, BLOCK values at a time.
         for z in tl.range(grid * 5 + pid * BLOCK, rows * 5, grid * BLOCK):
@@ -77,6 +60,29 @@ def stats_partials(x_ptr, out_ptr, n, per, slot, rows, BLOCK: tl.constexpr, TILE
     tl.store(base + 2, tl.max(acc_m, axis=0).to(tl.float64))
     tl.store(base + 3, tl.sum(acc_nan, axis=0).to(tl.float64))
     tl.store(base + 4, tl.sum(acc_inf, axis=0).to(tl.float64))
+
+
+# n, per and slot change with every tensor: without do_not_specialize Triton would
+# compile a new variant (a stall of a second, mid-forward) whenever one of them is 1
+# or divisible by 16 for the first time.
+@triton.jit(do_not_specialize=["n", "per", "slot", "rows"])
+def stats_partials(x_ptr, out_ptr, n, per, slot, rows, BLOCK: tl.constexpr, TILE: tl.constexpr, ZERO_REST: tl.constexpr):
+    # Program `pid` reads whole blocks [pid*per, (pid+1)*per) of x once, in its own
+    # dtype, unmasked: a block starts at a multiple of BLOCK, so loads are vectorised
+    # (a mask against an unspecialised n would make every load scalar). TILE blocks are
+    # loaded at once (more bytes in flight for the same accumulators); the blocks that
+    # do not fill a tile are read one by one. The last, partial block is read masked by
+    # program 0. Each writes [sum, sumsq, absmax (NaN ignored), nan count, inf count] to
+    # out[slot, pid]. Sums accumulate in float64:
+    # a bf16 value above 1.8e19 squared overflows float32, and the mean of a large
+    # residual stream keeps its digits. A small tensor gets fewer programs than the
+    # slot has rows (launching idle programs costs more than it reads); the programs
+    # then zero the rows nobody writes, so the slot still sums right (ZERO_REST; a
+    # caller that knows those rows already hold zeros skips it: graph-safe slots get the
+    # same tensor size on every replay).
+    pid = tl.program_id(0)
+    slot_base = out_ptr + slot.to(tl.int64) * rows * 5
+    program_row(x_ptr, n, per, pid, tl.num_programs(0), slot_base, rows, BLOCK, TILE, ZERO_REST)
 
 
 # Up to MULTI tensors per launch, passed as (address, numel) integer pairs: one launch for
@@ -124,36 +130,8 @@ def stats_partials_multi(
     addr = _pick(t, p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15)
     n = _pick(t, n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13, n14, n15).to(tl.int64)
     x_ptr = addr.to(tl.pointer_type(DTYPE))
-    lanes = tl.arange(0, BLOCK)
-    tile_rows = tl.arange(0, TILE)
-    acc_s = tl.zeros([BLOCK], dtype=tl.float64)
-    acc_q = tl.zeros([BLOCK], dtype=tl.float64)
-    acc_m = tl.zeros([BLOCK], dtype=tl.float32)
-    acc_nan = tl.zeros([BLOCK], dtype=tl.int32)
-    acc_inf = tl.zeros([BLOCK], dtype=tl.int32)
     full = n // BLOCK
     per = (full + grid - 1) // grid
     per = (per + TILE - 1) // TILE * TILE
-    first = pid.to(tl.int64) * per
-    last = tl.minimum(first + per, full)
-    tiled = first + tl.maximum(last - first, 0) // TILE * TILE
-    for b in tl.range(first, tiled, TILE):
-        offsets = (b + tile_rows[:, None]) * BLOCK + lanes[None, :]
-        v = tl.load(x_ptr + offsets).to(tl.float32)
-        acc_s, acc_q, acc_m, acc_nan, acc_inf = accumulate(v, acc_s, acc_q, acc_m, acc_nan, acc_inf)
-    for b in tl.range(tiled, last):
-        v = tl.load(x_ptr + (b * BLOCK + lanes[None, :])).to(tl.float32)
-        acc_s, acc_q, acc_m, acc_nan, acc_inf = accumulate(v, acc_s, acc_q, acc_m, acc_nan, acc_inf)
-    if pid == 0:
-        idx = full * BLOCK + lanes[None, :]
-        v = tl.load(x_ptr + idx, mask=idx < n, other=0.0).to(tl.float32)
-        acc_s, acc_q, acc_m, acc_nan, acc_inf = accumulate(v, acc_s, acc_q, acc_m, acc_nan, acc_inf)
     slot_base = out_ptr + (slot0 + t).to(tl.int64) * rows * 5
-    for z in tl.range(grid * 5 + pid * BLOCK, rows * 5, grid * BLOCK):
-        tl.store(slot_base + z + lanes, tl.zeros([BLOCK], dtype=tl.float64), mask=z + lanes < rows * 5)
-    base = slot_base + pid * 5
-    tl.store(base + 0, tl.sum(acc_s, axis=0))
-    tl.store(base + 1, tl.sum(acc_q, axis=0))
-    tl.store(base + 2, tl.max(acc_m, axis=0).to(tl.float64))
-    tl.store(base + 3, tl.sum(acc_nan, axis=0).to(tl.float64))
-    tl.store(base + 4, tl.sum(acc_inf, axis=0).to(tl.float64))
+    program_row(x_ptr, n, per, pid, grid, slot_base, rows, BLOCK, TILE, True)
