@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -41,3 +42,13 @@ def no_spectrace_env(monkeypatch):
     for name in list(os.environ):
         if name.startswith("SPECTRACE") or name.startswith("OTEL_"):
             monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(scope="module")
+def bypass(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo's fc_bypass scenario, traced: a real trace of the EAGLE-3 pipeline."""
+    from spectrace.demo import run_scenario
+
+    out = tmp_path_factory.mktemp("demo")
+    run_scenario("fc_bypass", str(out), None)
+    return out / "fc_bypass"

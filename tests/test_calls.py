@@ -22,19 +22,11 @@ from test_viewer_fixtures import write_trace
 from test_viewer_live_path import TRACE, Live, live_capture, live_header
 
 import spectrace as st
-from spectrace.demo import run_scenario
 from spectrace.records import TensorStats
 from spectrace.rules.globs import glob_match
 from spectrace.viewers.calls import calls_main
 from spectrace.viewers.commands import view_main
 from spectrace.viewers.render import dtype, shape, stats_text
-
-
-@pytest.fixture(scope="module")
-def bypass(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("demo")
-    run_scenario("fc_bypass", str(out), None)
-    return out / "fc_bypass"
 
 
 @pytest.fixture(scope="module")

@@ -24,19 +24,11 @@ from test_viewer_fixtures import T0, write_trace
 from test_viewer_live_path import Live, live_header
 
 import spectrace as st
-from spectrace.demo import run_scenario
 from spectrace.records import Acceptance, Call, Finding, TensorMeta
 from spectrace.viewers.commands import view_main
 from spectrace.viewers.export import export_main
 
 EPS = 0.002  # us: time stamps are whole nanoseconds written in microseconds
-
-
-@pytest.fixture(scope="module")
-def bypass(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("demo")
-    run_scenario("fc_bypass", str(out), None)
-    return out / "fc_bypass"
 
 
 @pytest.fixture(scope="module")

@@ -15,15 +15,7 @@ import torch
 from conftest import tiny_llama
 
 import spectrace as st
-from spectrace.demo import run_scenario
 from spectrace.viewers.commands import view_main
-
-
-@pytest.fixture(scope="module")
-def bypass(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("demo")
-    run_scenario("fc_bypass", str(out), None)
-    return out / "fc_bypass"
 
 
 @pytest.fixture(scope="module")
