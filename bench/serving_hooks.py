@@ -3,10 +3,12 @@
     python bench/serving_hooks.py [--steps 20000] [--batch 32] [--gpu-us 2000]
 
 Under CUDA graphs no per-module hook runs in replay; what runs per decode step is the
-patch-point wrappers that SGLang's HookRegistry (or the import hook) puts on the graph
-runners and on ``on_verify_complete_cpu``. This wraps stand-in functions with those very
-wrappers (``patching._wrap`` over the real ``POINTS``), calls them in the order one
-EAGLE-3 decode step does, and compares with the same functions unwrapped, in one
+patch-point wrappers that SGLang's HookRegistry (or the import hook) puts on
+``on_verify_complete_cpu`` and the draft-extend runner, and the ``ReplayGate`` in front
+of each captured graph. This wraps stand-in functions with those very wrappers
+(``patching._wrap`` over the real ``POINTS``), puts the real gates in front of stand-in
+graphs of a backend that replays as SGLang's does, calls them in the order one EAGLE-3
+decode step does, and compares with the same functions ungated and unwrapped, in one
 process, interleaved. The recorder writes JSONL as on a server. Prints us per step; a
 live server's step time (docs/sglang.md, "Overhead") turns that into a fraction.
 """
@@ -31,15 +33,15 @@ from spectrace.recorder import Recorder  # noqa: E402
 from spectrace.settings import Settings  # noqa: E402
 
 # What one EAGLE-3 decode step calls, in order (SGLang 0.5.17, speculative v2, CUDA graphs):
-# the three graph runners replay through their FullCudaGraphBackend (graph_stats' AROUND
-# hook, which also counts every replay), the draft-extend runner's execute carries the
+# the three graph runners replay through their FullCudaGraphBackend (each graph behind its
+# ReplayGate, which also counts every replay), the draft-extend runner's execute carries the
 # stale-input check, and the verify step's CPU lists reach the acceptance hook.
 PER_STEP = (
-    ("FullCudaGraphBackend.replay", "graph_stats", "AROUND", "draft"),
-    ("FullCudaGraphBackend.replay", "graph_stats", "AROUND", "verify"),
+    ("FullCudaGraphBackend.replay", None, None, "draft"),
+    ("FullCudaGraphBackend.replay", None, None, "verify"),
     ("EAGLEWorkerV2.on_verify_complete_cpu", "acceptance", "AFTER", None),
     ("EAGLEDraftExtendCudaGraphRunner.execute", "draft_extend_stale_input", "BEFORE", None),
-    ("FullCudaGraphBackend.replay", "graph_stats", "AROUND", "extend"),
+    ("FullCudaGraphBackend.replay", None, None, "extend"),
 )
 SLOTS_PER_GRAPH = 8  # the trained tiny pair's graphs hold 25 slots in all
 
@@ -60,9 +62,23 @@ class Runner:
         self.raw_num_token = None
 
 
-class FullCudaGraphBackend:
-    def replay(self, shape_key: object, forward_batch: object = None) -> None:
+class Graph:
+    """A captured graph on the CPU: its replay launches nothing."""
+
+    def replay(self) -> None:
         return None
+
+
+class FullCudaGraphBackend:
+    """SGLang's replay, as in 0.5.17 (``runner_backend/full_cuda_graph_backend.py``)."""
+
+    def __init__(self) -> None:
+        self._graphs: dict[Any, Any] = {}
+        self._outputs: dict[Any, Any] = {}
+
+    def replay(self, shape_key: object, static_forward_batch: object = None, **kwargs: Any) -> Any:
+        self._graphs[shape_key].replay()
+        return self._outputs[shape_key]
 
 
 class EAGLEDraftExtendCudaGraphRunner:
@@ -77,38 +93,42 @@ class EAGLEWorkerV2:
         return None
 
 
-def graph_tables(batch: int) -> dict[str, tuple[FullCudaGraphBackend, ShapeKey]]:
-    """One captured graph per runner, each with a statistics table of SLOTS_PER_GRAPH slots
-    (the CPU has no graphs: the capture is the slot bookkeeping; a replay runs no kernels)."""
+def backends(batch: int, gated: bool) -> dict[str, tuple[FullCudaGraphBackend, ShapeKey]]:
+    """One captured graph per runner; ``gated``: each with a statistics table of
+    SLOTS_PER_GRAPH slots and its ReplayGate (the CPU has no graphs: the capture is the slot
+    bookkeeping; a replay runs no kernels)."""
     import torch
 
     from spectrace.hooks.graph_slots import GraphSlots
 
-    tracer = state.tracer()
-    slots = GraphSlots("cpu", fused=False, sample=int(os.environ.get("BENCH_SAMPLE", "64")), ring=graph_stats.RING)
-    tracer.graph_slots = slots
-    graph_stats._slots.append(slots)
+    slots = None
+    if gated:
+        tracer = state.tracer()
+        slots = GraphSlots("cpu", fused=False, sample=int(os.environ.get("BENCH_SAMPLE", "64")), ring=graph_stats.RING)
+        tracer.graph_slots = slots
+        graph_stats._slots.append(slots)
     hidden = torch.randn(batch, 64)
     out = {}
     for name in ("draft", "verify", "extend"):
         backend, key = FullCudaGraphBackend(), ShapeKey(batch)
+        backend._graphs[key], backend._outputs[key] = Graph(), None
+        out[name] = (backend, key)
+        if slots is None:
+            continue
         runner = Runner(batch)
         backend.runner = runner  # type: ignore[attr-defined]  # alive as long as the backend (graph_stats keeps a weakref)
-        out[name] = (backend, key)
         graph_stats._runners[id(backend)] = weakref.ref(runner)
         slots.begin_capture(graph_stats.table_key(backend, key), capture_bs=batch, label=f"{name}[{batch}]", meta={"mode": "DECODE"})
         for i in range(SLOTS_PER_GRAPH):
             slots.record(hidden, name=f"{name}.m{i}", role="hidden", module_type="Linear", arg="output")
-        slots.end_capture()
+        graph_stats.wrap_graph(backend, key, slots.end_capture(), slots)
     return out
 
 
 def build(wrapped: bool, batch: int) -> list:
-    """The per-step calls as (callable, args), wrapped by the real patch points or not."""
+    """The per-step calls as (callable, args), wrapped by the real patch points and gated, or not."""
     worker, extend_runner = EAGLEWorkerV2(), EAGLEDraftExtendCudaGraphRunner()
-    graphs: dict[str, Any] = (
-        graph_tables(batch) if wrapped else {n: (FullCudaGraphBackend(), ShapeKey(batch)) for n in ("draft", "verify", "extend")}
-    )
+    graphs = backends(batch, gated=wrapped)
     correct = [(i * 7) % 4 for i in range(batch)]
     calls = []
     for qualname, feature, kind, graph in PER_STEP:
@@ -116,7 +136,7 @@ def build(wrapped: bool, batch: int) -> list:
         classes = {"FullCudaGraphBackend": FullCudaGraphBackend, "EAGLEDraftExtendCudaGraphRunner": EAGLEDraftExtendCudaGraphRunner}
         cls = classes.get(cls_name, EAGLEWorkerV2)
         fn = getattr(cls, method)
-        if wrapped:
+        if wrapped and feature is not None:
             point = next(p for p in POINTS if p.feature == feature and p.kind == kind and p.qualname.endswith(method))
             fn = patching._wrap(fn, point)
         if graph is not None:

@@ -416,13 +416,13 @@ class Recorder:
             self.internal_error(f"once {key!r}: {type(exc).__name__}: {exc}")
             return False
 
-    def _repeated(self, key: str) -> bool:
-        """Count one more occurrence of ``key`` if it was said; False if it was not."""
+    def _repeated(self, key: str, times: int = 1) -> bool:
+        """Count ``times`` more occurrences of ``key`` if it was said; False if it was not."""
         with self._once_lock:
             entry = self._once.get(key)
             if entry is None:
                 return False
-            entry[1] += 1
+            entry[1] += times
             _show_repeats(entry[0], entry[1])
             return True
 
@@ -430,13 +430,17 @@ class Recorder:
         """Whether :meth:`once` has emitted for ``key``."""
         return key in self._once
 
-    def coverage(self, kind: str, detail: str, *, step: int | None = None) -> None:
-        """Say once, loudly, what could not be seen; later repeats only count (:meth:`once`)."""
+    def coverage(self, kind: str, detail: str, *, step: int | None = None, times: int = 1) -> None:
+        """Say once, loudly, what could not be seen; later repeats only count (:meth:`once`).
+
+        ``times``: occurrences counted at once (a hot path hands over its repeats in batches)."""
         key = f"coverage:{kind}:{detail}"
-        if self._repeated(key):  # the hot path (a graph replay per step): no closure built
+        if self._repeated(key, times):  # the hot path (a graph replay per step): no closure built
             return
         if self.once(key, lambda: Coverage(kind=kind, detail=detail, step=step)):  # type: ignore[arg-type]
             self.warn_once(key, f"not covered: {detail}")
+            if times > 1:
+                self._repeated(key, times - 1)
 
     # ---------------------------------------------------------------- problems
     def internal_error(self, message: str) -> None:

@@ -566,12 +566,40 @@ def test_graph_replay_coverage_once(rec):
     assert cov.count == 3 and rec.counters.graph_replay_steps == 3
 
 
-def test_replays_through_the_backend_are_counted_there_and_the_runner_hooks_stand_down(rec):
-    """SGLang 0.5.23's runners replay through FullCudaGraphBackend: its replay hook counts
-    every replay (here of a graph with no statistics table: said once, then counted), so
-    the runner-level counting hooks, a wrapper on every step, are not patched at all."""
+class _Graph:
+    """Stands in for a captured torch.cuda.CUDAGraph (none can be built on the CPU): its replays and resets."""
+
+    def __init__(self) -> None:
+        self.replays = 0
+        self.resets = 0
+
+    def replay(self) -> None:
+        self.replays += 1
+
+    def reset(self) -> None:
+        self.resets += 1
+
+
+def _backend_with_graph(runner, key):
+    """A real SGLang FullCudaGraphBackend holding one 'captured' graph for ``key`` (as capture_one leaves it)."""
     import weakref
 
+    from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import FullCudaGraphBackend
+
+    from spectrace.integrations.sglang import graph_stats
+
+    backend = object.__new__(FullCudaGraphBackend)
+    graph = _Graph()
+    backend._graphs, backend._outputs = {key: graph}, {key: ("out", key)}
+    graph_stats._runners[id(backend)] = weakref.ref(runner)
+    return backend, graph
+
+
+def test_replays_through_the_backend_are_counted_by_the_gate_and_the_runner_hooks_stand_down(rec):
+    """SGLang's runners replay through FullCudaGraphBackend, which calls
+    ``self._graphs[shape_key].replay()``: the gate put there at capture counts every replay
+    (here of a graph with no statistics table: said once, then counted), so neither the
+    backend's replay nor the runner-level counting hooks carry a wrapper at all."""
     from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
     from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import FullCudaGraphBackend
 
@@ -580,18 +608,84 @@ def test_replays_through_the_backend_are_counted_there_and_the_runner_hooks_stan
     point = next(p for p in st_sglang.POINTS if p.feature == "graph_replay" and p.qualname == "DecodeCudaGraphRunner.execute")
     assert point.unless and st_install.superseded(point)
     assert not st_install.hooked(DecodeCudaGraphRunner.execute, point)
-    assert st_install.hooked(FullCudaGraphBackend.replay, next(p for p in st_sglang.POINTS if p.qualname == "FullCudaGraphBackend.replay"))
+    assert not st_install.is_patched(FullCudaGraphBackend.replay)  # nothing on the per-replay call
 
-    backend = object.__new__(FullCudaGraphBackend)
     runner = object.__new__(DecodeCudaGraphRunner)
-    graph_stats._runners[id(backend)] = weakref.ref(runner)
+    backend, graph = _backend_with_graph(runner, "bs=4")
     try:
-        out = [graph_stats.around_replay(lambda b, key, batch: ("replayed", key), backend, "bs=4", None) for _ in range(5)]
+        gate = graph_stats.wrap_graph(backend, "bs=4")
+        assert backend._graphs["bs=4"] is gate
+        n = graph_stats.HAND_OVER_EVERY + 5
+        out = [FullCudaGraphBackend.replay(backend, "bs=4", None) for _ in range(n)]
+        graph_stats._flush_cost()
+        FullCudaGraphBackend.cleanup(backend)  # 0.5.23 resets every graph: the gate passes it on
     finally:
         graph_stats._runners.pop(id(backend), None)
-    assert out == [("replayed", "bs=4")] * 5  # the engine's own result, untouched
+    assert out == [("out", "bs=4")] * n and graph.replays == n  # the engine's own result, every replay run
+    assert graph.resets == 1
     (cov,) = [r for r in _of(rec, Coverage) if r.kind == "graph_replay"]
-    assert "DecodeCudaGraphRunner" in cov.detail and cov.count == 5 and rec.counters.graph_replay_steps == 5
+    assert "DecodeCudaGraphRunner" in cov.detail and cov.count == n and rec.counters.graph_replay_steps == n
+    assert rec.counters.hook_calls_by_feature["graph_replay"] == n
+
+
+def test_a_traced_graph_reads_back_one_replay_in_its_period_with_the_real_rows(rec, monkeypatch):
+    """A graph captured with a statistics table: its gate writes the real count before one
+    replay in ``sample``, copies the table after it, and those read-backs become call records
+    of the real rows; the replays in between only count. A recapture gets a new gate over
+    the new graph."""
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+    from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import FullCudaGraphBackend
+
+    from spectrace.hooks.graph_slots import GraphSlots
+    from spectrace.integrations.sglang import graph_stats, modules
+
+    tracer = modules._tracer()
+    slots = GraphSlots("cpu", fused=False, sample=4, ring=8)
+    monkeypatch.setattr(tracer, "graph_slots", slots)
+    monkeypatch.setattr(graph_stats, "_slots", [slots])
+    runner = object.__new__(DecodeCudaGraphRunner)
+    runner.bs, runner.raw_bs, runner.raw_num_token = 8, 3, None
+    key = "bs=8"
+    backend, graph = _backend_with_graph(runner, key)
+    hidden = torch.randn(8, 4)
+    try:
+        slots.begin_capture(
+            graph_stats.table_key(backend, key), capture_bs=8, label="DecodeCudaGraphRunner[8]", meta={"mode": "TARGET_VERIFY"}
+        )
+        slots.record(hidden, name="model.layers.1", role="aux_hidden", module_type="LlamaDecoderLayer", arg="output")
+        table = slots.end_capture()
+        graph_stats.wrap_graph(backend, key, table, slots)
+        for i in range(9):  # read back: the 1st, 5th and 9th
+            runner.raw_bs = 3 if i < 8 else 5
+            FullCudaGraphBackend.replay(backend, key, None)
+        readouts = slots.poll()
+        graph_stats._flush_cost()
+        # A recapture of the same shape: SGLang stores a new graph, spectrace gates that one.
+        backend._graphs[key] = new_graph = _Graph()
+        gate = graph_stats.wrap_graph(backend, key, table, slots)
+        FullCudaGraphBackend.replay(backend, key, None)
+    finally:
+        graph_stats._runners.pop(id(backend), None)
+    assert graph.replays == 9 and gate.graph is new_graph and new_graph.replays == 1
+    assert [r.real_bs for r in readouts] == [3, 3, 5]
+    # The CPU has no graph to replay the reduction (the H200 live run checks the values):
+    # what the gate decides is which rows count.
+    assert [slots.stats_of(r, 0)["numel"] for r in readouts] == [3 * 4, 3 * 4, 5 * 4]
+    assert [r.context["mode"] for r in readouts] == ["TARGET_VERIFY"] * 3
+    assert rec.counters.graph_replays_traced == 9 and rec.counters.graph_readbacks == 3
+    assert rec.counters.hook_calls_by_feature["graph_stats"] == 9
+
+
+def test_a_graph_the_gate_cannot_stand_in_front_of_is_said_once(rec):
+    from spectrace.integrations.sglang import graph_stats
+
+    class OtherBackend:  # keeps its graphs some other way
+        pass
+
+    assert graph_stats.wrap_graph(OtherBackend(), "bs=1") is None
+    assert graph_stats.wrap_graph(OtherBackend(), "bs=2") is None
+    (cov,) = [r for r in _of(rec, Coverage) if r.kind == "graph_replay"]
+    assert "OtherBackend" in cov.detail and "not traced or counted" in cov.detail and cov.count == 2
 
 
 def test_draft_extend_graph_on_stale_hidden_states_is_found_once_and_sampled_after(rec):
@@ -794,3 +888,30 @@ def test_two_batch_overlap_is_said_once_as_not_covered(rec, hf_llama):
         st_modules.after_load_model(None, runner)
     notes = [c for c in _of(rec, Coverage) if "two-batch-overlap" in c.detail]
     assert len(notes) == 1
+
+
+def test_capture_one_puts_the_captured_graph_behind_its_gate(rec):
+    """The AROUND on capture_one: whatever graph SGLang's capture stored for the shape key is
+    the one gated (on the CPU there is no capture stream: no table, the gate only counts)."""
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+    from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import FullCudaGraphBackend
+
+    from spectrace.integrations.sglang import graph_stats
+
+    runner = object.__new__(DecodeCudaGraphRunner)
+    backend, _ = _backend_with_graph(runner, "bs=2")
+    captured = _Graph()
+
+    def capture_one(self, shape_key, forward_fn):  # what SGLang's capture leaves behind
+        forward_fn()
+        self._graphs[shape_key] = captured
+
+    ran = []
+    try:
+        graph_stats.around_capture_one(capture_one, backend, "bs=2", lambda: ran.append(1))
+        FullCudaGraphBackend.replay(backend, "bs=2", None)
+    finally:
+        graph_stats._runners.pop(id(backend), None)
+    gate = backend._graphs["bs=2"]
+    assert isinstance(gate, graph_stats.ReplayGate) and gate.graph is captured and gate.table is None
+    assert ran == [1] and captured.replays == 1 and rec.counters.graph_replay_steps == 1

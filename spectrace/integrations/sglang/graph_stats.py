@@ -9,12 +9,14 @@ captures and replays through its backend (``runner_backend``), in 0.5.17 and 0.5
   batches); during the capture every hooked module takes a slot of a statistics table
   owned by that graph (:mod:`spectrace.hooks.graph_slots`), keyed by backend and shape
   key. A recapture replaces the table;
-- ``replay(shape_key, forward_batch)``: the runner has set ``raw_bs`` (and
-  ``raw_num_token``) by then. For 1 in ``SPECTRACE_GRAPH_SAMPLE`` replays the real
-  count goes to the table's device scalar before the replay and the table is copied to a
-  pinned ring after it, with an event; between sampled replays the count is 0, so the
-  captured kernels read no rows. The record worker builds records once a copy's event
-  has completed, never waiting.
+- ``replay(shape_key, forward_batch)`` calls ``self._graphs[shape_key].replay()``: the
+  captured graph is put behind a :class:`ReplayGate` there, which knows its table and
+  runner from the capture (no lookup, no wrapper on ``replay`` itself). The runner has set
+  ``raw_bs`` (and ``raw_num_token``) by then. For 1 in ``SPECTRACE_GRAPH_SAMPLE`` replays
+  the real count goes to the table's device scalar before the replay and the table is
+  copied to a pinned ring after it, with an event; between sampled replays the count is
+  0, so the captured kernels read no rows. The record worker builds records once a
+  copy's event has completed, never waiting.
 
 ``TcPiecewiseCudaGraphBackend`` (torch.compile) and ``BreakableCudaGraphBackend`` replays
 are said once to be untraced per module, and counted.
@@ -22,6 +24,7 @@ are said once to be untraced per module, and counted.
 
 from __future__ import annotations
 
+import threading
 import time
 import weakref
 from typing import Any
@@ -66,22 +69,29 @@ def slots_for(tracer: Any, device: Any) -> Any:
 
 
 def around_capture_one(original: Any, backend: Any, shape_key: Any, *args: Any, **kwargs: Any) -> Any:
-    """AROUND ``capture_one``: warm-ups compile the kernels, the capture takes the slots."""
+    """AROUND ``capture_one``: warm-ups compile the kernels, the capture takes the slots,
+    and the captured graph gets its :class:`ReplayGate`."""
+    captured: list[Any] = []  # the capture's statistics table, once it is taken
     try:
         if args:
-            args = (_traced(backend, shape_key, args[0]), *args[1:])
+            args = (_traced(backend, shape_key, args[0], captured), *args[1:])
         elif "forward_fn" in kwargs:
-            kwargs["forward_fn"] = _traced(backend, shape_key, kwargs["forward_fn"])
+            kwargs["forward_fn"] = _traced(backend, shape_key, kwargs["forward_fn"], captured)
     except Exception as exc:
         state.internal_error("graph capture", exc)
     state.STATE.in_capture += 1
     try:
-        return original(backend, shape_key, *args, **kwargs)
+        out = original(backend, shape_key, *args, **kwargs)
     finally:
         state.STATE.in_capture -= 1
+    try:
+        wrap_graph(backend, shape_key, *(captured[-1] if captured else (None, None)))
+    except Exception as exc:
+        state.internal_error("graph capture", exc)
+    return out
 
 
-def _traced(backend: Any, shape_key: Any, forward_fn: Any) -> Any:
+def _traced(backend: Any, shape_key: Any, forward_fn: Any, captured: list[Any]) -> Any:
     import torch
 
     tracer = modules._tracer()
@@ -101,7 +111,10 @@ def _traced(backend: Any, shape_key: Any, forward_fn: Any) -> Any:
             try:
                 return forward_fn()
             finally:
-                _captured(slots.end_capture())
+                table = slots.end_capture()
+                _captured(table)
+                if table is not None:
+                    captured.append((table, slots))
         thread.warming = True  # an eager warm-up on a dummy batch: compile, record nothing
         if tracer.graph_slots is None:
             slots_for(tracer, torch.device("cuda", torch.cuda.current_device()))
@@ -117,19 +130,13 @@ def _captured(table: Any) -> None:
     if table is None:
         return
     rec = state.recorder()
-    if id(rec) not in _drains:  # replay costs and read-back counts reach the file at close
-        _drains.add(id(rec))
-        rec.add_drain(_flush_cost)
+    _drain_on(rec)
     rec.count("graph_tables")
     rec.count("graph_table_bytes", table.memory_bytes())
 
 
 def table_key(backend: Any, shape_key: Any) -> tuple[Any, ...]:
-    """The statistics table's key for one graph of ``backend``.
-
-    SGLang builds a new ``ShapeKey`` (a frozen dataclass) for every replay, and a dict
-    lookup with it runs its generated ``__hash__`` and ``__eq__``, two Python calls per
-    replay; its fields as a plain tuple hash and compare in C."""
+    """The statistics table's key for one graph of ``backend`` (a recapture replaces it)."""
     fields = getattr(shape_key, "__dict__", None)
     return (id(backend), *fields.values()) if fields else (id(backend), shape_key)
 
@@ -146,83 +153,181 @@ def _units(runner: Any, shape_key: Any) -> int | None:
     return int(raw_bs) if isinstance(raw_bs, int) else None
 
 
-_cost = cost.of(FEATURE)
 _drains: set[int] = set()
+_graphs: weakref.WeakSet[ReplayGate] = weakref.WeakSet()  # every gate of the process, for the drains
+_hand_lock = threading.Lock()
+HAND_OVER_EVERY = 256  # replays of a graph whose counts and host time are handed over at once
 
 
-def around_replay(original: Any, backend: Any, shape_key: Any, *args: Any, **kwargs: Any) -> Any:
-    """AROUND ``replay``: the real count before a sampled replay, the copy after it.
+class ReplayGate:
+    """Stands in for one captured ``torch.cuda.CUDAGraph`` in its backend's ``_graphs``.
 
-    Every full-graph replay of every runner passes here, so this also counts them: traced
-    (its graph holds a statistics table) or not (said once per runner, then counted)."""
-    start = _clock()
-    slots = _slots[0] if _slots else None
-    key = table_key(backend, shape_key)
-    table = slots.tables.get(key) if slots is not None else None
-    sampled = False
-    try:
-        if table is None:
-            runner = _runner(backend)
-            graphs._replayed(type(runner if runner is not None else backend).__name__)
-        else:
-            _traced_replays[0] += 1
-            # The replays between two read-backs do only this count: their kernels read no
-            # rows (the count on the device stays 0), so nothing else is needed for them.
-            if slots.due(table):  # type: ignore[union-attr]
-                sampled = _arm(slots, key, table, backend, shape_key)
-    except Exception as exc:
-        state.internal_error("graph replay", exc)
-    spent = _clock() - start
-    out = original(backend, shape_key, *args, **kwargs)
-    if sampled:
+    The backend's ``replay`` calls ``self._graphs[shape_key].replay()`` (0.5.17 and
+    0.5.23), so this object sees every replay of its graph and knows, from its capture,
+    the graph's statistics table, runner and shape key: a replay needs no lookup. The
+    replays between two read-backs only count down and time themselves (their kernels read
+    no rows: the count on the device stays 0); one in ``period`` writes the real count
+    before the replay and queues the copy after it. Counts and host time reach the
+    recorder every ``HAND_OVER_EVERY`` replays and at every drain.
+
+    A graph without a table (statistics off, a capture spectrace did not see) only counts
+    its replays: said once per runner as not traced per module.
+    """
+
+    __slots__ = (
+        "graph", "table", "slots", "runner", "shape_key", "backend_id", "name", "mode", "period", "left",
+        "calls", "seconds", "slow_calls", "slow_seconds", "handed", "__weakref__",
+    )  # fmt: skip
+
+    def __init__(self, graph: Any, table: Any, slots: Any, runner: Any, shape_key: Any, backend: Any) -> None:
+        self.graph = graph
+        self.table = table
+        self.slots = slots
+        self.runner = weakref.ref(runner) if runner is not None else None
+        self.shape_key = shape_key
+        self.backend_id = id(backend)
+        self.name = type(runner if runner is not None else backend).__name__
+        self.mode = (table.meta.get("mode") if table is not None else None) or None
+        self.period = max(1, int(slots.sample)) if table is not None else HAND_OVER_EVERY
+        self.left = 1  # the first replay is read back (or, untraced, said)
+        self.calls = 0
+        self.seconds = 0.0
+        self.slow_calls = 0
+        self.slow_seconds = 0.0
+        self.handed = (0, 0.0, 0, 0.0)
+        _graphs.add(self)
+
+    def replay(self, *args: Any, **kwargs: Any) -> Any:
         start = _clock()
+        left = self.left - 1
+        if left > 0:  # the replays between two read-backs: this is all they cost
+            self.left = left
+            spent = _clock() - start
+            self.calls += 1
+            self.seconds += spent
+            if spent > cost.SLOW_S:
+                self.slow_calls += 1
+                self.slow_seconds += spent
+            return self.graph.replay(*args, **kwargs)
+        self.left = self.period
+        if self.table is None:
+            self._untraced(start)
+            return self.graph.replay(*args, **kwargs)
+        armed = self._arm()
+        spent = _clock() - start
+        out = self.graph.replay(*args, **kwargs)
+        if armed:
+            start = _clock()
+            self._read_back()
+            spent += _clock() - start
+        self.calls += 1
+        self.seconds += spent
+        if spent > cost.SLOW_S:
+            self.slow_calls += 1
+            self.slow_seconds += spent
+        if self.calls - self.handed[0] >= HAND_OVER_EVERY:
+            hand_over(self)
+        return out
+
+    def _arm(self) -> bool:
+        """A replay due for a read-back: its real count for the kernels, unless paused."""
         try:
-            batch = args[0] if args else kwargs.get("static_forward_batch")
-            mode = getattr(getattr(batch, "forward_mode", None), "name", None)
+            slots, table = self.slots, self.table
+            if control.paused():  # looked at here only: between read-backs there is nothing to pause
+                slots.pause(table.key)
+                return False
+            units = _units(self.runner() if self.runner is not None else None, self.shape_key)
+            return units is not None and slots.arm(table, units)
+        except Exception as exc:
+            state.internal_error("graph replay", exc)
+            return False
+
+    def _read_back(self) -> None:
+        try:
             tracer = modules._tracer()
-            if slots.after_replay(key, {"step": tracer.next_step(), "mode": mode, "t_unix": time.time()}):  # type: ignore[union-attr]
+            context = {"step": tracer.next_step(), "mode": self.mode, "t_unix": time.time()}
+            if self.slots.after_replay(self.table.key, context):
                 tracer.graph_replayed()
         except Exception as exc:
             state.internal_error("graph replay read-back", exc)
-        spent += _clock() - start
-    _cost.add(spent)
-    if _cost.calls == 0:  # just handed over: the read-back counts go with it
-        _flush_cost()
-    return out
+
+    def _untraced(self, start: float) -> None:
+        self.calls += 1
+        try:
+            hand_over(self)  # this replay included: the first one is said at once
+        except Exception as exc:
+            state.internal_error("graph replay", exc)
+        self.seconds += _clock() - start  # handed over with the next ones
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.graph, name)  # reset(), pool(), ...: the graph's own
 
 
-def _arm(slots: Any, key: Any, table: Any, backend: Any, shape_key: Any) -> bool:
-    """A replay due for a read-back: its real count for the kernels, unless paused."""
-    if control.paused():  # looked at here only: between read-backs there is nothing to pause
-        slots.pause(key)
-        return False
-    ref = _runners.get(id(backend))
-    units = _units(ref() if ref is not None else None, shape_key)
-    return units is not None and slots.arm(table, units)
+def hand_over(gate: ReplayGate) -> None:
+    """The gate's counts and host time since the last hand-over, to the recorder.
+
+    The engine's thread adds to the sums and only it; this reads them (from that thread
+    or a drain's) and hands over the difference, so nothing is counted twice or lost."""
+    with _hand_lock:
+        now = (gate.calls, gate.seconds, gate.slow_calls, gate.slow_seconds)
+        calls, seconds, slow_calls, slow_seconds = (a - b for a, b in zip(now, gate.handed))
+        gate.handed = now
+    if not calls:
+        return
+    rec = state.recorder()
+    _drain_on(rec)
+    feature = FEATURE if gate.table is not None else "graph_replay"
+    rec.account_hook(seconds, feature, calls=calls, slow_calls=slow_calls, slow_seconds=slow_seconds)
+    if gate.table is not None:
+        rec.count("graph_replays_traced", calls)
+    else:
+        graphs._replayed(gate.name, times=calls)  # said once per runner, then counted
+
+
+def wrap_graph(backend: Any, shape_key: Any, table: Any = None, slots: Any = None) -> ReplayGate | None:
+    """Put a :class:`ReplayGate` in front of the graph ``backend`` just captured for ``shape_key``
+    (``table``: its statistics table in ``slots``; None: a graph that only counts its replays).
+
+    None (said once) when the backend keeps its graphs some other way: its replays are then
+    neither traced nor counted."""
+    graphs_of = getattr(backend, "_graphs", None)
+    graph = graphs_of.get(shape_key) if isinstance(graphs_of, dict) else None
+    if graph is None or not callable(getattr(graph, "replay", None)):
+        state.recorder().coverage(
+            "graph_replay",
+            f"{type(backend).__name__} keeps no graph spectrace can stand in front of: its replays are not traced or counted",
+        )
+        return None
+    if isinstance(graph, ReplayGate):
+        graph = graph.graph
+    gate = ReplayGate(graph, table if slots is not None else None, slots, _runner(backend), shape_key, backend)
+    graphs_of[shape_key] = gate
+    return gate
+
+
+def _drain_on(rec: Any) -> None:
+    if id(rec) not in _drains:  # replay costs and read-back counts reach the file at close
+        _drains.add(id(rec))
+        rec.add_drain(_flush_cost)
 
 
 def _flush_cost() -> None:
     try:
         rec = state.recorder()
-        if id(rec) not in _drains:  # the rest reaches the file at close (and before any read)
-            _drains.add(id(rec))
-            rec.add_drain(_flush_cost)
+        _drain_on(rec)
+        for gate in list(_graphs):
+            hand_over(gate)
         slots = _slots[0] if _slots else None
         if slots is not None:
             readbacks, dropped = slots.sampled, slots.dropped_ring
             rec.count("graph_readbacks", readbacks - _seen_counts[0])
             rec.count("graph_readbacks_dropped", dropped - _seen_counts[1])
             _seen_counts[:] = [readbacks, dropped]
-        traced, _traced_replays[0] = _traced_replays[0], 0
-        if traced:
-            rec.count("graph_replays_traced", traced)
-        _cost.flush()
     except Exception as exc:
         state.internal_error("graph replay cost", exc)
 
 
 _seen_counts = [0, 0]
-_traced_replays = [0]
 
 
 def after_unsupported_replay(result: Any, *args: Any, **kwargs: Any) -> None:

@@ -29,9 +29,9 @@ def capturing() -> bool:
 _details: dict[str, str] = {}  # runner -> its coverage detail (this runs on every replay)
 
 
-def _replayed(runner: str) -> None:
+def _replayed(runner: str, times: int = 1) -> None:
     rec = state.recorder()
-    rec.count("graph_replay_steps")
+    rec.count("graph_replay_steps", times)
     detail = _details.get(runner)
     if detail is None:
         detail = _details[runner] = (
@@ -39,12 +39,12 @@ def _replayed(runner: str) -> None:
             "(load- and capture-time checks ran; acceptance is still recorded)"
         )
     # Said once per runner, then counted (the count reaches the file's counters record).
-    rec.coverage("graph_replay", detail)
+    rec.coverage("graph_replay", detail, times=times)
 
 
 def after_execute(result: Any, *args: Any, **kwargs: Any) -> None:
     """HookRegistry AFTER on a graph runner's ``execute``: an SGLang whose runners do not
-    replay through ``runner_backend`` (where they do, ``graph_stats.around_replay`` counts)."""
+    replay through ``runner_backend`` (where they do, ``graph_stats.ReplayGate`` counts)."""
     try:
         _replayed(type(args[0]).__name__)
     except Exception as exc:

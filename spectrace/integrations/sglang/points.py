@@ -79,7 +79,7 @@ POINTS: tuple[Point, ...] = (
     Point(f"{S}.eagle_worker_v2", "EAGLEWorkerV2.on_verify_complete_cpu", "AFTER", "acceptance:after_verify_complete_cpu", "acceptance"),
     Point(f"{S}.eagle_worker", "EAGLEWorker.verify", "AFTER", "acceptance:after_v1_verify", "acceptance"),
     # CUDA graphs: replay coverage, stale draft-extend input. Where the runners replay through
-    # runner_backend (0.5.17+), graph_stats:around_replay sees every replay and counts it, so
+    # runner_backend (0.5.17+), each captured graph's graph_stats.ReplayGate counts its replays, so
     # the runner-level counting hooks are only the fallback for older versions.
     Point(
         "sglang.srt.model_executor.runner.decode_cuda_graph_runner",
@@ -147,7 +147,6 @@ POINTS: tuple[Point, ...] = (
     # statistics inside captured CUDA graphs (every runner captures and replays through its backend)
     Point(f"{B}.full_cuda_graph_backend", "FullCudaGraphBackend.__init__", "AFTER", "graph_stats:after_backend_init", "graph_stats"),
     Point(f"{B}.full_cuda_graph_backend", "FullCudaGraphBackend.capture_one", "AROUND", "graph_stats:around_capture_one", "graph_stats"),
-    Point(f"{B}.full_cuda_graph_backend", "FullCudaGraphBackend.replay", "AROUND", "graph_stats:around_replay", "graph_stats"),
     Point(
         f"{B}.tc_piecewise_cuda_graph_backend",
         "TcPiecewiseCudaGraphBackend.replay",
