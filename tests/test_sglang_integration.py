@@ -484,6 +484,19 @@ def test_acceptance_collapse_once(rec):
     assert _codes(rec).count("acceptance_collapse") == 1
 
 
+def test_a_late_collapse_quotes_the_run_so_far_not_its_own_window(rec):
+    """Live, the check sees one window of steps; the run's mean it quotes is the run's
+    (a server's last steps at 1.00 after thousands at 3.75 must not read "1.00 over the run")."""
+    for _ in range(96):
+        st_acceptance.record_step([3, 3, 2, 3], 3)  # accept length 3.75
+    for _ in range(8):
+        st_acceptance.record_step([0, 0, 0, 0], 3)
+    (found,) = [r for r in rec.records() if getattr(r, "code", None) == "acceptance_collapse"]
+    assert found.evidence["window_mean"] == 1.0 and found.evidence["run_steps"] == 104
+    assert found.evidence["run_mean"] == round((96 * 3.75 + 8) / 104, 3)
+    assert f"{(96 * 3.75 + 8) / 104:.2f} over the run's 104 steps so far" in found.message
+
+
 # ------------------------------------------------------------------ patching and coverage
 def _point(qualname: str):
     return next(p for p in st_sglang.POINTS if p.qualname == qualname)

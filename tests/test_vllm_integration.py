@@ -308,6 +308,7 @@ def test_acceptance_collapse(rec) -> None:
     _scheduler_steps([[0, 0]] * 9)
     (found,) = _findings(rec, "acceptance_collapse")
     assert found.severity == "warning" and found.evidence["window_mean"] == 1.0
+    assert found.evidence["run_steps"] == 8 and "over the run's 8 steps so far" in found.message
 
 
 def test_healthy_acceptance_says_nothing(rec) -> None:

@@ -112,7 +112,16 @@ def check_fc_called(calls: Iterable[Call]) -> list[Finding]:
     ]
 
 
-def check_acceptance(records: Iterable[Acceptance], window: int = COLLAPSE_WINDOW, floor: float = COLLAPSE_MEAN) -> list[Finding]:
+def check_acceptance(
+    records: Iterable[Acceptance],
+    window: int = COLLAPSE_WINDOW,
+    floor: float = COLLAPSE_MEAN,
+    *,
+    run_mean: tuple[float, int] | None = None,
+) -> list[Finding]:
+    """``acceptance_collapse`` for the first ``window`` verify steps in a row whose mean accept
+    length is at most ``floor``. ``records`` is the whole run, or (live) only the latest
+    steps: then ``run_mean`` is the run's (mean, steps) so far, as the finding quotes it."""
     steps = [r for r in records if r.accept_lengths]
     if len(steps) < window:
         return []
@@ -121,16 +130,17 @@ def check_acceptance(records: Iterable[Acceptance], window: int = COLLAPSE_WINDO
         chunk = means[start : start + window]
         mean = sum(chunk) / window
         if mean <= floor:
-            overall = sum(means) / len(means)
+            overall, counted = run_mean if run_mean is not None else (sum(means) / len(means), len(means))
             return [
                 finding(
                     "acceptance_collapse",
                     f"mean accept length {mean:.2f} over {window} verify steps from step {steps[start].step} "
-                    f"({overall:.2f} over the run, k={steps[0].draft_tokens}; a draft that never misses reaches "
-                    f"{steps[0].draft_tokens + 1:g})",
+                    f"({overall:.2f} over the run's {counted} steps{' so far' if run_mean is not None else ''}, k={steps[0].draft_tokens}; a draft that never "
+                    f"misses reaches {steps[0].draft_tokens + 1:g})",
                     evidence={
                         "window_mean": round(mean, 3),
                         "run_mean": round(overall, 3),
+                        "run_steps": counted,
                         "window": window,
                         "draft_tokens": steps[0].draft_tokens,
                     },

@@ -190,7 +190,11 @@ def _build(st: state.State, held: list[tuple[Any, int]], rec: Any, as_lines: boo
                 emit(record)
             # The step's mean accept length, as check_acceptance computes it (an empty step
             # counts toward the window but has no mean).
-            window.append((kept, (total + n) / n if n else None))
+            step_mean = (total + n) / n if n else None
+            window.append((kept, step_mean))
+            if step_mean is not None:
+                st.accept_sum += step_mean
+                st.accept_steps += 1
             # Checked once per full window of verify steps, not on every step's sliding
             # window: a collapse lasts far longer than one window.
             if len(window) >= COLLAPSE_WINDOW:
@@ -203,7 +207,7 @@ def _build(st: state.State, held: list[tuple[Any, int]], rec: Any, as_lines: boo
                         rec.emit_lines(lines)  # the steps go before the finding they show
                         lines = []
                         records = [r if isinstance(r, Acceptance) else make(r[0], r[1], r[2], []) for r, _ in window]
-                        for found in check_acceptance(records):
+                        for found in check_acceptance(records, run_mean=(st.accept_sum / st.accept_steps, st.accept_steps)):
                             state.emit_once(found.code, lambda found=found: found)
                         check = not rec.said("acceptance_collapse")
                 window.clear()

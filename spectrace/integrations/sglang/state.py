@@ -34,6 +34,8 @@ class State:
     join_emitted: set[tuple[Any, ...]] = field(default_factory=set)  # findings of the capture join already emitted
     accept_step: int = 0
     accept_window: list[Any] = field(default_factory=list)
+    accept_sum: float = 0.0  # the per-step mean accept lengths so far, summed (the run's mean for a finding)
+    accept_steps: int = 0
     accept_pending: list[tuple[list[int], int]] = field(default_factory=list)  # (correct drafts, proposed)
     stale_checks: int = 0  # draft-extend input-width checks so far (sampled after the first ones)
     accept_drain_for: Any = None  # the recorder that drains accept_pending at reads and close

@@ -31,9 +31,11 @@ def _build_step() -> None:
     rec = state.recorder()
     rec.emit(record)
     st.accept_window.append(record)
+    st.accept_sum += sum(record.accept_lengths) / len(record.accept_lengths)
+    st.accept_steps += 1
     if len(st.accept_window) >= COLLAPSE_WINDOW:
         if not rec.said("acceptance_collapse"):
-            for found in check_acceptance(st.accept_window):
+            for found in check_acceptance(st.accept_window, run_mean=(st.accept_sum / st.accept_steps, st.accept_steps)):
                 from ...checks.vllm import SOURCE
 
                 rec.once(found.code, lambda found=found: found.model_copy(update={"source": SOURCE}))

@@ -36,6 +36,8 @@ class State:
     accept_k: int = 0
     accept_step: int = 0
     accept_window: list[Any] = field(default_factory=list)
+    accept_sum: float = 0.0  # the per-step mean accept lengths so far, summed (the run's mean for a finding)
+    accept_steps: int = 0
     accept_drain_for: Any = None
 
 
