@@ -183,6 +183,26 @@ def test_stats_off_records_shapes_only(llama):
     assert all(m.stats is None for c in t.calls() for m in c.outputs)
 
 
+def test_shapes_only_reads_inputs_after_the_call_and_records_what_statistics_mode_does(llama):
+    """Shapes only puts one hook on a module (the inputs are read once the call is done);
+    every call still has the same inputs and outputs, names, shapes and dtypes, as with the
+    statistics mode's hook before the call."""
+
+    def metadata(stats: str) -> list:
+        with torch.no_grad(), spectrace.trace(llama, stats=stats) as t:
+            llama(torch.randint(0, 128, (2, 5), generator=torch.Generator().manual_seed(0)))
+            hooks = sum(len(m._forward_pre_hooks) for m in llama.modules())
+            calls = [
+                (c.module, [(m.arg, m.shape, m.dtype) for m in c.inputs], [(m.arg, m.shape, m.dtype) for m in c.outputs]) for c in t.calls()
+            ]
+        return calls, hooks
+
+    shapes, pre_hooks_off = metadata("off")
+    stats, pre_hooks_basic = metadata("basic")
+    assert shapes == stats and any(inputs for _, inputs, _ in shapes)
+    assert pre_hooks_off == 0 and pre_hooks_basic > 0
+
+
 def test_internal_error_is_counted_not_raised(llama, capsys):
     with torch.no_grad(), spectrace.trace(llama) as t:
         t.recorder.emit_step = None  # a broken sink path inside spectrace

@@ -230,9 +230,13 @@ class Tracer:
             if role is not None:
                 self.roles[full] = role
             view = self._view(full, module)
-            pre = hookdicts.mark(self._make_pre_hook(full, owner, type(module).__name__, role, view))
-            post = hookdicts.mark(self._make_post_hook(full, type(module).__name__, root_name, owner, role, view))
-            self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+            # Shapes only: one hook, the inputs read after the call (a shape or dtype does
+            # not change in the forward; a statistic may, so then the inputs are read before).
+            shapes_only = self.stats_mode == "off"
+            post = hookdicts.mark(self._make_post_hook(full, type(module).__name__, root_name, owner, role, view, inputs_after=shapes_only))
+            if not shapes_only:
+                pre = hookdicts.mark(self._make_pre_hook(full, owner, type(module).__name__, role, view))
+                self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
             self._handles.append(module.register_forward_hook(post, with_kwargs=True))
             names.append(full)
         if self.values is not None:
@@ -597,9 +601,18 @@ class Tracer:
         return pre_hook
 
     def _make_post_hook(
-        self, name: str, module_type: str, root: str, owner: Any = None, role: str | None = None, view: ModuleView | None = None
+        self,
+        name: str,
+        module_type: str,
+        root: str,
+        owner: Any = None,
+        role: str | None = None,
+        view: ModuleView | None = None,
+        inputs_after: bool = False,
     ) -> Callable[..., None]:
+        """The hook after the call; ``inputs_after``: it reads the inputs too (no pre-hook)."""
         outputs_of = view.outputs if view is not None else None
+        inputs_of = view.inputs if view is not None else None
 
         def post_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
             if owner is not None and owner() is not module or torch.compiler.is_compiling():
@@ -619,8 +632,12 @@ class Tracer:
                 if state.warming:
                     self._warm(items)  # the pre-hook kept nothing
                     return None
-                stack = local.get("inputs")
-                inputs = stack.pop() if stack else []
+                if inputs_after:
+                    found = inputs_of(args, kwargs) if inputs_of is not None else collect(args, kwargs, side="input")
+                    inputs = self._note(found, state, name, module_type, role)
+                else:
+                    stack = local.get("inputs")
+                    inputs = stack.pop() if stack else []
                 self._finish_call(name, module_type, root, role, inputs, items, plain)
             except Exception as exc:
                 self.recorder.internal_error(f"post-hook {name}: {type(exc).__name__}: {exc}")
