@@ -419,3 +419,53 @@ def test_cuda_graph_replays_mask_padding_and_read_back_without_a_sync():
         for slot in r.table.slots:
             assert_stats(gs.stats_of(r, slot), want[slot.index], rel=1e-5)
     assert gs.sampled == 5 and gs.dropped_ring == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graph_overlapped_capture_reads_tensors_the_graph_frees_and_joins_back():
+    """overlap=True forks each statistics kernel to a side stream of the graph. A tensor
+    recorded there and then freed on the main stream must not be handed to a later tensor
+    of the same capture while the side stream may still read it; end_capture, inside the
+    capture, joins the side stream (or the capture could not end)."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    gs = G.GraphSlots(dev, capacity=8, ring=8)
+    assert gs.fused, "the kernel failed its self-check on this GPU"
+    bs, hidden, layers = 4, 2048, 6
+    x = torch.randn(bs, hidden, device=dev, dtype=torch.bfloat16)
+    ws = [torch.randn(hidden, hidden, device=dev, dtype=torch.bfloat16) * (1 / hidden**0.5) for _ in range(layers)]
+
+    def step() -> torch.Tensor:
+        h = x
+        for i, w in enumerate(ws):
+            t = torch.tanh(h @ w) * (i + 1)  # freed at the next iteration: its block is wanted again
+            gs.record(t, name=f"layers.{i}", role="hidden", module_type="Layer", arg="output")
+            h = h + t
+        return h
+
+    gs.warm(x)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gs.begin_capture("g", capture_bs=bs, label="overlapped", overlap=True)
+        out = step()
+        table = gs.end_capture()
+    assert table is not None and not table.forked and len(table.slots) == layers
+    for n in range(3):
+        x.copy_(torch.randn_like(x) * (n + 1))
+        assert gs.before_replay("g", bs)
+        graph.replay()
+        assert gs.after_replay("g", {"n": n})
+        torch.cuda.synchronize()
+        (readout,) = gs.poll()
+        h, want = x.clone(), []
+        for i, w in enumerate(ws):  # the same computation, eagerly: the tensors each slot read
+            t = torch.tanh(h @ w) * (i + 1)
+            want.append(ref(t))
+            h = h + t
+        assert torch.equal(out, h)
+        for info in readout.table.slots:
+            assert_stats(gs.stats_of(readout, info), want[info.index], rel=1e-5)
