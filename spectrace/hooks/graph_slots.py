@@ -212,8 +212,6 @@ class SlotTable:
     zeroed: bool = False  # the capture holds the memset of `rows` (enqueued by the first record)
     armed: int | None = None  # real_bs of a sampled replay whose after_replay is due
     paused: bool = False  # SPECTRACE_CONTROL paused per-step work: real_bs was set to 0 once
-    side: Any = None  # the stream the capture's kernels fork to (begin_capture(overlap=True))
-    forked: bool = False  # kernels were enqueued on `side`: end_capture joins it back
 
     def memory_bytes(self) -> int:
         """Device memory held by this table."""
@@ -283,18 +281,10 @@ class GraphSlots:
         self.dropped_ring = 0
         self.dropped_slots = 0
         self.unwarmed = 0  # slots captured on the torch path because their kernel variant was never warmed
-        # The side stream of overlapped captures: created here, outside any capture.
-        self._side = torch.cuda.Stream(self.device) if self.device.type == "cuda" and not _capturing() else None
 
     # ------------------------------------------------------------------ capture
-    def begin_capture(self, key: Any, *, capture_bs: int, label: str, meta: dict[str, Any] | None = None, overlap: bool = False) -> None:
-        """Start the table of ``key`` (replacing any earlier one); this thread's records go to it.
-
-        ``overlap``: the statistics kernels fork to a side stream of the graph, so each runs
-        beside the model's next kernels instead of between them; the caller must then call
-        :meth:`end_capture` *inside* the capture, which joins that stream back (a capture
-        cannot end with a stream left forked). Every tensor read there is marked used by
-        the side stream, so the capture never hands its memory to a later tensor."""
+    def begin_capture(self, key: Any, *, capture_bs: int, label: str, meta: dict[str, Any] | None = None) -> None:
+        """Start the table of ``key`` (replacing any earlier one); this thread's records go to it."""
         if _capturing():
             # No fill kernels: they would become graph nodes and overwrite, on every
             # replay, the real_bs written just before it. `rows` is zeroed by the first
@@ -305,19 +295,15 @@ class GraphSlots:
             rows = torch.zeros(self.capacity, ROW, dtype=torch.float64, device=self.device)
             real_bs = torch.full((1,), capture_bs, dtype=torch.int64, device=self.device)
         table = SlotTable(key=key, label=label, capture_bs=capture_bs, rows=rows, real_bs=real_bs, meta=dict(meta or {}))
-        table.side = self._side if overlap and _capturing() else None
         self.tables[key] = table  # the old graph is gone with its recapture: drop its table
         if isinstance(key, tuple) and key:
             self._owners.add(key[0])
         self._local.table = table
 
     def end_capture(self) -> SlotTable | None:
-        """End this thread's capture; returns its table (joins an overlapped capture's side stream)."""
+        """End this thread's capture; returns its table."""
         table = self.capturing_table()
         self._local.table = None
-        if table is not None and table.forked:
-            torch.cuda.current_stream(self.device).wait_stream(table.side)
-            table.forked = False
         return table
 
     def capturing_table(self) -> SlotTable | None:
@@ -366,11 +352,7 @@ class GraphSlots:
         if self._kernel_ok(p):
             if not _capturing() or self._variant(p) in _warmed:
                 try:
-                    table = self.capturing_table()
-                    if table is not None and table.side is not None and _capturing():
-                        self._launch_beside(table, rows, real_bs, slot, p, rows_per_seq)
-                    else:
-                        _launch(rows, real_bs, slot, p.base, p.add, p.col_start, p.width, rows_per_seq)
+                    _launch(rows, real_bs, slot, p.base, p.add, p.col_start, p.width, rows_per_seq)
                     return
                 except Exception:
                     pass  # the torch path below gives the same numbers
@@ -380,22 +362,6 @@ class GraphSlots:
         x = p.base[:, p.col_start : stop]
         y = p.add[:, p.col_start : stop] if p.add is not None else None
         rows[slot].copy_(masked_row(x, y, real_bs, rows_per_seq))
-
-    def _launch_beside(
-        self, table: SlotTable, rows: torch.Tensor, real_bs: torch.Tensor, slot: int, p: _Prepared, rows_per_seq: int
-    ) -> None:
-        """The kernel on the table's side stream, after what the main stream has enqueued so
-        far: a fork of the graph (the model's next kernels do not wait for it)."""
-        side = table.side
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        table.forked = True  # forked from here on, whatever follows: end_capture must join it
-        with torch.cuda.stream(side):
-            _launch(rows, real_bs, slot, p.base, p.add, p.col_start, p.width, rows_per_seq)
-        for t in (p.base, p.add):
-            if t is not None:
-                # Freed on the main stream while the side stream may still read it: the
-                # capture keeps the block until it ends (the allocator defers reuse).
-                t.record_stream(side)
 
     def record(
         self,

@@ -107,9 +107,7 @@ def _traced(backend: Any, shape_key: Any, forward_fn: Any, captured: list[Any]) 
         thread = tracer._thread()
         if graphs.capturing():
             slots = slots_for(tracer, torch.device("cuda", torch.cuda.current_device()))
-            # overlap: the statistics kernels run beside the model's (end_capture, below, is
-            # inside the capture and joins them back).
-            slots.begin_capture(key, capture_bs=max(1, size), label=label, meta={"mode": mode}, overlap=True)
+            slots.begin_capture(key, capture_bs=max(1, size), label=label, meta={"mode": mode})
             try:
                 return forward_fn()
             finally:
