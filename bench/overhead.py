@@ -419,6 +419,7 @@ def sync_check(spectrace: Any, models: dict[str, nn.Module], settings: Any, step
 def graph_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
     """A Llama-8B-shaped decode step (32 layers, matmuls only, bf16) captured as a CUDA graph."""
     from spectrace.hooks import fused_stats as S
+    from spectrace.hooks.graph_slots import GraphSlots
     from spectrace.hooks.graphsafe import GraphStats
 
     dev, dt = "cuda", torch.bfloat16
@@ -476,6 +477,28 @@ def graph_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
             "stats_fused": capture(stores["fused"], "stats_fused"),
             "stats_torch": capture(stores["torch"], "stats_torch"),
         }
+        # The serving integrations' path (hooks/graph_slots.py): masked kernels into one
+        # graph's table, the rows of every replay read (the worst case: between two
+        # read-backs the kernels read none).
+        slots = GraphSlots(dev, capacity=2 * L + 1, sample=1)
+        slots.warm(x0)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                step(None)
+        torch.cuda.current_stream().wait_stream(s)
+        graphs["slots"] = torch.cuda.CUDAGraph()
+        kept["slots"] = []
+        with torch.cuda.graph(graphs["slots"]):
+            slots.begin_capture("slots", capture_bs=batch, label="slots")
+            x = x0
+            for i, w in enumerate(W):
+                x = layer(x, w)
+                slots.record(x, name=f"layers.{i}", role="hidden", module_type="Layer", arg="output")
+                kept["slots"].append(x)
+            slots.end_capture()
+        slots.tables["slots"].real_bs.fill_(batch)
 
         def time_graph(g: torch.cuda.CUDAGraph, n: int) -> float:
             for _ in range(5):
@@ -512,6 +535,16 @@ def graph_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
             entry[f"{key}_refresh"] = f"{changed}/{len(first)} slots changed after new inputs"
             entry[f"{key}_vs_float64"] = {k: max(errs[k], errs2[k]) for k in errs}
             x0.sub_(0.5).div_(3.0)
+        assert slots.before_replay("slots", batch)
+        graphs["slots"].replay()
+        assert slots.after_replay("slots", {})
+        torch.cuda.synchronize()
+        (readout,) = slots.poll()
+        worst = 0.0
+        for info in readout.table.slots:
+            want = float(kept["slots"][info.index].double().std(unbiased=False))
+            worst = max(worst, abs(slots.stats_of(readout, info)["std"] - want) / max(want, 1e-30))
+        entry["slots_vs_float64_std_rel"] = worst
         res[f"batch_{batch}"] = entry
         del graphs, kept
         torch.cuda.synchronize()
@@ -745,21 +778,23 @@ def markdown(res: dict[str, Any]) -> str:
             "",
             f"## CUDA graph replay, {g['layers']} layers hidden {g['hidden']} (fused kernel: {g['fused_kernel']})",
             "",
-            "| batch | bare ms | stats fused ms | ratio | stats torch ms | ratio |",
-            "|---|---|---|---|---|---|",
+            "| batch | bare ms | stats fused ms | ratio | stats torch ms | ratio | serving slots ms | ratio |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for b in (1, 64):
             e = g.get(f"batch_{b}")
             if e:
                 r, ms = e["ratio"], e["replay_ms"]
                 lines.append(
-                    f"| {b} | {ms['bare']} | {ms['stats_fused']} | {r['stats_fused']:.3f}x | {ms['stats_torch']} | {r['stats_torch']:.3f}x |"
+                    f"| {b} | {ms['bare']} | {ms['stats_fused']} | {r['stats_fused']:.3f}x | {ms['stats_torch']} | {r['stats_torch']:.3f}x "
+                    f"| {ms['slots']} | {r['slots']:.3f}x |"
                 )
         for b in (1, 64):
             e = g.get(f"batch_{b}")
             if e:
                 lines.append(
-                    f"\nbatch {b}: fused {e['fused_refresh']}, worst vs float64 {e['fused_vs_float64']}; torch {e['torch_refresh']}, worst vs float64 {e['torch_vs_float64']}"
+                    f"\nbatch {b}: fused {e['fused_refresh']}, worst vs float64 {e['fused_vs_float64']}; torch {e['torch_refresh']}, worst vs float64 {e['torch_vs_float64']}; "
+                    f"serving slots std vs float64 {e['slots_vs_float64_std_rel']:.2g}"
                 )
     if "bootstrap" in res:
         lines += ["", "## .pth bootstrap, SPECTRACE unset", "", "```", json.dumps(res["bootstrap"], indent=1), "```"]
