@@ -27,7 +27,7 @@ from rich.text import Text
 from spectrace.records import Call, TensorMeta
 from spectrace.rules.globs import glob_match
 
-from .commands import _err, _guard, _nothing_readable, _step_range, _warn_problems
+from .commands import _err, _guard, _nothing_readable, _warn_problems, add_trace_filters
 from .loader import TraceFile, TraceSet, load_traces
 from .model import ViewFilter, _listed, build_view
 from .render import dtype, make_console, shape, stats_text
@@ -241,10 +241,8 @@ def calls_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("path", help="a trace-*.jsonl file or a folder of them")
-    p.add_argument("--module", metavar="GLOB", help="only modules matching GLOB (full name or dotted suffix)")
+    add_trace_filters(p)
     p.add_argument("--role", metavar="GLOB", help="only calls whose role matches GLOB (draft.fc, 'target.layer[*]', 'draft.*')")
-    p.add_argument("--rank", type=int, metavar="N", help="only the process of this rank")
-    p.add_argument("--step", type=_step_range, metavar="N|A:B", help="only these steps (A: or :B leave one end open)")
     p.add_argument(
         "--limit",
         type=_limit,

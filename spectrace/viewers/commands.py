@@ -80,6 +80,13 @@ def _step_range(text: str) -> tuple[int | None, int | None]:
         raise argparse.ArgumentTypeError(f"--step wants N or A:B, got {text!r}") from None
 
 
+def add_trace_filters(p: argparse.ArgumentParser, module_help: str = "only modules matching GLOB (full name or dotted suffix)") -> None:
+    """The filters every trace reader takes: ``--module``, ``--rank``, ``--step``."""
+    p.add_argument("--module", metavar="GLOB", help=module_help)
+    p.add_argument("--rank", type=int, metavar="N", help="only the process of this rank")
+    p.add_argument("--step", type=_step_range, metavar="N|A:B", help="only these steps (A: or :B leave one end open)")
+
+
 def _positive(text: str) -> int:
     try:
         n = int(text)
@@ -98,11 +105,7 @@ def _view_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("path", help="a trace-*.jsonl file or a folder of them")
-    p.add_argument(
-        "--module", metavar="GLOB", help="only modules matching GLOB (full name or dotted suffix): findings, data path, module table"
-    )
-    p.add_argument("--rank", type=int, metavar="N", help="only the process of this rank")
-    p.add_argument("--step", type=_step_range, metavar="N|A:B", help="only these steps (A: or :B leave one end open)")
+    add_trace_filters(p, "only modules matching GLOB (full name or dotted suffix): findings, data path, module table")
     p.add_argument("--finding", metavar="CODE", help="only findings with this code")
     p.add_argument("--modules", action="store_true", help="show the per-module table")
     p.add_argument(

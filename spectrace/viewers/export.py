@@ -43,7 +43,7 @@ from pydantic import BaseModel, Field
 from spectrace.records import Call, Coverage, Finding, TensorMeta
 
 from .calls import SelectedCall, select_calls, selection_problem
-from .commands import _err, _guard, _nothing_readable, _step_range, _Usage, _warn_problems
+from .commands import _err, _guard, _nothing_readable, _Usage, _warn_problems, add_trace_filters
 from .loader import TraceFile, TraceSet, load_traces, shown_path, time_ok
 from .model import ViewFilter
 from .render import plural, shape
@@ -518,9 +518,7 @@ def export_parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="a trace-*.jsonl file or a folder of them")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="the JSON file to write ('-': standard output)")
     p.add_argument("--force", action="store_true", help="replace FILE if it exists")
-    p.add_argument("--module", metavar="GLOB", help="only modules matching GLOB (full name or dotted suffix)")
-    p.add_argument("--rank", type=int, metavar="N", help="only the process of this rank")
-    p.add_argument("--step", type=_step_range, metavar="N|A:B", help="only these steps (A: or :B leave one end open)")
+    add_trace_filters(p)
     return p
 
 
