@@ -340,3 +340,41 @@ def test_tmux_follow_a_running_writer_shows_the_collapse_live(tmp_path: Path, wi
             writer.kill()
             out, _ = writer.communicate()
     assert writer.returncode == 0, out
+
+
+def test_follow_json_lines_carry_the_live_findings(tmp_path: Path) -> None:
+    """``--follow --json`` into a pipe: each line is the view model plus ``live_findings``,
+    the live check's finding before the traced process writes one of its own."""
+    import json
+    import signal
+
+    rec = Recorder(Settings(quiet=True), directory=str(tmp_path), name=TRACE, rank=0)
+    for s in range(16):
+        rec.emit(acc(s, [5, 4]))
+    rec.flush()
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "spectrace", "view", str(tmp_path), "--follow", "--json", "--interval", "0.05"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        first = json.loads(proc.stdout.readline())  # type: ignore[union-attr]
+        assert first["live_findings"] == [] and first["header"]["steps_traced"] == 16
+        for s in range(16, 16 + COLLAPSE_WINDOW + 1):
+            rec.emit(acc(s, [1, 1]))
+        rec.flush()
+        live: list = []
+        while not live:  # the append may arrive over more than one poll
+            line = json.loads(proc.stdout.readline())  # type: ignore[union-attr]
+            live = line["live_findings"]
+        (found,) = live
+        assert found["code"] == "acceptance_collapse" and found["source"] == SOURCE and found["step"] == 16
+        assert not any(f["code"] == "acceptance_collapse" for f in line["findings"])  # the writer said nothing
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=10)
+        rec.close()
+    assert proc.returncode == 0 and "Traceback" not in err

@@ -300,11 +300,11 @@ def _follow_stream(
                 _warn_problems("spectrace view", ts, seen)
                 _warn_notices(follower, seen, screen=False)
                 view = builder.build(ts)
+                screen.update(view, follower.notices)
                 if args.json:
-                    sys.stdout.write(view.model_dump_json() + "\n")
+                    sys.stdout.write(_follow_json(view, screen) + "\n")
                     sys.stdout.flush()
                 else:
-                    screen.update(view, follower.notices)
                     console.rule(f"{sum(f.lines_read for f in ts.files)} lines read")
                     console.print(screen.status_line(view))
                     for found in screen.live_findings():
@@ -314,6 +314,14 @@ def _follow_stream(
             changed = follower.poll()
     except KeyboardInterrupt:
         return 0
+
+
+def _follow_json(view: TraceView, screen: LiveScreen) -> str:
+    """One ``--follow --json`` line: the view model, and the live findings the screen shows
+    above it (``live_findings``: found by the viewer, not yet written by the traced process)."""
+    live = ",".join(f.model_dump_json() for f in screen.live_findings())
+    text = view.model_dump_json()
+    return f'{text[:-1]},"live_findings":[{live}]}}'
 
 
 def _warn_notices(follower: TraceFollower, seen: set[str], *, screen: bool) -> None:
