@@ -77,7 +77,9 @@ def values_capture(recorder: Any) -> ValuesCapture | None:
     return ValuesCapture(recorder, tokens) if tokens > 0 else None
 
 
-def _forward_batch(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def forward_batch_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """An SGLang ``ForwardBatch`` among a call's arguments, by its attributes (this module
+    does not import the engine), or None."""
     batch = kwargs.get("forward_batch")
     if batch is not None:
         return batch
@@ -93,7 +95,7 @@ def _index_tensor(value: Any) -> torch.Tensor | None:
 
 def step_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> StepInputs | None:
     """The rows a root forward runs, if they can start a kept step (None otherwise)."""
-    batch = _forward_batch(args, kwargs)
+    batch = forward_batch_of(args, kwargs)
     if batch is not None:  # an SGLang ForwardBatch: host metadata only
         mode = getattr(getattr(batch, "forward_mode", None), "name", None)
         if mode != "EXTEND":

@@ -32,6 +32,7 @@ import weakref
 from typing import Any
 
 from ...hooks import roles as R
+from ...hooks.values import forward_batch_of
 from . import state
 
 DRAFT_CLASSES = ("LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM")
@@ -165,19 +166,9 @@ def _num_layers(model: Any) -> int | None:
 
 
 # ------------------------------------------------------------------ what a step is
-def _forward_batch(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    batch = kwargs.get("forward_batch")
-    if batch is not None:
-        return batch
-    for value in args[:4]:
-        if hasattr(value, "forward_mode") and hasattr(value, "batch_size"):
-            return value
-    return None
-
-
 def context_of(root: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str | None, int | None, int | None] | None:
     """(forward mode, token rows, draft-step index) of a root forward: host metadata only."""
-    batch = _forward_batch(args, kwargs)
+    batch = forward_batch_of(args, kwargs)
     if batch is None:
         return None
     mode = getattr(getattr(batch, "forward_mode", None), "name", None)
@@ -235,7 +226,7 @@ def layer_output(output: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     value = output if isinstance(output, torch.Tensor) else getattr(getattr(output, "contribution", None), "value", None)
     if not isinstance(value, torch.Tensor):
         return None
-    stream = getattr(_forward_batch(args, kwargs), "residual_stream", None)
+    stream = getattr(forward_batch_of(args, kwargs), "residual_stream", None)
     residual = getattr(stream, "residual", None)
     pending = getattr(stream, "pending", None)
     if pending is not None and getattr(pending, "owed", None) is not None:
