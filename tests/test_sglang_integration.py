@@ -10,6 +10,7 @@ Skipped when sglang is not installed (scripts/install-sglang-cpu.sh VENV).
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing as mp
 import os
@@ -630,8 +631,15 @@ def test_replays_through_the_backend_are_counted_by_the_gate_and_the_runner_hook
         assert backend._graphs["bs=4"] is gate
         n = graph_stats.HAND_OVER_EVERY + 5
         out = [FullCudaGraphBackend.replay(backend, "bs=4", None) for _ in range(n)]
+        # 0.5.23's cleanup resets every graph (the gate passes it on) and drops them: the
+        # replays since the last hand-over still reach the recorder at the next drain.
+        FullCudaGraphBackend.cleanup(backend)
+        sums = gate.sums
+        del gate
+        gc.collect()
+        assert sums.gate() is None and sums in graph_stats._sums
         graph_stats._flush_cost()
-        FullCudaGraphBackend.cleanup(backend)  # 0.5.23 resets every graph: the gate passes it on
+        assert sums not in graph_stats._sums  # handed over and gone: nothing is kept for it
     finally:
         graph_stats._runners.pop(id(backend), None)
     assert out == [("out", "bs=4")] * n and graph.replays == n  # the engine's own result, every replay run

@@ -154,9 +154,32 @@ def _units(runner: Any, shape_key: Any) -> int | None:
 
 
 _drains: set[int] = set()
-_graphs: weakref.WeakSet[ReplayGate] = weakref.WeakSet()  # every gate of the process, for the drains
 _hand_lock = threading.Lock()
 HAND_OVER_EVERY = 256  # replays of a graph whose counts and host time are handed over at once
+
+
+class ReplaySums:
+    """The replay counts and host time of one gate, kept apart from it.
+
+    The process holds these (``_sums``), not the gates: SGLang drops a gate with its graph
+    (a recapture, its cleanup), and what the gate counted since its last hand-over must
+    still reach the file at the next drain. A drain drops the sums of a gate that is gone
+    once they are handed over."""
+
+    __slots__ = ("calls", "seconds", "slow_calls", "slow_seconds", "handed", "traced", "name", "gate")
+
+    def __init__(self, traced: bool, name: str, gate: Any) -> None:
+        self.calls = 0
+        self.seconds = 0.0
+        self.slow_calls = 0
+        self.slow_seconds = 0.0
+        self.handed = (0, 0.0, 0, 0.0)
+        self.traced = traced
+        self.name = name
+        self.gate = weakref.ref(gate)
+
+
+_sums: list[ReplaySums] = []  # every gate's sums, until handed over after the gate is gone
 
 
 class ReplayGate:
@@ -167,17 +190,14 @@ class ReplayGate:
     the graph's statistics table, runner and shape key: a replay needs no lookup. The
     replays between two read-backs only count down and time themselves (their kernels read
     no rows: the count on the device stays 0); one in ``period`` writes the real count
-    before the replay and queues the copy after it. Counts and host time reach the
-    recorder every ``HAND_OVER_EVERY`` replays and at every drain.
+    before the replay and queues the copy after it. Counts and host time (:class:`ReplaySums`)
+    reach the recorder every ``HAND_OVER_EVERY`` replays and at every drain.
 
     A graph without a table (statistics off, a capture spectrace did not see) only counts
     its replays: said once per runner as not traced per module.
     """
 
-    __slots__ = (
-        "graph", "table", "slots", "runner", "shape_key", "backend_id", "name", "mode", "period", "left",
-        "calls", "seconds", "slow_calls", "slow_seconds", "handed", "__weakref__",
-    )  # fmt: skip
+    __slots__ = ("graph", "table", "slots", "runner", "shape_key", "mode", "period", "left", "sums", "__weakref__")
 
     def __init__(self, graph: Any, table: Any, slots: Any, runner: Any, shape_key: Any, backend: Any) -> None:
         self.graph = graph
@@ -185,29 +205,25 @@ class ReplayGate:
         self.slots = slots
         self.runner = weakref.ref(runner) if runner is not None else None
         self.shape_key = shape_key
-        self.backend_id = id(backend)
-        self.name = type(runner if runner is not None else backend).__name__
         self.mode = (table.meta.get("mode") if table is not None else None) or None
         self.period = max(1, int(slots.sample)) if table is not None else HAND_OVER_EVERY
         self.left = 1  # the first replay is read back (or, untraced, said)
-        self.calls = 0
-        self.seconds = 0.0
-        self.slow_calls = 0
-        self.slow_seconds = 0.0
-        self.handed = (0, 0.0, 0, 0.0)
-        _graphs.add(self)
+        self.sums = ReplaySums(table is not None, type(runner if runner is not None else backend).__name__, self)
+        with _hand_lock:
+            _sums.append(self.sums)
 
     def replay(self, *args: Any, **kwargs: Any) -> Any:
         start = _clock()
         left = self.left - 1
         if left > 0:  # the replays between two read-backs: this is all they cost
             self.left = left
+            sums = self.sums
             spent = _clock() - start
-            self.calls += 1
-            self.seconds += spent
+            sums.calls += 1
+            sums.seconds += spent
             if spent > cost.SLOW_S:
-                self.slow_calls += 1
-                self.slow_seconds += spent
+                sums.slow_calls += 1
+                sums.slow_seconds += spent
             return self.graph.replay(*args, **kwargs)
         self.left = self.period
         if self.table is None:
@@ -220,13 +236,14 @@ class ReplayGate:
             start = _clock()
             self._read_back()
             spent += _clock() - start
-        self.calls += 1
-        self.seconds += spent
+        sums = self.sums
+        sums.calls += 1
+        sums.seconds += spent
         if spent > cost.SLOW_S:
-            self.slow_calls += 1
-            self.slow_seconds += spent
-        if self.calls - self.handed[0] >= HAND_OVER_EVERY:
-            hand_over(self)
+            sums.slow_calls += 1
+            sums.slow_seconds += spent
+        if sums.calls - sums.handed[0] >= HAND_OVER_EVERY:
+            hand_over(sums)
         return out
 
     def _arm(self) -> bool:
@@ -252,36 +269,36 @@ class ReplayGate:
             state.internal_error("graph replay read-back", exc)
 
     def _untraced(self, start: float) -> None:
-        self.calls += 1
+        self.sums.calls += 1
         try:
-            hand_over(self)  # this replay included: the first one is said at once
+            hand_over(self.sums)  # this replay included: the first one is said at once
         except Exception as exc:
             state.internal_error("graph replay", exc)
-        self.seconds += _clock() - start  # handed over with the next ones
+        self.sums.seconds += _clock() - start  # handed over with the next ones
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.graph, name)  # reset(), pool(), ...: the graph's own
 
 
-def hand_over(gate: ReplayGate) -> None:
-    """The gate's counts and host time since the last hand-over, to the recorder.
+def hand_over(sums: ReplaySums) -> None:
+    """A gate's counts and host time since the last hand-over, to the recorder.
 
     The engine's thread adds to the sums and only it; this reads them (from that thread
     or a drain's) and hands over the difference, so nothing is counted twice or lost."""
     with _hand_lock:
-        now = (gate.calls, gate.seconds, gate.slow_calls, gate.slow_seconds)
-        calls, seconds, slow_calls, slow_seconds = (a - b for a, b in zip(now, gate.handed))
-        gate.handed = now
-    if not calls:
+        now = (sums.calls, sums.seconds, sums.slow_calls, sums.slow_seconds)
+        calls, seconds, slow_calls, slow_seconds = (a - b for a, b in zip(now, sums.handed))
+        sums.handed = now
+    if not calls and not seconds:
         return
     rec = state.recorder()
     _drain_on(rec)
-    feature = FEATURE if gate.table is not None else "graph_replay"
+    feature = FEATURE if sums.traced else "graph_replay"
     rec.account_hook(seconds, feature, calls=calls, slow_calls=slow_calls, slow_seconds=slow_seconds)
-    if gate.table is not None:
+    if sums.traced:
         rec.count("graph_replays_traced", calls)
     else:
-        graphs._replayed(gate.name, times=calls)  # said once per runner, then counted
+        graphs._replayed(sums.name, times=calls)  # said once per runner, then counted
 
 
 def wrap_graph(backend: Any, shape_key: Any, table: Any = None, slots: Any = None) -> ReplayGate | None:
@@ -315,8 +332,12 @@ def _flush_cost() -> None:
     try:
         rec = state.recorder()
         _drain_on(rec)
-        for gate in list(_graphs):
-            hand_over(gate)
+        with _hand_lock:
+            every = list(_sums)
+        for sums in every:
+            hand_over(sums)
+        with _hand_lock:  # a gate that is gone has nothing more to hand over
+            _sums[:] = [x for x in _sums if x.gate() is not None or (x.calls, x.seconds, x.slow_calls, x.slow_seconds) != x.handed]
         slots = _slots[0] if _slots else None
         if slots is not None:
             readbacks, dropped = slots.sampled, slots.dropped_ring
