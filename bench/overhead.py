@@ -458,13 +458,17 @@ def graph_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
                     keep.append(x)  # keeps the graph pool from reusing it, for validation
             return x
 
-        def capture(gs: GraphStats | None, name: str) -> torch.cuda.CUDAGraph:
+        def warm_up(gs: GraphStats | None) -> None:
+            # Three eager steps on a side stream before a capture, as torch's graph docs do.
             s = torch.cuda.Stream()
             s.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(s):
                 for _ in range(3):
                     step(gs)
             torch.cuda.current_stream().wait_stream(s)
+
+        def capture(gs: GraphStats | None, name: str) -> torch.cuda.CUDAGraph:
+            warm_up(gs)
             g = torch.cuda.CUDAGraph()
             keep: list[torch.Tensor] = []
             with torch.cuda.graph(g):
@@ -482,12 +486,7 @@ def graph_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
         # read-backs the kernels read none).
         slots = GraphSlots(dev, capacity=2 * L + 1, sample=1)
         slots.warm(x0)
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                step(None)
-        torch.cuda.current_stream().wait_stream(s)
+        warm_up(None)
         graphs["slots"] = torch.cuda.CUDAGraph()
         kept["slots"] = []
         with torch.cuda.graph(graphs["slots"]):

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, Field
 
-from .sinks.jsonl import MAX_NAME_TRIES, numbered_name
+from .sinks.jsonl import create_own_file
 
 VALUES_SUFFIX = ".values.safetensors"
 FORMAT = "spectrace.values/1"
@@ -79,32 +78,23 @@ def write_private(directory: str, name: str, data: bytes) -> str:
     folder = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
     try:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NONBLOCK", 0) | _O
-        for n in range(1, MAX_NAME_TRIES + 1):
-            candidate = name if n == 1 else numbered_name(name, n)
-            try:
-                fd = os.open(candidate, flags, 0o600, dir_fd=folder)
-            except FileExistsError:
-                continue
-            try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_size != 0:
-                    raise PermissionError(errno.EPERM, f"{candidate} is not a new regular file: not written")
-                view = memoryview(data)
-                while view:
-                    written = os.write(fd, view)
-                    if written <= 0:
-                        raise OSError(errno.ENOSPC, f"short write of {candidate}")
-                    view = view[written:]
-            except BaseException:
-                os.close(fd)
-                try:
-                    os.unlink(candidate, dir_fd=folder)  # a half-written safetensors file is no file
-                except OSError:
-                    pass
-                raise
+        fd, candidate = create_own_file(folder, name, flags, directory)
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                if written <= 0:
+                    raise OSError(errno.ENOSPC, f"short write of {candidate}")
+                view = view[written:]
+        except BaseException:
             os.close(fd)
-            return candidate
-        raise FileExistsError(errno.EEXIST, f"{name} and {MAX_NAME_TRIES - 1} numbered names are taken in {directory}")
+            try:
+                os.unlink(candidate, dir_fd=folder)  # a half-written safetensors file is no file
+            except OSError:
+                pass
+            raise
+        os.close(fd)
+        return candidate
     finally:
         os.close(folder)
 

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_viewer import Tmux, _shell_cmd
+from test_viewer import Tmux, _shell_cmd, follow_json
 
 from spectrace.checks.acceptance_live import SOURCE, LiveAcceptance, VerifyStep, check_collapse_window, verify_step
 from spectrace.checks.calls import COLLAPSE_WINDOW, check_acceptance
@@ -352,14 +352,7 @@ def test_follow_json_lines_carry_the_live_findings(tmp_path: Path) -> None:
     for s in range(16):
         rec.emit(acc(s, [5, 4]))
     rec.flush()
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "spectrace", "view", str(tmp_path), "--follow", "--json", "--interval", "0.05"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    proc = follow_json(tmp_path)
     try:
         first = json.loads(proc.stdout.readline())  # type: ignore[union-attr]
         assert first["live_findings"] == [] and first["header"]["steps_traced"] == 16

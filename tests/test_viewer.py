@@ -353,6 +353,20 @@ def test_import_has_no_torch() -> None:
 
 # -------------------------------------------------------------------------- tmux
 VIEW_CMD = "import sys; from spectrace.viewers.commands import view_main; sys.exit(view_main(sys.argv[1:]))"
+
+
+def follow_json(folder: Path, *extra: str, **env: str) -> subprocess.Popen:
+    """``spectrace view FOLDER --follow --json`` into a pipe, as a script reads it (``extra``:
+    more arguments; ``env``: more environment)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "spectrace", "view", str(folder), "--follow", "--json", "--interval", "0.05", *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(REPO), **env),
+    )
+
+
 needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 
 
@@ -451,14 +465,7 @@ def test_follow_into_a_pipe_prints_updates_and_quits_on_ctrl_c(tmp_path: Path) -
     path = tmp_path / TRACE
     recs = healthy_records(steps=2)
     write_trace(path, recs)
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen(
-        [sys.executable, "-c", VIEW_CMD, str(tmp_path), "--follow", "--json", "--interval", "0.05"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    proc = follow_json(tmp_path)
     try:
         first = json.loads(proc.stdout.readline())  # type: ignore[union-attr]
         assert first["header"]["steps_traced"] == 2

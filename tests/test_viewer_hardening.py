@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_viewer import REPO, TRACE, Tmux, _shell_cmd, needs_tmux
+from test_viewer import REPO, TRACE, Tmux, _shell_cmd, follow_json, needs_tmux
 from test_viewer_fixtures import T0, fc_bypass_records, header, healthy_records, write_trace
 
 from spectrace.records import Acceptance, Call, Capture, Finding, TensorMeta, TensorStats, Weights
@@ -546,14 +546,7 @@ def test_follow_json_stream_across_rotation_and_truncation(tmp_path: Path) -> No
     """``--follow --json`` into a pipe: after a rotation the state is the new file's alone,
     and stderr says so once."""
     path = write_trace(tmp_path / TRACE, fc_bypass_records(steps=2))
-    env = dict(os.environ, PYTHONPATH=str(REPO), SPECTRACE="")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "spectrace", "view", str(tmp_path), "--follow", "--json", "--interval", "0.05"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    proc = follow_json(tmp_path, SPECTRACE="")
     try:
         first = json.loads(proc.stdout.readline())  # type: ignore[union-attr]
         assert "fc_bypass" in {f["code"] for f in first["findings"]}

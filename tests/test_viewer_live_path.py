@@ -13,13 +13,11 @@ from __future__ import annotations
 import io
 import json
 import math
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from test_viewer import follow_json
 from test_viewer_fixtures import T0, write_trace
 
 from spectrace.records import Call, Capture, Finding, Header, TensorMeta, TensorStats, Weights
@@ -549,15 +547,7 @@ def test_follow_json_stream_carries_the_data_path_as_it_grows(tmp_path: Path) ->
 
     live = Live()
     path = live_trace(tmp_path, live.cycles(2)) / TRACE
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    cmd = "import sys; from spectrace.viewers.commands import view_main; sys.exit(view_main(sys.argv[1:]))"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", cmd, str(path.parent), "--follow", "--json", "--interval", "0.05", "--window", "5"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    proc = follow_json(path.parent, "--window", "5")
     try:
         first = json.loads(proc.stdout.readline())  # type: ignore[union-attr]
         assert first["datapath"]["window_steps"] == 5

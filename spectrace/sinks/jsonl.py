@@ -166,26 +166,13 @@ class JsonlSink:
         # not opened at all. O_NONBLOCK: no open here may ever wait.
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND | getattr(os, "O_NONBLOCK", 0) | _O
         first = self.name
-        for n in range(1, MAX_NAME_TRIES + 1):
-            name = first if n == 1 else numbered_name(first, n)
-            try:
-                fd = os.open(name, flags, 0o600, dir_fd=folder)
-            except FileExistsError:
-                continue
-            try:
-                _check_own_file(fd, name)
-            except BaseException:
-                os.close(fd)
-                raise
-            st = os.fstat(fd)
-            self._identity = (st.st_dev, st.st_ino)
-            if name != first:
-                self.note(
-                    f"{os.path.join(self.directory, first)} already exists (an earlier process's, or planted): writing {name} instead"
-                )
-            self.name = name
-            return fd
-        raise FileExistsError(errno.EEXIST, f"{first} and {MAX_NAME_TRIES - 1} numbered names are taken in {self.directory}")
+        fd, name = create_own_file(folder, first, flags, self.directory)
+        st = os.fstat(fd)
+        self._identity = (st.st_dev, st.st_ino)
+        if name != first:
+            self.note(f"{os.path.join(self.directory, first)} already exists (an earlier process's, or planted): writing {name} instead")
+        self.name = name
+        return fd
 
     def _reopen(self) -> int:
         """The file created before, written again after a close (a record emitted at exit
@@ -232,6 +219,25 @@ class JsonlSink:
                 os.close(self._fd)
             finally:
                 self._fd = None
+
+
+def create_own_file(folder: int, first: str, flags: int, shown: str) -> tuple[int, str]:
+    """A new file of this user's under the folder descriptor ``folder``: ``first``, or the
+    next free numbered name; returns (descriptor, name). ``flags`` include O_CREAT | O_EXCL:
+    whatever sits at a name already is never opened. ``shown``: the folder, for the error."""
+    for n in range(1, MAX_NAME_TRIES + 1):
+        name = first if n == 1 else numbered_name(first, n)
+        try:
+            fd = os.open(name, flags, 0o600, dir_fd=folder)
+        except FileExistsError:
+            continue
+        try:
+            _check_own_file(fd, name)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, name
+    raise FileExistsError(errno.EEXIST, f"{first} and {MAX_NAME_TRIES - 1} numbered names are taken in {shown}")
 
 
 def _check_own_file(fd: int, name: str) -> None:

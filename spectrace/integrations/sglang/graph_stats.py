@@ -178,6 +178,13 @@ class ReplaySums:
         self.name = name
         self.gate = weakref.ref(gate)
 
+    def add(self, spent: float) -> None:
+        self.calls += 1
+        self.seconds += spent
+        if spent > cost.SLOW_S:
+            self.slow_calls += 1
+            self.slow_seconds += spent
+
 
 _sums: list[ReplaySums] = []  # every gate's sums, until handed over after the gate is gone
 
@@ -219,6 +226,7 @@ class ReplayGate:
             self.left = left
             sums = self.sums
             spent = _clock() - start
+            # ReplaySums.add, written out: this runs on every replay of every graph.
             sums.calls += 1
             sums.seconds += spent
             if spent > cost.SLOW_S:
@@ -237,11 +245,7 @@ class ReplayGate:
             self._read_back()
             spent += _clock() - start
         sums = self.sums
-        sums.calls += 1
-        sums.seconds += spent
-        if spent > cost.SLOW_S:
-            sums.slow_calls += 1
-            sums.slow_seconds += spent
+        sums.add(spent)
         if sums.calls - sums.handed[0] >= HAND_OVER_EVERY:
             hand_over(sums)
         return out
