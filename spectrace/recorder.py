@@ -124,6 +124,9 @@ class Recorder:
         # a flush swaps the queue under ``_lock`` and writes under this one alone, so the
         # host thread never waits on a file or a network to emit a record.
         self._write_lock = threading.RLock()
+        # One drain at a time: close (or a read) waits for the flush thread's drain in
+        # progress, so what that drain writes (a values file, its record) is done by then.
+        self._drain_lock = threading.RLock()
         self._flusher: threading.Thread | None = None
         self._flusher_pid = 0
         self._flush_wanted = threading.Event()
@@ -170,6 +173,7 @@ class Recorder:
         """
         self._lock = threading.RLock()
         self._write_lock = threading.RLock()
+        self._drain_lock = threading.RLock()
         self._count_lock = threading.Lock()
         self._warn_lock = threading.Lock()
         self._once_lock = threading.Lock()
@@ -624,11 +628,12 @@ class Recorder:
                 self._drains.append(drain)
 
     def _drain(self) -> None:
-        for drain in list(self._drains):
-            try:
-                drain()
-            except Exception as exc:
-                self.internal_error(f"drain failed: {type(exc).__name__}: {exc}")
+        with self._drain_lock:
+            for drain in list(self._drains):
+                try:
+                    drain()
+                except Exception as exc:
+                    self.internal_error(f"drain failed: {type(exc).__name__}: {exc}")
 
     def _final_counts(self) -> None:
         """What only counted so far goes into the ``counters`` record (see :meth:`once`)."""

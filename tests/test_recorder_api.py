@@ -386,3 +386,25 @@ def test_otlp_sink_end_to_end_against_a_real_receiver(monkeypatch) -> None:
     header = next(s for s in receiver.spans if s.name == "spectrace.header")
     assert json.loads(attributes(header)["spectrace.record"])["pid"] == t.recorder.header.pid
     assert t.recorder.counters.sink_errors == 0
+
+
+def test_close_waits_for_a_drain_the_flush_thread_is_running(tmp_path):
+    """A producer hands its batch to the flush thread (drain_soon) and marks it taken; a
+    close meanwhile finds nothing left to drain, so it must wait for that drain to finish
+    (the values capture writes its file there) before it returns."""
+    rec = Recorder(Settings(quiet=True), directory=str(tmp_path))
+    started, done, taken = threading.Event(), [], []
+
+    def drain() -> None:
+        if taken:
+            return  # already being written by the other drain
+        taken.append(True)
+        started.set()
+        time.sleep(0.3)
+        done.append(True)
+
+    rec.add_drain(drain)
+    rec.drain_soon()
+    assert started.wait(5)
+    rec.close()
+    assert done == [True]
