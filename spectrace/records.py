@@ -223,7 +223,7 @@ class Counters(_Record):
     graph_readbacks: int = Field(0, description="graph replays whose statistics were read back (1 in SPECTRACE_GRAPH_SAMPLE)")
     graph_readbacks_dropped: int = Field(0, description="read-backs lost because the pinned ring was full (counted, never waited for)")
     stats_skipped_modified: int = Field(
-        0, description="tensors whose statistics were skipped: written in place between their hook and the batched statistics launch"
+        0, description="tensors whose statistics were skipped: written in place after their call and before their statistics were taken"
     )
     hook_calls: int = Field(0, description="calls of spectrace's BEFORE/AFTER hooks in a serving engine")
     hook_seconds: float = Field(0.0, description="host time inside those hooks (the engine's own work excluded)")

@@ -138,6 +138,17 @@ class _ThreadSteps:
         self.seen = 0  # calls seen this step, added to the calls_seen counter at its end (one lock per step)
         self.stats = StepStats(defer=defer)
         self.skipped_seen = 0  # stats.skipped_modified already counted in the trace
+        # Calls kept as they came, read in one pass later (Tracer._read_pending), and the
+        # bytes of the outputs they keep alive.
+        self.pending: list[_Pending] = []
+        self.pending_bytes = 0
+
+
+# A call kept for a later read: ((name, module_type, root, role), args, kwargs, output,
+# t_unix, the first input's version before the call or None, the output tensor with
+# statistics and its version after the call, or None). The versions prove at the read
+# that the statistics see the values of the call (shapes only: none needed).
+_Pending = tuple[tuple[str, str, str, "str | None"], Any, Any, Any, float, "int | None", "torch.Tensor | None", int]
 
 
 class _FinishedStep:
@@ -147,7 +158,23 @@ class _FinishedStep:
         self.step, self.calls, self.start_ns, self.end_ns, self.readback = step, calls, start_ns, end_ns, readback
 
 
+# First-input dtypes of a call kept for a later read in statistics mode (PENDING_CALLS):
+# those that get statistics, so the guarded tensor is the one summarised.
+_KEPT_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.float64})
+
 _NO_INPUTS: list[RawTensor] = []  # a call whose inputs could not be noted (never appended to)
+
+# A call inside a traced forward is kept as it came (its arguments and output, held) and
+# read with the others in one pass: at the step's end, or once PENDING_CALLS calls or
+# PENDING_BYTES of their outputs are held. The hooks then run a few lines, and the walk,
+# the notes and the statistics launches run warm, in a loop, instead of cold between the
+# model's kernels (where the same code costs about 2.4x more). Holding keeps at most
+# PENDING_BYTES of outputs per thread alive a little longer. Statistics mode keeps a call
+# only where the version counters can prove the read sees the call's values: the first
+# input a float tensor (its version noted before the call) and the output one tensor
+# (noted after); a module seen writing its input in place is read at once from then on.
+PENDING_CALLS = 64
+PENDING_BYTES = 64 << 20
 
 GRAPH_DRAIN_EVERY = 8  # sampled replays per hand-off to the record worker (the ring holds 128)
 GRAPH_OBSERVE_EVERY = 4  # graph read-backs per one the live checks see
@@ -194,6 +221,7 @@ class Tracer:
         # tensor's version, so a held tensor could be read after the write unnoticed.
         self.defer_stats = True
         self._token_tensors = TokenTensors()
+        self._read_at_once: set[str] = set()  # modules seen writing their input in place (PENDING_CALLS)
         # SPECTRACE_CAPTURE_VALUES: the fused draft input's first rows and their ids (values.py).
         self.values = values_capture(recorder)
         self._step = functools.partial(Tracer._step_around, self)
@@ -404,6 +432,8 @@ class Tracer:
         trace) it then waits until the worker has turned every queued step into records.
         """
         state = self._thread()
+        if state.pending:
+            self._read_pending(state)
         calls, state.calls = state.calls, []
         on_device, state.on_device = state.on_device, False
         if state.seen:
@@ -421,8 +451,9 @@ class Tracer:
             self.recorder.count("stats_skipped_modified", skipped)
             self.recorder.coverage(
                 "not_covered",
-                "statistics skipped for tensors written in place between their hook and the batched statistics launch "
-                "(counted in stats_skipped_modified; their shapes are recorded)",
+                "statistics skipped for tensors written in place after their call and before their statistics were "
+                "taken (counted in stats_skipped_modified; their shapes are recorded; a module seen writing its input "
+                "or output in place is read at its call from then on)",
                 step=step,
             )
         if calls or readback is not None:
@@ -575,6 +606,7 @@ class Tracer:
         self, name: str, owner: Any = None, module_type: str = "", role: str | None = None, view: ModuleView | None = None
     ) -> Callable[..., None]:
         inputs_of = view.inputs if view is not None else None
+        keep = view is None and self.stats_mode == "basic" and self.sample == 1  # see PENDING_CALLS
 
         def pre_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             if owner is not None and owner() is not module:
@@ -589,6 +621,18 @@ class Tracer:
                 stack = local.get("inputs")
                 if stack is None:
                     stack = local["inputs"] = []
+                if (
+                    keep
+                    and args
+                    and type(args[0]) is torch.Tensor
+                    and args[0].dtype in _KEPT_DTYPES
+                    and not args[0].is_inference()  # an inference tensor has no version counter
+                    and not state.capturing
+                    and local.get("depth", 0)
+                    and name not in self._read_at_once
+                ):
+                    stack.append(args[0]._version)  # an int: the post-hook keeps the call for a later read
+                    return None
                 stack.append(_NO_INPUTS)  # the post-hook pops one entry per call, whatever happens here
                 if local.get("depth", 0) == 0:  # a hooked module called outside any wrapped root
                     state.capturing = _capturing()
@@ -613,6 +657,8 @@ class Tracer:
         """The hook after the call; ``inputs_after``: it reads the inputs too (no pre-hook)."""
         outputs_of = view.outputs if view is not None else None
         inputs_of = view.inputs if view is not None else None
+        # Kept for a later read (see PENDING_CALLS): the generic walk, every call read.
+        spec = (name, module_type, root, role) if view is None and self.sample == 1 and self.stats_mode != "full" else None
 
         def post_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
             if owner is not None and owner() is not module or torch.compiler.is_compiling():
@@ -620,6 +666,25 @@ class Tracer:
             try:
                 local = self._local.__dict__
                 state = local.get("steps") or self._thread()
+                entry: Any = None
+                if spec is not None and not inputs_after and not state.warming:  # the pre-hook pushed one
+                    stack = local.get("inputs")
+                    entry = stack.pop() if stack else []
+                if spec is not None and (type(entry) is int or inputs_after) and not state.capturing and not state.warming and local.get("depth", 0):
+                    pending = state.pending
+                    if inputs_after:  # shapes only: no version to prove
+                        pending.append((spec, args, kwargs, output, time.time(), None, None, 0))
+                    elif type(output) is torch.Tensor and not output.is_inference():
+                        pending.append((spec, args, kwargs, output, time.time(), entry, output, output._version))
+                    else:  # no output tensor whose version proves its values later: read now
+                        pending.append((spec, args, kwargs, output, time.time(), entry, None, 0))
+                        self._read_pending(state)
+                        return None
+                    if type(output) is torch.Tensor:
+                        state.pending_bytes += output.nbytes
+                    if len(pending) >= PENDING_CALLS or state.pending_bytes > PENDING_BYTES:
+                        self._read_pending(state)
+                    return None
                 if not state.warming and self.sample > 1 and not self._sampled(state):
                     state.seen += 1  # an unsampled step: counted, nothing collected
                     return None
@@ -635,6 +700,8 @@ class Tracer:
                 if inputs_after:
                     found = inputs_of(args, kwargs) if inputs_of is not None else collect(args, kwargs, side="input")
                     inputs = self._note(found, state, name, module_type, role)
+                elif entry is not None:
+                    inputs = entry if type(entry) is list else []  # popped above (a kept call's int lost its state)
                 else:
                     stack = local.get("inputs")
                     inputs = stack.pop() if stack else []
@@ -667,6 +734,8 @@ class Tracer:
         the generic walk, as ``plain`` (arg, tensor) pairs."""
         local = self._local.__dict__
         state = local.get("steps") or self._thread()
+        if state.pending:
+            self._read_pending(state)  # the calls before this one come first
         if state.warming:
             if items is None:
                 items = [(arg, t, None, None) for arg, t in plain or ()]
@@ -695,6 +764,36 @@ class Tracer:
             )
         if self.auto_step and outside:
             self.finish_step(wait=False)  # flush per call
+
+    def _read_pending(self, state: _ThreadSteps) -> None:
+        """Note the calls the hooks kept (see PENDING_CALLS), in their order, as the hooks
+        would have one by one; statistics only of tensors whose version is the call's."""
+        pending, state.pending, state.pending_bytes = state.pending, [], 0
+        with self._counter_lock:
+            first = self._seq + 1
+            self._seq += len(pending)
+        state.seen += len(pending)
+        step, capturing, ctx, calls, note = state.step, state.capturing, state.context, state.calls, self._note
+        for n, (spec, args, kwargs, output, t_unix, in_version, out, out_version) in enumerate(pending):
+            name, module_type, root, role = spec
+            try:
+                guard = None
+                if in_version is not None:
+                    guard = (args[0], in_version)
+                    if args[0]._version != in_version:
+                        # The module wrote its input in place: its calls are read at once from now on.
+                        self._read_at_once.add(name)
+                inputs = note(collect(args, kwargs, side="input"), state, name, module_type, role, guard=guard)
+                guard = None
+                if out is not None:
+                    guard = (out, out_version)
+                    if out._version != out_version:
+                        self._read_at_once.add(name)  # its output is written in place after the call
+                outputs = note(collect((), None, output, side="output"), state, name, module_type, role, reuse=False, guard=guard)
+            except Exception as exc:
+                self.recorder.internal_error(f"post-hook {name}: {type(exc).__name__}: {exc}")
+                continue
+            calls.append((step, first + n, name, module_type, root, inputs, outputs, t_unix, capturing, role, ctx))
 
     def _warm(self, items: list[ViewItem]) -> None:
         slots = self.graph_slots
@@ -770,9 +869,13 @@ class Tracer:
         role: str | None = None,
         budget: int | None = -1,
         reuse: bool = True,
+        guard: tuple[torch.Tensor, int] | None = None,
     ) -> list[RawTensor]:
         """Shapes of every tensor, and statistics enqueued for the ones that get them
-        (inside a graph being captured: a slot of its statistics table)."""
+        (inside a graph being captured: a slot of its statistics table).
+
+        ``guard``: (tensor, its version at the call) of a call read later; that tensor's
+        statistics are skipped, and counted, if it was written in place since."""
         noted: list[RawTensor] = []
         generation = state.stats.generation  # a step ends in finish_step only: fixed here
         if self.stats_mode == "off":
@@ -812,8 +915,15 @@ class Tracer:
                     self._graph_slot(tensor, state, name, module_type, role, arg)
                 else:
                     try:
-                        numel = tensor.numel()
-                        index = state.stats.add(tensor, reuse)
+                        if guard is not None and tensor is guard[0]:
+                            if tensor._version == guard[1]:
+                                numel = tensor.numel()
+                                index = state.stats.add(tensor, reuse, version=guard[1])
+                            else:
+                                state.stats.skipped_modified += 1  # reported at the step's end
+                        else:
+                            numel = tensor.numel()
+                            index = state.stats.add(tensor, reuse)
                     except Exception as exc:
                         self.recorder.internal_error(f"statistic on {tensor.dtype}: {type(exc).__name__}: {exc}")
             device = _device_of(tensor)
@@ -900,6 +1010,7 @@ def _meta_fields(raw: RawTensor, values: dict[int, list[list[float] | None]]) ->
 _PIECES_MAX = 4096  # cached pieces per table: the tables are cleared when full (bounded memory)
 _module_pieces: dict[tuple[str, str, str], str] = {}
 _meta_pieces: dict[tuple[Any, ...], str] = {}  # a tensor description up to its statistics
+_tail_pieces: dict[tuple[Any, ...], str] = {}  # from graph_capture to the end: (capture, role, context)
 _NO_STATS = "null}"
 
 
@@ -916,13 +1027,33 @@ def _call_text(raw: RawCall, values: dict[int, list[list[float] | None]]) -> str
         if len(_module_pieces) >= _PIECES_MAX:
             _module_pieces.clear()
         _module_pieces[(module, module_type, root)] = names
-    mode, tokens, draft = ctx if ctx is not None else (None, None, None)
+    tail = _tail_pieces.get((capture, role, ctx))
+    if tail is None:
+        mode, tokens, draft = ctx if ctx is not None else (None, None, None)
+        tail = "".join(
+            (
+                ',"graph_capture":',
+                "true" if capture is True else "false" if capture is False else _piece(capture),
+                ',"role":',
+                _piece(role),
+                ',"forward_mode":',
+                _piece(mode),
+                ',"tokens":',
+                _piece(tokens),
+                ',"draft_step":',
+                _piece(draft),
+                ',"graph_replay":false,"graph":null}',
+            )
+        )
+        if len(_tail_pieces) >= _PIECES_MAX:
+            _tail_pieces.clear()
+        _tail_pieces[(capture, role, ctx)] = tail
     return "".join(
         (
             '{"type":"call","step":',
-            _piece(step),
+            str(step) if type(step) is int else _piece(step),  # an int's JSON is its str()
             ',"seq":',
-            _piece(seq),
+            str(seq) if type(seq) is int else _piece(seq),
             ",",
             names,
             ',"inputs":[',
@@ -931,17 +1062,7 @@ def _call_text(raw: RawCall, values: dict[int, list[list[float] | None]]) -> str
             ",".join([_meta_text(t, values) for t in outputs]),
             '],"t_unix":',
             _piece(t_unix),
-            ',"graph_capture":',
-            "true" if capture is True else "false" if capture is False else _piece(capture),
-            ',"role":',
-            _piece(role),
-            ',"forward_mode":',
-            _piece(mode),
-            ',"tokens":',
-            _piece(tokens),
-            ',"draft_step":',
-            _piece(draft),
-            ',"graph_replay":false,"graph":null}',
+            tail,
         )
     )
 

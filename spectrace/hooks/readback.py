@@ -154,15 +154,19 @@ class StepStats:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def add(self, tensor: torch.Tensor, reuse: bool = True) -> int:
+    def add(self, tensor: torch.Tensor, reuse: bool = True, version: int | None = None) -> int:
         """Enqueue ``tensor``'s statistics; returns its index in this step.
 
         ``reuse``: a tensor already summarised this step (same object, same version) keeps
         its row. A module's outputs pass False: a custom kernel that writes its input in
         place (SGLang's fused add + RMSNorm) does not bump ``_version``, and the output
-        would show the input's statistics."""
+        would show the input's statistics. ``version``: the one whose values are wanted,
+        where it was noted before now (a held tensor written since is skipped)."""
+        # An inference tensor (torch.inference_mode) has no version counter: nothing can
+        # prove it unmodified, so it is neither reused nor held.
+        inference = tensor.is_inference()
         key = id(tensor)
-        hit = self._seen.get(key) if reuse else None
+        hit = self._seen.get(key) if reuse and not inference else None
         if hit is not None and hit[0]() is tensor and tensor._version == hit[1]:
             return hit[2]
         # Read through a detached alias only where autograd would otherwise record the reductions.
@@ -172,16 +176,17 @@ class StepStats:
         if path == "host":
             entry: tuple[Any, ...] = ("host", cpu_row(x))
         elif path == "fused":
-            if self.defer and x.numel() * x.element_size() <= DEFER_TENSOR_BYTES and multi_ok(x.device):
+            if self.defer and not inference and x.numel() * x.element_size() <= DEFER_TENSOR_BYTES and multi_ok(x.device):
                 self.entries.append(("held",))
-                self._hold(x, index)
+                self._hold(x, index, tensor._version if version is None else version)
                 self._remember(tensor, index)
                 return index
             entry = self._fused(x, x.device)
         else:
             entry = ("row", torch_stats(x))
         self.entries.append(entry)
-        self._remember(tensor, index)
+        if not inference:
+            self._remember(tensor, index)
         return index
 
     def _remember(self, tensor: torch.Tensor, index: int) -> None:
@@ -190,9 +195,9 @@ class StepStats:
         except TypeError:
             pass
 
-    def _hold(self, x: torch.Tensor, index: int) -> None:
+    def _hold(self, x: torch.Tensor, index: int, version: int) -> None:
         held = self._held.setdefault((x.device, x.dtype), [])
-        held.append((x, x._version, index))
+        held.append((x, version, index))
         self._held_bytes += x.numel() * x.element_size()
         if len(held) >= DEFER_BATCH or self._held_bytes > DEFER_BYTES:
             self.launch_held()

@@ -1,0 +1,193 @@
+"""Calls kept by the hooks and read later (engine.PENDING_CALLS) record what a call saw.
+
+Inside a traced forward the hooks keep a call as it came and note it with the others in one
+pass. These tests hold the kept path to the path that notes each call at its hook, and to
+the values a call really saw: a module that writes its input in place, an output written in
+place after its call, inference tensors (no version counter), and the bound on what is held.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn as nn
+from conftest import tiny_llama
+
+import spectrace
+from spectrace.hooks import engine
+from spectrace.hooks.tensor_stats import cpu_row, to_stats
+
+
+def _fields(calls: list[Any]) -> list[dict[str, Any]]:
+    """The records without what differs by construction (seq, wall-clock time)."""
+    out = []
+    for c in calls:
+        d = c.model_dump()
+        d.pop("seq"), d.pop("t_unix")
+        out.append(d)
+    return out
+
+
+def _run(
+    model: nn.Module, inputs: list[torch.Tensor], stats: str, at_once: bool = False, inference: bool = False, modules: Any = None
+) -> spectrace.Trace:
+    ctx = torch.inference_mode() if inference else torch.no_grad()
+    with ctx, spectrace.trace(model, modules, stats=stats) as t:
+        if at_once:  # every module read at its hook, as before calls were kept
+            t.tracer._read_at_once.update(t.hooked)
+        for x in inputs:
+            model(x)
+    return t
+
+
+@pytest.mark.parametrize("stats", ["basic", "off"])
+def test_kept_calls_record_what_calls_read_at_their_hooks_record(stats: str) -> None:
+    model = tiny_llama(layers=3)
+    inputs = [torch.randint(0, 128, (2, 7)) for _ in range(3)]
+    kept = _run(model, inputs, stats)
+    if stats == "off":
+        # shapes only has no read-at-once switch: the statistics mode's shapes are the reference
+        reference = _fields(_run(model, inputs, "basic", at_once=True).calls())
+        for r in reference:
+            for m in r["inputs"] + r["outputs"]:
+                m["stats"] = None
+    else:
+        reference = _fields(_run(model, inputs, stats, at_once=True).calls())
+    assert _fields(kept.calls()) == reference
+    assert kept.recorder.counters.internal_errors == 0 and kept.recorder.counters.stats_skipped_modified == 0
+    if stats == "basic":
+        assert all(c.outputs[0].stats is not None for c in kept.calls() if c.module != "model.embed_tokens")
+
+
+def test_the_hooks_keep_calls_and_read_them_at_the_steps_end() -> None:
+    model = tiny_llama(layers=3)
+    held: list[int] = []
+    with torch.no_grad(), spectrace.trace(model, stats="basic") as t:
+        model.lm_head.register_forward_hook(lambda *a: held.append(len(t.tracer._local.steps.pending)))
+        model(torch.randint(0, 128, (1, 5)))
+        assert t.tracer._local.steps.pending == []  # read when the step ended
+    # the three layers, the norm and lm_head itself (spectrace's hook ran first) wait for the
+    # read; the embedding (int ids: no statistics to prove) was read at once
+    assert held == [5]
+
+
+class _Scale(nn.Module):
+    """Doubles its input in place, as an in-place activation would."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.mul_(2.0)
+        return x * 1.0
+
+
+class _WritesItsInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.scale = _Scale()
+        self.b = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.scale(self.a(x)))
+
+
+class _WritesAnOutput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.a(x)
+        y.add_(100.0)  # the output of a, written after a returned
+        return self.b(y)
+
+
+def _std(values: torch.Tensor) -> float:
+    stats = to_stats(cpu_row(values), values.numel())
+    assert stats is not None
+    return stats.std
+
+
+def test_a_module_writing_its_input_in_place_is_never_read_with_the_written_values() -> None:
+    torch.manual_seed(0)
+    model = _WritesItsInput()
+    xs = [torch.randn(4, 8) for _ in range(3)]
+    with torch.no_grad():
+        seen = [model.a(x) for x in xs]  # what scale's input holds before scale writes it
+        t = _run(model, xs, "basic", modules=["a", "scale", "b"])
+    calls = t.calls("scale")
+    assert len(calls) == 3
+    # Step 0 was kept: the write shows in the version, so no statistics rather than wrong ones.
+    # The same tensor is a's output: written after a returned, so skipped there too.
+    assert calls[0].inputs[0].stats is None and t.calls("a")[0].outputs[0].stats is None
+    assert t.recorder.counters.stats_skipped_modified == 2
+    assert {"a", "scale"} <= t.tracer._read_at_once
+    # From then on scale is read at its hook: its input's statistics are those before the write.
+    for call, before in zip(calls[1:], seen[1:]):
+        assert call.inputs[0].stats is not None
+        assert call.inputs[0].stats.std == pytest.approx(_std(before), rel=1e-5)
+        assert call.inputs[0].stats.std != pytest.approx(_std(2 * before), rel=1e-2)
+    for call, before in zip(t.calls("a")[1:], seen[1:]):
+        assert call.outputs[0].stats is not None
+        assert call.outputs[0].stats.std == pytest.approx(_std(before), rel=1e-5)
+    coverage = [r for r in t.records if getattr(r, "type", None) == "coverage" and "written in place" in r.detail]
+    assert len(coverage) == 1
+
+
+def test_an_output_written_in_place_after_its_call_is_never_read_with_the_written_values() -> None:
+    torch.manual_seed(0)
+    model = _WritesAnOutput()
+    xs = [torch.randn(4, 8) for _ in range(3)]
+    with torch.no_grad():
+        seen = [model.a(x) for x in xs]
+        t = _run(model, xs, "basic", modules=["a", "b"])
+    calls = t.calls("a")
+    assert calls[0].outputs[0].stats is None and t.recorder.counters.stats_skipped_modified == 1
+    for call, out in zip(calls[1:], seen[1:]):
+        assert call.outputs[0].stats is not None
+        assert call.outputs[0].stats.mean == pytest.approx(float(out.mean()), abs=1e-5)
+    # b reads the written values as its input, and says so
+    for call, out in zip(t.calls("b"), seen):
+        assert call.inputs[0].stats is not None
+        assert call.inputs[0].stats.mean == pytest.approx(float(out.mean()) + 100.0, rel=1e-5)
+
+
+def test_inference_tensors_get_statistics_without_errors() -> None:
+    # torch.inference_mode tensors have no version counter: they are read at their hooks.
+    model = tiny_llama(layers=2)
+    inputs = [torch.randint(0, 128, (1, 6)) for _ in range(2)]
+    inference = _run(model, inputs, "basic", inference=True)
+    reference = _run(model, inputs, "basic")
+    assert inference.recorder.counters.internal_errors == 0
+    assert _fields(inference.calls()) == _fields(reference.calls())
+    assert sum(m.stats is not None for c in inference.calls() for m in c.outputs) == 2 * 4  # all but the embedding
+
+
+@pytest.mark.parametrize("stats", ["basic", "off"])
+def test_what_the_hooks_hold_is_bounded(stats: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tiny_llama(layers=6)
+    held: list[tuple[int, int]] = []
+
+    def watch(*_a: Any) -> None:
+        state = t.tracer._local.steps
+        held.append((len(state.pending), state.pending_bytes))
+
+    ids = torch.randint(0, 128, (1, 5))
+    monkeypatch.setattr(engine, "PENDING_CALLS", 2)
+    with torch.no_grad(), spectrace.trace(model, stats=stats) as t:
+        for layer in model.model.layers:
+            layer.register_forward_hook(watch)  # after spectrace's own hook
+        model(ids)
+    assert held and max(n for n, _ in held) < 2  # read each time two are held
+    n_calls = len(t.calls())
+    held.clear()
+    monkeypatch.setattr(engine, "PENDING_CALLS", 64)
+    monkeypatch.setattr(engine, "PENDING_BYTES", 1)  # any output is more than this
+    with torch.no_grad(), spectrace.trace(model, stats=stats) as t:
+        for layer in model.model.layers:
+            layer.register_forward_hook(watch)
+        model(ids)
+    assert held and all(n == 0 and b == 0 for n, b in held)
+    assert len(t.calls()) == n_calls
