@@ -228,20 +228,20 @@ def eager_section(args: argparse.Namespace, out: dict[str, Any], shape: tuple[in
             for _ in range(args.variant_warmup):
                 step()
             ts = [time_one(step) for _ in range(reps)]
-        elif name in ("shapes", "stats", "stats_per_tensor"):
-            from spectrace.hooks import readback
+        elif name in ("shapes", "stats", "shapes_at_once", "stats_at_once"):
+            from spectrace.hooks import engine
 
-            batch = readback.DEFER_BATCH
-            if name == "stats_per_tensor":
-                readback.DEFER_BATCH = 1  # one statistics launch per tensor, as before batching
+            kept = engine.PENDING_CALLS
+            if name.endswith("_at_once"):
+                engine.PENDING_CALLS = 1  # each call noted at its hook: what keeping calls saves
             try:
-                with spectrace.trace(models, settings=settings, stats="off" if name == "shapes" else "basic") as t:
+                with spectrace.trace(models, settings=settings, stats="off" if name.startswith("shapes") else "basic") as t:
                     for _ in range(args.variant_warmup):
                         step()
                     ts = [time_one(step) for _ in range(reps)]
                     t.tracer.finish_step()
             finally:
-                readback.DEFER_BATCH = batch
+                engine.PENDING_CALLS = kept
                 if name == "stats":
                     calls = t.calls()
                     out["stats_filled"] = sum(m.stats is not None for c in calls[-len(hooked) :] for m in c.outputs)
@@ -267,9 +267,8 @@ def eager_section(args: argparse.Namespace, out: dict[str, Any], shape: tuple[in
             ts = [time_one(prof_step) for _ in range(max(1, reps // 2))]
         samples.setdefault(name, []).append(ts)
 
-    variants = ["bare", "off", "shapes", "stats", "anchor_item_hooks", "anchor_profiler_record_shapes"]
-    if dev == "cuda":
-        variants.insert(4, "stats_per_tensor")  # the same, one launch per tensor: what batching saves
+    # *_at_once: the same, each call noted at its hook instead of kept for one read (engine.PENDING_CALLS)
+    variants = ["bare", "off", "shapes", "shapes_at_once", "stats", "stats_at_once", "anchor_item_hooks", "anchor_profiler_record_shapes"]
     for _ in range(3):
         step()  # warm-up: allocator, kernels, first-use compiles
     t_start = time.perf_counter()
@@ -325,12 +324,12 @@ def hook_time(
     medians per step are independent of how loaded the machine is elsewhere.
     """
     result: dict[str, Any] = {}
-    from spectrace.hooks import readback
+    from spectrace.hooks import engine
 
-    batch = readback.DEFER_BATCH
-    for mode in ("off", "basic", "per_tensor") if dev == "cuda" else ("off", "basic"):
-        readback.DEFER_BATCH = 1 if mode == "per_tensor" else batch  # per_tensor: one launch each, as before batching
-        with spectrace.trace(models, settings=settings, stats="basic" if mode == "per_tensor" else mode) as t:
+    kept = engine.PENDING_CALLS
+    for mode in ("off", "basic", "off_at_once", "basic_at_once"):
+        engine.PENDING_CALLS = 1 if mode.endswith("_at_once") else kept  # at_once: each call noted at its hook
+        with spectrace.trace(models, settings=settings, stats=mode.split("_")[0]) as t:
             spent = [0.0]
             worker_cpu = [0.0]
 
@@ -367,8 +366,8 @@ def hook_time(
                 per.append(spent[0] * 1e3)
                 t.tracer.finish_step()
                 per_worker.append(worker_cpu[0] * 1e3)
-        readback.DEFER_BATCH = batch
-        name = {"off": "shapes", "basic": "stats", "per_tensor": "stats_per_tensor"}[mode]
+        engine.PENDING_CALLS = kept
+        name = {"off": "shapes", "basic": "stats", "off_at_once": "shapes_at_once", "basic_at_once": "stats_at_once"}[mode]
         result[name] = round(statistics.median(per), 3)
         result[f"{name}_worker_thread"] = round(statistics.median(per_worker), 3)
     return result
@@ -419,6 +418,7 @@ def sync_check(spectrace: Any, models: dict[str, nn.Module], settings: Any, step
 def graph_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
     """A Llama-8B-shaped decode step (32 layers, matmuls only, bf16) captured as a CUDA graph."""
     from spectrace.hooks import fused_stats as S
+    from spectrace.hooks import graph_slots as GS
     from spectrace.hooks.graph_slots import GraphSlots
     from spectrace.hooks.graphsafe import GraphStats
 
@@ -481,23 +481,42 @@ def graph_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
             "stats_fused": capture(stores["fused"], "stats_fused"),
             "stats_torch": capture(stores["torch"], "stats_torch"),
         }
-        # The serving integrations' path (hooks/graph_slots.py): masked kernels into one
-        # graph's table, the rows of every replay read (the worst case: between two
-        # read-backs the kernels read none).
-        slots = GraphSlots(dev, capacity=2 * L + 1, sample=1)
-        slots.warm(x0)
-        warm_up(None)
-        graphs["slots"] = torch.cuda.CUDAGraph()
-        kept["slots"] = []
-        with torch.cuda.graph(graphs["slots"]):
-            slots.begin_capture("slots", capture_bs=batch, label="slots")
-            x = x0
-            for i, w in enumerate(W):
-                x = layer(x, w)
-                slots.record(x, name=f"layers.{i}", role="hidden", module_type="Layer", arg="output")
-                kept["slots"].append(x)
-            slots.end_capture()
-        slots.tables["slots"].real_bs.fill_(batch)
+
+        def capture_slots(name: str) -> GraphSlots:
+            # The serving integrations' path (hooks/graph_slots.py): masked kernels into one
+            # graph's table, the rows of every replay read (the worst case: between two
+            # read-backs the kernels read none).
+            slots = GraphSlots(dev, capacity=2 * L + 1, sample=1)
+            slots.warm(x0)
+            warm_up(None)
+            graphs[name] = torch.cuda.CUDAGraph()
+            kept[name] = []
+            with torch.cuda.graph(graphs[name]):
+                slots.begin_capture(name, capture_bs=batch, label=name)
+                x = x0
+                for i, w in enumerate(W):
+                    x = layer(x, w)
+                    slots.record(x, name=f"layers.{i}", role="hidden", module_type="Layer", arg="output")
+                    kept[name].append(x)
+                slots.end_capture()
+            slots.tables[name].real_bs.fill_(batch)
+            return slots
+
+        slots = capture_slots("slots")
+        # Launch shapes to compare (--graph-blocks): the fewest blocks per program, fixed
+        # at capture, in the same interleaved rounds.
+        swept: dict[str, GraphSlots] = {}
+        default_blocks = S.MIN_BLOCKS_PER_PROGRAM
+        for blocks in args.graph_blocks:
+            if blocks == default_blocks:
+                continue
+            S.MIN_BLOCKS_PER_PROGRAM = GS.MIN_BLOCKS_PER_PROGRAM = blocks
+            try:
+                stores[f"fused_b{blocks}"] = GraphStats(2 * L + 1, dev)
+                graphs[f"stats_fused_b{blocks}"] = capture(stores[f"fused_b{blocks}"], f"stats_fused_b{blocks}")
+                swept[f"slots_b{blocks}"] = capture_slots(f"slots_b{blocks}")
+            finally:
+                S.MIN_BLOCKS_PER_PROGRAM = GS.MIN_BLOCKS_PER_PROGRAM = default_blocks
 
         def time_graph(g: torch.cuda.CUDAGraph, n: int) -> float:
             for _ in range(5):
@@ -521,7 +540,8 @@ def graph_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
             "ratio": {k: round(statistics.median([a / b for a, b in zip(v, rows["bare"])]), 4) for k, v in rows.items()},
         }
         # Refresh and validation, per store: replay, read, compare with float64 of the graph's own tensors.
-        for key, gname in (("fused", "stats_fused"), ("torch", "stats_torch")):
+        checked = [("fused", "stats_fused"), ("torch", "stats_torch")] + [(k, f"stats_{k}") for k in stores if k.startswith("fused_b")]
+        for key, gname in checked:
             gs, g = stores[key], graphs[gname]
             g.replay()
             first = gs.read()
@@ -534,16 +554,17 @@ def graph_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
             entry[f"{key}_refresh"] = f"{changed}/{len(first)} slots changed after new inputs"
             entry[f"{key}_vs_float64"] = {k: max(errs[k], errs2[k]) for k in errs}
             x0.sub_(0.5).div_(3.0)
-        assert slots.before_replay("slots", batch)
-        graphs["slots"].replay()
-        assert slots.after_replay("slots", {})
-        torch.cuda.synchronize()
-        (readout,) = slots.poll()
-        worst = 0.0
-        for info in readout.table.slots:
-            want = float(kept["slots"][info.index].double().std(unbiased=False))
-            worst = max(worst, abs(slots.stats_of(readout, info)["std"] - want) / max(want, 1e-30))
-        entry["slots_vs_float64_std_rel"] = worst
+        for name, table in {"slots": slots, **swept}.items():
+            assert table.before_replay(name, batch)
+            graphs[name].replay()
+            assert table.after_replay(name, {})
+            torch.cuda.synchronize()
+            (readout,) = table.poll()
+            worst = 0.0
+            for info in readout.table.slots:
+                want = float(kept[name][info.index].double().std(unbiased=False))
+                worst = max(worst, abs(table.stats_of(readout, info)["std"] - want) / max(want, 1e-30))
+            entry[f"{name}_vs_float64_std_rel"] = worst
         res[f"batch_{batch}"] = entry
         del graphs, kept
         torch.cuda.synchronize()
@@ -813,6 +834,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int)
     p.add_argument("--reps", type=int)
     p.add_argument("--graph-rounds", type=int, default=5)
+    p.add_argument(
+        "--graph-blocks",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=[],
+        help="graph section: also capture the statistics with these fewest blocks per program (e.g. 1,2), side by side",
+    )
     p.add_argument("--threads", type=int, help="torch CPU threads (default: 1 on cpu, unchanged on cuda)")
     p.add_argument("--variant-warmup", type=int, help="untimed forwards after each variant's set-up (default: 1 cuda, 0 cpu)")
     p.add_argument("--soak-calls", type=int)

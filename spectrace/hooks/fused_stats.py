@@ -105,7 +105,9 @@ def launch_partials(x: torch.Tensor, out: torch.Tensor, slot: int = 0, written: 
     full = n // BLOCK
     grid = min(rows, max(1, -(-full // MIN_BLOCKS_PER_PROGRAM)))
     per = -(-full // grid)  # whole blocks per program
-    per = -(-per // TILE) * TILE  # whole tiles, so only the last program reads single blocks
+    if full >= TILE * MIN_BLOCKS_PER_PROGRAM:
+        per = -(-per // TILE) * TILE  # whole tiles, so only the last program reads single blocks
+    # (a small tensor keeps its programs: a tile each would leave one program reading it all)
     grid = max(1, min(grid, -(-full // per))) if full else 1
     zero_rest = written is None or grid < written[slot]
     kernel[(grid,)](x, out, n, per, slot, rows, BLOCK=BLOCK, TILE=TILE, ZERO_REST=zero_rest, num_warps=WARPS)

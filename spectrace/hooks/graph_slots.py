@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from .fused_stats import BLOCK, MIN_BLOCKS_PER_PROGRAM, TRITON_DTYPES, WARPS, programs_for
+from .fused_stats import BLOCK, MIN_BLOCKS_PER_PROGRAM, TRITON_DTYPES, WARPS, programs_for  # the bench sweeps this name
 from .tensor_stats import ROW, stats_fields, stats_supported
 
 _kernel_state: dict[Any, Any] = {}
