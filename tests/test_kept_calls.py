@@ -191,3 +191,38 @@ def test_what_the_hooks_hold_is_bounded(stats: str, monkeypatch: pytest.MonkeyPa
         model(ids)
     assert held and all(n == 0 and b == 0 for n, b in held)
     assert len(t.calls()) == n_calls
+
+
+def _close(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> None:
+    """Equal records, statistics to float tolerance (batched launches group tensors differently)."""
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        for side in ("inputs", "outputs"):
+            for m, n in zip(x[side], y[side]):
+                sm, sn = m.pop("stats"), n.pop("stats")
+                assert (sm is None) == (sn is None), (x["module"], side)
+                if sm is not None:
+                    for key, value in sm.items():
+                        assert value == pytest.approx(sn[key], rel=1e-5, abs=1e-6), (x["module"], side, key)
+        assert x == y
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_kept_calls_on_cuda_match_calls_read_at_their_hooks_and_skip_written_tensors() -> None:
+    model = tiny_llama(layers=3).cuda()
+    inputs = [torch.randint(0, 128, (2, 7), device="cuda") for _ in range(3)]
+    kept = _run(model, inputs, "basic")
+    _close(_fields(kept.calls()), _fields(_run(model, inputs, "basic", at_once=True).calls()))
+    assert kept.recorder.counters.internal_errors == 0
+    assert all(c.outputs[0].stats is not None for c in kept.calls() if c.module != "model.embed_tokens")
+    torch.manual_seed(0)
+    writer = _WritesItsInput().cuda()
+    xs = [torch.randn(4, 8, device="cuda") for _ in range(3)]
+    with torch.no_grad():
+        seen = [writer.a(x) for x in xs]
+        t = _run(writer, xs, "basic", modules=["a", "scale", "b"])
+    calls = t.calls("scale")
+    assert calls[0].inputs[0].stats is None and t.recorder.counters.stats_skipped_modified == 2
+    for call, before in zip(calls[1:], seen[1:]):
+        assert call.inputs[0].stats is not None
+        assert call.inputs[0].stats.std == pytest.approx(_std(before.cpu()), rel=1e-4)
