@@ -445,6 +445,11 @@ class Tracer:
             readback = state.stats.start_readback()
         except Exception as exc:
             self.recorder.internal_error(f"statistics readback: {type(exc).__name__}: {exc}")
+        if state.stats.written_owners:
+            # Their tensors were written while held for a batched launch: read and launched
+            # at their calls from now on.
+            self._read_at_once |= state.stats.written_owners
+            state.stats.written_owners.clear()
         skipped = state.stats.skipped_modified - state.skipped_seen
         if skipped:
             state.skipped_seen += skipped
@@ -918,12 +923,13 @@ class Tracer:
                         if guard is not None and tensor is guard[0]:
                             if tensor._version == guard[1]:
                                 numel = tensor.numel()
-                                index = state.stats.add(tensor, reuse, version=guard[1])
+                                index = state.stats.add(tensor, reuse, version=guard[1], owner=name)
                             else:
                                 state.stats.skipped_modified += 1  # reported at the step's end
                         else:
                             numel = tensor.numel()
-                            index = state.stats.add(tensor, reuse)
+                            # A module seen writing in place launches at once, never held.
+                            index = state.stats.add(tensor, reuse, owner=name, hold=name not in self._read_at_once)
                     except Exception as exc:
                         self.recorder.internal_error(f"statistic on {tensor.dtype}: {type(exc).__name__}: {exc}")
             device = _device_of(tensor)

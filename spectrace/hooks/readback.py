@@ -134,6 +134,7 @@ class StepStats:
         # after the write. A version that moved before the launch skips that tensor.
         self.defer = defer
         self.skipped_modified = 0  # tensors whose statistics were skipped: written in place while held
+        self.written_owners: set[str] = set()  # the modules those tensors came from (add's owner)
         self._reset()
 
     def _reset(self) -> None:
@@ -148,20 +149,22 @@ class StepStats:
         self._wanted: dict[torch.device, int] = {}
         self._seen: dict[int, tuple[Any, int, int]] = {}
         # dtype -> [(tensor, its version when noted, entry index)], waiting for a batched launch
-        self._held: dict[Any, list[tuple[torch.Tensor, int, int]]] = {}
+        self._held: dict[Any, list[tuple[torch.Tensor, int, int, str]]] = {}
         self._held_bytes = 0
 
     def __len__(self) -> int:
         return len(self.entries)
 
-    def add(self, tensor: torch.Tensor, reuse: bool = True, version: int | None = None) -> int:
+    def add(self, tensor: torch.Tensor, reuse: bool = True, version: int | None = None, owner: str = "", hold: bool = True) -> int:
         """Enqueue ``tensor``'s statistics; returns its index in this step.
 
         ``reuse``: a tensor already summarised this step (same object, same version) keeps
         its row. A module's outputs pass False: a custom kernel that writes its input in
         place (SGLang's fused add + RMSNorm) does not bump ``_version``, and the output
         would show the input's statistics. ``version``: the one whose values are wanted,
-        where it was noted before now (a held tensor written since is skipped)."""
+        where it was noted before now (a held tensor written since is skipped).
+        ``owner``: the module a held tensor belongs to, named in :attr:`written_owners`
+        if it is skipped; ``hold=False``: launch now, never held."""
         # An inference tensor (torch.inference_mode) has no version counter: nothing can
         # prove it unmodified, so it is neither reused nor held.
         inference = tensor.is_inference()
@@ -176,9 +179,9 @@ class StepStats:
         if path == "host":
             entry: tuple[Any, ...] = ("host", cpu_row(x))
         elif path == "fused":
-            if self.defer and not inference and x.numel() * x.element_size() <= DEFER_TENSOR_BYTES and multi_ok(x.device):
+            if hold and self.defer and not inference and x.numel() * x.element_size() <= DEFER_TENSOR_BYTES and multi_ok(x.device):
                 self.entries.append(("held",))
-                self._hold(x, index, tensor._version if version is None else version)
+                self._hold(x, index, tensor._version if version is None else version, owner)
                 self._remember(tensor, index)
                 return index
             entry = self._fused(x, x.device)
@@ -195,9 +198,9 @@ class StepStats:
         except TypeError:
             pass
 
-    def _hold(self, x: torch.Tensor, index: int, version: int) -> None:
+    def _hold(self, x: torch.Tensor, index: int, version: int, owner: str = "") -> None:
         held = self._held.setdefault((x.device, x.dtype), [])
-        held.append((x, version, index))
+        held.append((x, version, index, owner))
         self._held_bytes += x.numel() * x.element_size()
         if len(held) >= DEFER_BATCH or self._held_bytes > DEFER_BYTES:
             self.launch_held()
@@ -208,10 +211,12 @@ class StepStats:
         held, self._held, self._held_bytes = self._held, {}, 0
         for (device, _dtype), items in held.items():
             live = []
-            for x, version, index in items:
+            for x, version, index, owner in items:
                 if x._version != version:
                     self.entries[index] = ("skipped",)
                     self.skipped_modified += 1
+                    if owner:
+                        self.written_owners.add(owner)
                 else:
                     live.append((x, index))
             if not live:
