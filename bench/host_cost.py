@@ -7,8 +7,9 @@
 A tiny Llama (8 layers, hidden 64, 16 tokens) is so cheap that the difference between a
 traced and a bare forward is almost all spectrace's Python: the figure to watch when
 changing the hot path. One run measures the bare forward, shapes only (``stats="off"``)
-and statistics (``stats="basic"``) side by side, interleaved per repeat so the machine's
-drift hits all three alike, and prints the medians over repeats. Alongside the wall-clock
+and statistics (``stats="basic"``) side by side, each also with every call noted at its
+hook (``*_at_once``: what keeping calls for one read saves), interleaved per repeat so the
+machine's drift hits them all alike, and prints the medians over repeats. Alongside the wall-clock
 difference it prints the hooks' own accounting: the time spent inside spectrace's hooks
 and step wrapper per hooked call (``Tracer.host_ns``), the host's share of that
 difference by construction.
@@ -31,10 +32,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from conftest import tiny_llama  # noqa: E402
 
 import spectrace  # noqa: E402
-from spectrace.hooks import fused_stats  # noqa: E402
+from spectrace.hooks import engine, fused_stats  # noqa: E402
 
-MODES = ("off", "basic")  # shapes only, statistics
-LABELS = {"off": "shapes only", "basic": "statistics"}
+# shapes only, statistics; *_at_once: each call noted at its hook (engine.PENDING_CALLS = 1),
+# what keeping calls for one read saves, in the same run
+MODES = ("off", "basic", "off_at_once", "basic_at_once")
+LABELS = {"off": "shapes only", "basic": "statistics", "off_at_once": "shapes only, at once", "basic_at_once": "statistics, at once"}
 
 
 def _sync(ids: torch.Tensor) -> None:
@@ -89,10 +92,15 @@ def one(iters: int = 50, device: str = "cpu") -> dict[str, Any]:
     with torch.no_grad():
         out["bare"] = _per_forward(model, ids, iters)
         for mode in MODES:
-            with spectrace.trace(model, stats=mode) as t:
-                out[mode] = _per_forward(model, ids, iters)
-                out["hooked"] = len(t.hooked)
-                out[f"{mode}_accounted"] = _accounted(t, model, ids, iters)
+            kept = engine.PENDING_CALLS
+            engine.PENDING_CALLS = 1 if mode.endswith("_at_once") else kept
+            try:
+                with spectrace.trace(model, stats=mode.split("_")[0]) as t:
+                    out[mode] = _per_forward(model, ids, iters)
+                    out["hooked"] = len(t.hooked)
+                    out[f"{mode}_accounted"] = _accounted(t, model, ids, iters)
+            finally:
+                engine.PENDING_CALLS = kept
     return out
 
 

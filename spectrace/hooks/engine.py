@@ -675,7 +675,13 @@ class Tracer:
                 if spec is not None and not inputs_after and not state.warming:  # the pre-hook pushed one
                     stack = local.get("inputs")
                     entry = stack.pop() if stack else []
-                if spec is not None and (type(entry) is int or inputs_after) and not state.capturing and not state.warming and local.get("depth", 0):
+                if (
+                    spec is not None
+                    and (type(entry) is int or inputs_after)
+                    and not state.capturing
+                    and not state.warming
+                    and local.get("depth", 0)
+                ):
                     pending = state.pending
                     if inputs_after:  # shapes only: no version to prove
                         pending.append((spec, args, kwargs, output, time.time(), None, None, 0))
