@@ -20,6 +20,12 @@ from spectrace.hooks import engine
 from spectrace.hooks.tensor_stats import cpu_row, to_stats
 
 
+@pytest.fixture(autouse=True)
+def _no_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process without a serving engine (another test of this worker may have imported one)."""
+    monkeypatch.setattr(engine, "_engine_loaded", lambda: False)
+
+
 def _fields(calls: list[Any]) -> list[dict[str, Any]]:
     """The records without what differs by construction (seq, wall-clock time)."""
     out = []
@@ -71,6 +77,18 @@ def test_the_hooks_keep_calls_and_read_them_at_the_steps_end() -> None:
     # the three layers, the norm and lm_head itself (spectrace's hook ran first) wait for the
     # read; the embedding (int ids: no statistics to prove) was read at once
     assert held == [5]
+
+
+def test_under_a_serving_engine_statistics_calls_are_read_at_their_hooks(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An engine's kernels write in place without bumping versions: nothing can be proven later.
+    monkeypatch.setattr(engine, "_engine_loaded", lambda: True)
+    model = tiny_llama(layers=3)
+    held: list[int] = []
+    with torch.no_grad(), spectrace.trace(model, stats="basic") as t:
+        model.lm_head.register_forward_hook(lambda *a: held.append(len(t.tracer._local.steps.pending)))
+        model(torch.randint(0, 128, (1, 5)))
+    assert held == [0]
+    assert all(c.outputs[0].stats is not None for c in t.calls() if c.module != "model.embed_tokens")
 
 
 class _Scale(nn.Module):

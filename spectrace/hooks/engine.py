@@ -628,9 +628,12 @@ class Tracer:
                     stack = local["inputs"] = []
                 if (
                     keep
+                    and state.stats.defer  # no engine's unversioned in-place kernels (Tracer.defer_stats)
+                    and self.defer_stats
                     and args
                     and type(args[0]) is torch.Tensor
                     and args[0].dtype in _KEPT_DTYPES
+                    and args[0].layout is torch.strided  # (a sparse one gets no statistics: the guard would miss)
                     and not args[0].is_inference()  # an inference tensor has no version counter
                     and not state.capturing
                     and local.get("depth", 0)
