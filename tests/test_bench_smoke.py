@@ -37,7 +37,17 @@ def test_overhead_bench_quick_runs_every_section(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     res = json.loads((tmp_path / "overhead-cpu.json").read_text())
     assert not res["errors"]
-    assert set(res["eager"]) == {"bare", "off", "shapes", "stats", "anchor_item_hooks", "anchor_profiler_record_shapes"}
+    assert set(res["eager"]) == {
+        "bare",
+        "off",
+        "shapes",
+        "shapes_at_once",
+        "stats",
+        "stats_at_once",
+        "anchor_item_hooks",
+        "anchor_profiler_record_shapes",
+    }
+    assert set(res["hook_time"]) >= {"shapes", "stats", "shapes_at_once", "stats_at_once"}
     assert res["off_hooks"] == 0 and res["stats_filled"] > 0
     assert res["bootstrap"]["pth_line_us_median"] > 0 and not res["bootstrap"]["imported_spectrace_when_unset"]
     assert res["soak"]["jsonl_lines"] > 1000 and res["soak"]["jsonl_bytes_per_step"] > 0
