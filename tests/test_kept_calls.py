@@ -244,3 +244,29 @@ def test_kept_calls_on_cuda_match_calls_read_at_their_hooks_and_skip_written_ten
     for call, before in zip(calls[1:], seen[1:]):
         assert call.inputs[0].stats is not None
         assert call.inputs[0].stats.std == pytest.approx(_std(before.cpu()), rel=1e-4)
+
+
+class _TakesAList(nn.Module):
+    def forward(self, xs: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat(xs, dim=-1)
+
+
+class _AppendsAfter(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.join = _TakesAList()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        parts = [x, x]
+        joined = self.join(parts)
+        parts.append(x)  # the caller changes the list after the call
+        return self.lin(joined[..., :8])
+
+
+@pytest.mark.parametrize("stats", ["basic", "off"])
+def test_a_list_argument_changed_after_the_call_is_recorded_as_the_call_saw_it(stats: str) -> None:
+    t = _run(_AppendsAfter(), [torch.randn(2, 8)], stats, modules=["join", "lin"])
+    (call,) = t.calls("join")
+    assert [m.arg for m in call.inputs] == ["input[0][0]", "input[0][1]"]
+    assert call.outputs[0].shape == [2, 16]

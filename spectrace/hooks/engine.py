@@ -2,9 +2,11 @@
 
 A :class:`Tracer` hooks the selected modules of one or more roots and wraps each
 root's ``forward`` (SGLang calls ``.forward()`` directly, so a hook on the root would
-never fire). Each outermost root call is a *step*. Hooks stay cheap: a call is noted as
-a plain tuple (names, shapes, a statistics slot, see :mod:`.stats`); at the step's end
-the statistics copy is enqueued and the step goes to the :class:`.worker.RecordWorker`,
+never fire). Each outermost root call is a *step*. Hooks stay cheap: inside a step a
+hook keeps the call as it came, and the kept calls are noted in one pass (see
+:data:`PENDING_CALLS`) as plain tuples (names, shapes, a statistics slot, see
+:mod:`.readback`); at the step's end the statistics copy is enqueued and the step goes to
+the :class:`.worker.RecordWorker`,
 which builds the pydantic records and hands them to the
 :class:`~spectrace.recorder.Recorder` off the host's thread.
 
@@ -161,6 +163,20 @@ class _FinishedStep:
 # First-input dtypes of a call kept for a later read in statistics mode (PENDING_CALLS):
 # those that get statistics, so the guarded tensor is the one summarised.
 _KEPT_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.float64})
+
+
+def _holds_mutable(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> bool:
+    """Whether a call got a list or a dict, which its caller may change after it (a kept
+    call's walk would then see the later contents): such a call is read at once."""
+    for value in args:
+        if type(value) is list or type(value) is dict:
+            return True
+    if kwargs:
+        for value in kwargs.values():
+            if type(value) is list or type(value) is dict:
+                return True
+    return False
+
 
 _NO_INPUTS: list[RawTensor] = []  # a call whose inputs could not be noted (never appended to)
 
@@ -696,8 +712,8 @@ class Tracer:
                         return None
                     if type(output) is torch.Tensor:
                         state.pending_bytes += output.nbytes
-                    if len(pending) >= PENDING_CALLS or state.pending_bytes > PENDING_BYTES:
-                        self._read_pending(state)
+                    if len(pending) >= PENDING_CALLS or state.pending_bytes > PENDING_BYTES or _holds_mutable(args, kwargs):
+                        self._read_pending(state)  # (a list or dict argument may change before a later read)
                     return None
                 if not state.warming and self.sample > 1 and not self._sampled(state):
                     state.seen += 1  # an unsampled step: counted, nothing collected
