@@ -188,7 +188,8 @@ _NO_INPUTS: list[RawTensor] = []  # a call whose inputs could not be noted (neve
 # PENDING_BYTES of outputs per thread alive a little longer. Statistics mode keeps a call
 # only where the version counters can prove the read sees the call's values: the first
 # input a float tensor (its version noted before the call) and the output one tensor
-# (noted after); a module seen writing its input in place is read at once from then on.
+# (noted after); a module seen writing its input or output in place is read at once from
+# then on (Tracer._read_at_once).
 PENDING_CALLS = 64
 PENDING_BYTES = 64 << 20
 
@@ -237,7 +238,9 @@ class Tracer:
         # tensor's version, so a held tensor could be read after the write unnoticed.
         self.defer_stats = True
         self._token_tensors = TokenTensors()
-        self._read_at_once: set[str] = set()  # modules seen writing their input in place (PENDING_CALLS)
+        # Modules whose calls are read at their hooks (PENDING_CALLS): seen writing their input
+        # or output in place, or a held tensor of theirs written before its batched launch.
+        self._read_at_once: set[str] = set()
         # SPECTRACE_CAPTURE_VALUES: the fused draft input's first rows and their ids (values.py).
         self.values = values_capture(recorder)
         self._step = functools.partial(Tracer._step_around, self)
