@@ -61,7 +61,8 @@ def test_kept_calls_record_what_calls_read_at_their_hooks_record(stats: str) -> 
                 m["stats"] = None
     else:
         reference = _fields(_run(model, inputs, stats, at_once=True).calls())
-    assert _fields(kept.calls()) == reference
+    # (a kept pass takes the CPU statistics of same-sized tensors together: float32 rounding)
+    _close(_fields(kept.calls()), reference)
     assert kept.recorder.counters.internal_errors == 0 and kept.recorder.counters.stats_skipped_modified == 0
     if stats == "basic":
         assert all(c.outputs[0].stats is not None for c in kept.calls() if c.module != "model.embed_tokens")
@@ -179,7 +180,7 @@ def test_inference_tensors_get_statistics_without_errors() -> None:
     inference = _run(model, inputs, "basic", inference=True)
     reference = _run(model, inputs, "basic")
     assert inference.recorder.counters.internal_errors == 0
-    assert _fields(inference.calls()) == _fields(reference.calls())
+    _close(_fields(inference.calls()), _fields(reference.calls()))
     assert sum(m.stats is not None for c in inference.calls() for m in c.outputs) == 2 * 4  # all but the embedding
 
 

@@ -339,10 +339,11 @@ if __name__ != "__main__":
             raise FloatingPointError("reduction kernel failed")
 
         monkeypatch.setattr(readback, "cpu_row", broken)
+        monkeypatch.setattr(readback, "cpu_rows", broken)  # the same reductions, a pass's tensors together
         model, ids, ref = small
         t, _ = _run_traced(model, ids, ref, steps=3)
         assert len(t.calls()) == 3 * 5 and all(m.stats is None for c in t.calls() for m in c.outputs)
-        assert t.recorder.counters.internal_errors >= 3 * 5
+        assert t.recorder.counters.internal_errors >= 3  # at least once per step
         err = capfd.readouterr().err
         assert len(_spectrace_lines(err, "internal error")) == 1, err
 

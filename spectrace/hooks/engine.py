@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import functools
 import json
+import math
 import threading
 import time
 import weakref
@@ -39,7 +40,7 @@ from .privacy import TokenTensors
 from .readback import Readback, StepStats
 from .roles import role_of
 from .selection import ModuleFilter, select
-from .tensor_stats import INDEX_DTYPES, stats_for, stats_supported
+from .tensor_stats import INDEX_DTYPES, stats_for, stats_json, stats_supported
 from .tensors import collect
 from .values import values_capture
 from .worker import RecordWorker
@@ -806,6 +807,18 @@ class Tracer:
             first = self._seq + 1
             self._seq += len(pending)
         state.seen += len(pending)
+        # No model code runs until this pass ends: its CPU statistics are taken together.
+        state.stats.batch_rows = True
+        try:
+            self._read_kept(state, pending, first)
+        finally:
+            state.stats.batch_rows = False
+            try:
+                state.stats.take_rows()
+            except Exception as exc:
+                self.recorder.internal_error(f"statistics of kept calls: {type(exc).__name__}: {exc}")
+
+    def _read_kept(self, state: _ThreadSteps, pending: list[_Pending], first: int) -> None:
         step, capturing, ctx, calls, note = state.step, state.capturing, state.context, state.calls, self._note
         for n, (spec, args, kwargs, output, t_unix, in_version, out, out_version) in enumerate(pending):
             name, module_type, root, role = spec
@@ -1045,6 +1058,7 @@ _PIECES_MAX = 4096  # cached pieces per table: the tables are cleared when full 
 _module_pieces: dict[tuple[str, str, str], str] = {}
 _meta_pieces: dict[tuple[Any, ...], str] = {}  # a tensor description up to its statistics
 _tail_pieces: dict[tuple[Any, ...], str] = {}  # from graph_capture to the end: (capture, role, context)
+_stats_texts: dict[tuple[int, int], str] = {}  # (generation, index) -> the statistics' text
 _NO_STATS = "null}"
 
 
@@ -1095,7 +1109,7 @@ def _call_text(raw: RawCall, values: dict[int, list[list[float] | None]]) -> str
             '],"outputs":[',
             ",".join([_meta_text(t, values) for t in outputs]),
             '],"t_unix":',
-            _piece(t_unix),
+            repr(t_unix) if type(t_unix) is float and math.isfinite(t_unix) else _piece(t_unix),
             tail,
         )
     )
@@ -1121,5 +1135,13 @@ def _meta_text(raw: RawTensor, values: dict[int, list[list[float] | None]]) -> s
         rows = values.get(raw[4])
         row = rows[index] if rows is not None and index < len(rows) else None
         if row is not None:
-            return f"{head}{_piece(stats_for(row, raw[6], raw[2]))}}}"
+            # A tensor seen twice in a step (layer i's output, layer i+1's input) has one row:
+            # its text is written once. Generations are never reused, so keys never go stale.
+            key = (raw[4], index)
+            text = _stats_texts.get(key)
+            if text is None:
+                if len(_stats_texts) >= _PIECES_MAX:
+                    _stats_texts.clear()
+                text = _stats_texts[key] = stats_json(row, raw[6], raw[2])
+            return f"{head}{text}}}"
     return head + _NO_STATS

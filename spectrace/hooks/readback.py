@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from .fused_stats import fused_ok, launch_multi, launch_partials, multi_ok, programs_for
-from .tensor_stats import ROW, cpu_row, cpu_stats, reduce_partials, reduce_rows, torch_stats
+from .tensor_stats import ROW, ROWS_BATCH_MIN, cpu_row, cpu_rows, cpu_stats, reduce_partials, reduce_rows, rows_batchable, torch_stats
 
 
 # ------------------------------------------------------------------ one tensor
@@ -134,6 +134,10 @@ class StepStats:
         # after the write. A version that moved before the launch skips that tensor.
         self.defer = defer
         self.skipped_modified = 0  # tensors whose statistics were skipped: written in place while held
+        # Set by a caller that notes many calls in one pass with no model code in between
+        # (the engine's read of kept calls): CPU tensors are then summarised together at
+        # its end (take_rows), grouped by size.
+        self.batch_rows = False
         self.written_owners: set[str] = set()  # the modules those tensors came from (add's owner)
         self._reset()
 
@@ -151,6 +155,7 @@ class StepStats:
         # dtype -> [(tensor, its version when noted, entry index)], waiting for a batched launch
         self._held: dict[Any, list[tuple[torch.Tensor, int, int, str]]] = {}
         self._held_bytes = 0
+        self._rows_held: list[tuple[torch.Tensor, int]] = []  # CPU tensors for take_rows
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -177,6 +182,11 @@ class StepStats:
         index = len(self.entries)
         path = _path(x)
         if path == "host":
+            if self.batch_rows and not inference and rows_batchable(x):
+                self.entries.append(("host", None))  # filled by take_rows, at the pass's end
+                self._rows_held.append((x, index))
+                self._remember(tensor, index)
+                return index
             entry: tuple[Any, ...] = ("host", cpu_row(x))
         elif path == "fused":
             if hold and self.defer and not inference and x.numel() * x.element_size() <= DEFER_TENSOR_BYTES and multi_ok(x.device):
@@ -204,6 +214,34 @@ class StepStats:
         self._held_bytes += x.numel() * x.element_size()
         if len(held) >= DEFER_BATCH or self._held_bytes > DEFER_BYTES:
             self.launch_held()
+
+    def take_rows(self) -> None:
+        """The rows of the CPU tensors held by a batched pass (:attr:`batch_rows`): one
+        :func:`cpu_rows` per size. Called at the pass's end, before any model code runs
+        again, so every tensor still holds the values its call saw. A tensor whose row
+        cannot be taken gets none, and the first such error is raised once the others
+        have theirs."""
+        held, self._rows_held = self._rows_held, []
+        by_size: dict[int, list[tuple[torch.Tensor, int]]] = {}
+        for x, index in held:
+            by_size.setdefault(x.numel(), []).append((x, index))
+        failed: Exception | None = None
+        for items in by_size.values():
+            try:
+                rows: list[list[float] | None] = list(cpu_rows([x for x, _index in items])) if len(items) >= ROWS_BATCH_MIN else []
+            except Exception:  # one odd tensor must not cost the others their rows
+                rows = []
+            if not rows:
+                for x, _index in items:
+                    try:
+                        rows.append(cpu_row(x))
+                    except Exception as exc:
+                        rows.append(None)
+                        failed = failed or exc
+            for (_x, index), row in zip(items, rows):
+                self.entries[index] = ("host", row)
+        if failed is not None:
+            raise failed  # the rows that could be taken are in; the caller reports it once
 
     def launch_held(self) -> None:
         """Launch the statistics of every held tensor now: one launch per device and dtype
@@ -259,6 +297,8 @@ class StepStats:
         """
         if self._held:
             self.launch_held()
+        if self._rows_held:
+            self.take_rows()
         entries, buffers, wanted, generation = self.entries, self._buffers, self._wanted, self.generation
         self._reset()
         if not entries:

@@ -95,6 +95,39 @@ def cpu_stats(x: torch.Tensor) -> torch.Tensor:
     return torch.tensor(cpu_row(x), dtype=torch.float64)
 
 
+# A CPU float32 tensor up to this many elements may be summarised with others of its size
+# in one pass (cpu_rows). The pass copies them, so big ones (a prefill's logits) go alone,
+# where the reads cost more than the launches; a group smaller than ROWS_BATCH_MIN too.
+ROWS_BATCH_NUMEL = 1 << 16
+ROWS_BATCH_MIN = 4
+
+
+def rows_batchable(x: torch.Tensor) -> bool:
+    """Whether :func:`cpu_rows` takes ``x`` (a contiguous CPU float32 tensor, not too big)."""
+    return x.dtype is torch.float32 and x.is_contiguous() and x.numel() <= ROWS_BATCH_NUMEL
+
+
+def cpu_rows(xs: Sequence[torch.Tensor]) -> list[list[float]]:
+    """:func:`cpu_row` of several contiguous float32 CPU tensors of one size, in one pass:
+    one copy and four reductions for the lot instead of three reductions and as many
+    host reads per tensor (about half the time for a decode step's hidden states). The
+    sums are float32-accumulated as :func:`cpu_row`'s, in another order: they agree to
+    float32 rounding. A row whose sums are not finite is redone by :func:`cpu_row`
+    (NaN/inf counted, squares past float32 taken in float64)."""
+    stacked = torch.cat([x.view(-1) for x in xs]).view(len(xs), -1)
+    totals = stacked.sum(1).tolist()
+    squares = torch.linalg.vecdot(stacked, stacked).tolist()
+    highs = stacked.amax(1).tolist()
+    lows = stacked.amin(1).tolist()
+    rows = []
+    for x, total, sumsq, high, low in zip(xs, totals, squares, highs, lows):
+        if math.isfinite(total) and math.isfinite(sumsq):
+            rows.append([total, sumsq, max(-low, high), 0.0, 0.0])
+        else:
+            rows.append(cpu_row(x))
+    return rows
+
+
 def cpu_row(x: torch.Tensor) -> list[float]:
     """:func:`cpu_stats` as a host list (a traced CPU step keeps it so: no tensor per row,
     no reduction at the step's end). The same numbers: float64 holds each one exactly."""
@@ -178,19 +211,46 @@ def to_stats(row: Sequence[float], numel: int) -> TensorStats:
 
 def stats_fields(row: Sequence[float], numel: int) -> dict[str, Any]:
     """The fields of :class:`TensorStats` from one row (what :func:`to_stats` validates)."""
+    mean, std, absmax, nan, inf = _moments(row, numel)
+    return {
+        "mean": _finite_or_none(mean),
+        "std": _finite_or_none(std),
+        "absmax": absmax if not math.isnan(absmax) and nan == 0 else None,
+        "nan": nan,
+        "inf": inf,
+        "numel": numel,
+    }
+
+
+def _moments(row: Sequence[float], numel: int) -> tuple[float, float, float, int, int]:
+    """(mean, std, absmax, nan count, inf count) of one row."""
     total, sumsq, absmax, nan, inf = map(float, row[:ROW])
     mean = total / numel
     # Population variance from the two sums; clamp the tiny negatives rounding leaves.
     var = max(sumsq / numel - mean * mean, 0.0) if numel > 0 else 0.0
     std = math.sqrt(var) if math.isfinite(var) else var
-    return {
-        "mean": _finite_or_none(mean),
-        "std": _finite_or_none(std),
-        "absmax": absmax if not math.isnan(absmax) and nan == 0 else None,
-        "nan": int(nan),
-        "inf": int(inf),
-        "numel": numel,
-    }
+    return mean, std, absmax, int(nan), int(inf)
+
+
+def stats_json(values: Sequence[float], numel: int, dtype: str) -> str:
+    """The JSON text of :func:`stats_for`, written directly (a third of the time of
+    building the dict and encoding it): the same fields, the same values (a float as
+    Python's shortest round-trip text, a non-finite one as null)."""
+    if dtype in INDEX_DTYPES:
+        return "null"
+    mean, std, absmax, nan, inf = _moments(values, numel)
+    if dtype.startswith("complex"):
+        mean = std = math.nan  # see stats_for
+    if nan:
+        absmax = math.nan
+    return (
+        f'{{"mean":{_json_float(mean)},"std":{_json_float(std)},"absmax":{_json_float(absmax)},'
+        f'"nan":{nan},"inf":{inf},"numel":{int(numel)}}}'
+    )
+
+
+def _json_float(value: float) -> str:
+    return repr(value) if math.isfinite(value) else "null"
 
 
 def _finite_or_none(value: float) -> float | None:
