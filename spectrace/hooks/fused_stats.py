@@ -161,7 +161,7 @@ def fused_ok(x: torch.Tensor) -> bool:
     :func:`check_fused` on ``x``'s device (checked on first use, then cached)."""
     if not fused_supported(x):
         return False
-    key = ("checked", x.device.index)
+    key = ("checked", x.get_device())  # the device's index, without building a torch.device
     ok = _triton_state.get(key)
     if ok is None:
         ok = _triton_state[key] = check_fused(x.device)

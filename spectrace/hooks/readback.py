@@ -28,7 +28,18 @@ from typing import Any
 import torch
 
 from .fused_stats import fused_ok, launch_multi, launch_partials, multi_ok, programs_for
-from .tensor_stats import ROW, ROWS_BATCH_MIN, cpu_row, cpu_rows, cpu_stats, reduce_partials, reduce_rows, rows_batchable, torch_stats
+from .tensor_stats import (
+    ABSMAX,
+    ROW,
+    ROWS_BATCH_MIN,
+    cpu_row,
+    cpu_rows,
+    cpu_stats,
+    reduce_partials,
+    reduce_rows,
+    rows_batchable,
+    torch_stats,
+)
 
 
 # ------------------------------------------------------------------ one tensor
@@ -60,11 +71,15 @@ class SlotBuffer:
     costs a caching-allocator call per hook.
     """
 
-    __slots__ = ("tensor", "used")
+    __slots__ = ("tensor", "used", "host", "event")
 
     def __init__(self, device: torch.device, capacity: int) -> None:
         self.tensor = torch.empty(capacity, programs_for(device), ROW, device=device, dtype=torch.float64)
         self.used = 0
+        # The read-back's pinned host rows and its event, made on first use and kept with
+        # the buffer: it is reused only once its last read-back was read (values()).
+        self.host: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.event: Any = None
 
 
 class _BufferPool:
@@ -189,12 +204,13 @@ class StepStats:
                 return index
             entry: tuple[Any, ...] = ("host", cpu_row(x))
         elif path == "fused":
-            if hold and self.defer and not inference and x.numel() * x.element_size() <= DEFER_TENSOR_BYTES and multi_ok(x.device):
+            device = x.device  # (built anew on every access: once here)
+            if hold and self.defer and not inference and x.numel() * x.element_size() <= DEFER_TENSOR_BYTES and multi_ok(device):
                 self.entries.append(("held",))
-                self._hold(x, index, tensor._version if version is None else version, owner)
+                self._hold(x, device, index, tensor._version if version is None else version, owner)
                 self._remember(tensor, index)
                 return index
-            entry = self._fused(x, x.device)
+            entry = self._fused(x, device)
         else:
             entry = ("row", torch_stats(x))
         self.entries.append(entry)
@@ -208,8 +224,8 @@ class StepStats:
         except TypeError:
             pass
 
-    def _hold(self, x: torch.Tensor, index: int, version: int, owner: str = "") -> None:
-        held = self._held.setdefault((x.device, x.dtype), [])
+    def _hold(self, x: torch.Tensor, device: torch.device, index: int, version: int, owner: str = "") -> None:
+        held = self._held.setdefault((device, x.dtype), [])
         held.append((x, version, index, owner))
         self._held_bytes += x.numel() * x.element_size()
         if len(held) >= DEFER_BATCH or self._held_bytes > DEFER_BYTES:
@@ -335,6 +351,8 @@ def copy_rows(device: torch.device, entries: list[tuple[Any, ...]], indices: lis
     """Reduce one device's entries to ``(T, 5)`` float64 and start their host copy."""
     slots = [e for e in entries if e[0] == "slot"]
     rows = [e[1] for e in entries if e[0] == "row"]
+    if buffer is not None and slots and not rows and len(slots) == buffer.used and device.type == "cuda":
+        return _copy_slots(buffer, [i for _slot, i in sorted((e[2], i) for i, e in zip(indices, entries))])
     parts = []
     if slots:
         assert buffer is not None
@@ -356,6 +374,28 @@ def copy_rows(device: torch.device, entries: list[tuple[Any, ...]], indices: lis
     return _Copy(order, reduced.to("cpu"), None)
 
 
+def _copy_slots(buffer: SlotBuffer, order: list[int]) -> _Copy:
+    """A step whose rows are all slots of its buffer (the common CUDA step): two reductions
+    of the partials (the sums, the absmax) copied into the buffer's own pinned rows behind
+    its own event. Four launches, where reduce_partials and a fresh pinned copy take six
+    and two allocations."""
+    used = buffer.used
+    partials = buffer.tensor[:used]
+    if buffer.host is None:
+        capacity = buffer.tensor.shape[0]
+        buffer.host = (
+            torch.empty(capacity, ROW, dtype=torch.float64, pin_memory=True),
+            torch.empty(capacity, dtype=torch.float64, pin_memory=True),
+        )
+        # blocking: the worker that waits on it sleeps instead of spinning a core.
+        buffer.event = torch.cuda.Event(blocking=True)
+    sums, top = buffer.host[0][:used], buffer.host[1][:used]  # contiguous: the copies stay asynchronous
+    sums.copy_(partials.sum(1), non_blocking=True)  # (its absmax column is a sum: replaced on the host)
+    top.copy_(partials[..., ABSMAX].amax(1), non_blocking=True)
+    buffer.event.record()
+    return _Copy(order, (sums, top), buffer.event)
+
+
 def host_rows(entries: list[tuple[Any, ...]], indices: list[int]) -> _Copy:
     """The CPU entries of one step: their rows are on the host already."""
     return _Copy(indices, [e[1] for e in entries], None)
@@ -366,7 +406,7 @@ class _Copy:
 
     __slots__ = ("indices", "host", "event")
 
-    def __init__(self, indices: list[int], host: torch.Tensor | list[list[float]], event: Any) -> None:
+    def __init__(self, indices: list[int], host: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | list[list[float]], event: Any) -> None:
         self.indices = indices
         self.host = host
         self.event = event
@@ -411,7 +451,12 @@ class Readback:
         try:
             for copy in self.copies:
                 copy.wait()
-                rows = copy.host if isinstance(copy.host, list) else copy.host.tolist()
+                if isinstance(copy.host, tuple):  # _copy_slots: the sums, and the absmax apart
+                    rows = copy.host[0].tolist()
+                    for row, top in zip(rows, copy.host[1].tolist()):
+                        row[ABSMAX] = top
+                else:
+                    rows = copy.host if isinstance(copy.host, list) else copy.host.tolist()
                 for i, values in zip(copy.indices, rows):
                     out[i] = values
         finally:
