@@ -149,6 +149,22 @@ def item_stats_hooks(modules: list[nn.Module]) -> Callable[[], None]:
     return lambda: [h.remove() for h in handles]
 
 
+def empty_hooks(modules: list[nn.Module]) -> Callable[[], None]:
+    """The floor of any tracer built on module hooks: a pre-hook and a forward hook that do
+    nothing, registered as spectrace registers its own (with kwargs). What torch's call
+    path costs once a module has hooks at all."""
+
+    def pre(_m: nn.Module, _a: Any, _k: Any) -> None:
+        return None
+
+    def post(_m: nn.Module, _a: Any, _k: Any, _o: Any) -> None:
+        return None
+
+    handles = [m.register_forward_pre_hook(pre, with_kwargs=True) for m in modules]
+    handles += [m.register_forward_hook(post, with_kwargs=True) for m in modules]
+    return lambda: [h.remove() for h in handles]
+
+
 def count_hooks(*roots: nn.Module) -> int:
     """Hooks and forward wrappers owned by spectrace (transformers adds its own; not counted)."""
 
@@ -245,6 +261,14 @@ def eager_section(args: argparse.Namespace, out: dict[str, Any], shape: tuple[in
                 if name == "stats":
                     calls = t.calls()
                     out["stats_filled"] = sum(m.stats is not None for c in calls[-len(hooked) :] for m in c.outputs)
+        elif name == "anchor_empty_hooks":
+            remove = empty_hooks(anchor_modules)
+            try:
+                for _ in range(args.variant_warmup):
+                    step()
+                ts = [time_one(step) for _ in range(reps)]
+            finally:
+                remove()
         elif name == "anchor_item_hooks":
             remove = item_stats_hooks(anchor_modules)
             try:
@@ -268,7 +292,17 @@ def eager_section(args: argparse.Namespace, out: dict[str, Any], shape: tuple[in
         samples.setdefault(name, []).append(ts)
 
     # *_at_once: the same, each call noted at its hook instead of kept for one read (engine.PENDING_CALLS)
-    variants = ["bare", "off", "shapes", "shapes_at_once", "stats", "stats_at_once", "anchor_item_hooks", "anchor_profiler_record_shapes"]
+    variants = [
+        "bare",
+        "off",
+        "shapes",
+        "shapes_at_once",
+        "stats",
+        "stats_at_once",
+        "anchor_empty_hooks",
+        "anchor_item_hooks",
+        "anchor_profiler_record_shapes",
+    ]
     for _ in range(3):
         step()  # warm-up: allocator, kernels, first-use compiles
     t_start = time.perf_counter()

@@ -44,6 +44,7 @@ def test_overhead_bench_quick_runs_every_section(tmp_path):
         "shapes_at_once",
         "stats",
         "stats_at_once",
+        "anchor_empty_hooks",
         "anchor_item_hooks",
         "anchor_profiler_record_shapes",
     }
