@@ -97,6 +97,15 @@ def _device_of(tensor: torch.Tensor) -> str:
     return _device_name(tensor.device)
 
 
+def _describe(tensor: torch.Tensor) -> tuple[tuple[int, ...], str, str]:
+    """A tensor's (shape, dtype name, device name) as a call record writes them."""
+    try:
+        shape = tuple(tensor.shape)
+    except Exception:  # nested/jagged tensors have no single shape
+        shape = ()
+    return shape, _DTYPE_NAMES.get(tensor.dtype) or _dtype_name(tensor.dtype), _device_of(tensor)
+
+
 def _engine_loaded() -> bool:
     """Whether a serving engine is imported here (see Tracer.defer_stats)."""
     import sys
@@ -820,6 +829,7 @@ class Tracer:
 
     def _read_kept(self, state: _ThreadSteps, pending: list[_Pending], first: int) -> None:
         step, capturing, ctx, calls, note = state.step, state.capturing, state.context, state.calls, self._note
+        seen: dict[int, tuple[torch.Tensor, tuple[int, ...], str, str]] = {}  # every tensor here is held: ids are unique
         for n, (spec, args, kwargs, output, t_unix, in_version, out, out_version) in enumerate(pending):
             name, module_type, root, role = spec
             try:
@@ -829,13 +839,15 @@ class Tracer:
                     if args[0]._version != in_version:
                         # The module wrote its input in place: its calls are read at once from now on.
                         self._read_at_once.add(name)
-                inputs = note(collect(args, kwargs, side="input"), state, name, module_type, role, guard=guard)
+                inputs = note(collect(args, kwargs, side="input"), state, name, module_type, role, guard=guard, seen=seen)
                 guard = None
                 if out is not None:
                     guard = (out, out_version)
                     if out._version != out_version:
                         self._read_at_once.add(name)  # its output is written in place after the call
-                outputs = note(collect((), None, output, side="output"), state, name, module_type, role, reuse=False, guard=guard)
+                outputs = note(
+                    collect((), None, output, side="output"), state, name, module_type, role, reuse=False, guard=guard, seen=seen
+                )
             except Exception as exc:
                 self.recorder.internal_error(f"post-hook {name}: {type(exc).__name__}: {exc}")
                 continue
@@ -916,23 +928,28 @@ class Tracer:
         budget: int | None = -1,
         reuse: bool = True,
         guard: tuple[torch.Tensor, int] | None = None,
+        seen: dict[int, tuple[torch.Tensor, tuple[int, ...], str, str]] | None = None,
     ) -> list[RawTensor]:
         """Shapes of every tensor, and statistics enqueued for the ones that get them
         (inside a graph being captured: a slot of its statistics table).
 
         ``guard``: (tensor, its version at the call) of a call read later; that tensor's
-        statistics are skipped, and counted, if it was written in place since."""
+        statistics are skipped, and counted, if it was written in place since. ``seen``:
+        the (shape, dtype, device) of tensors already noted in this pass, by identity
+        (rotary cos/sin and position ids go to every layer; a layer's output is the next
+        one's input)."""
         noted: list[RawTensor] = []
         generation = state.stats.generation  # a step ends in finish_step only: fixed here
         if self.stats_mode == "off":
             # Shapes only: the loop below without its statistics branch (the hottest path).
             for arg, tensor in tensors:
-                try:
-                    shape = tuple(tensor.shape)
-                except Exception:  # nested/jagged tensors have no single shape
-                    shape = ()
-                dtype = _DTYPE_NAMES.get(tensor.dtype) or _dtype_name(tensor.dtype)
-                device = _device_of(tensor)
+                hit = seen.get(id(tensor)) if seen is not None else None
+                if hit is not None and hit[0] is tensor:
+                    _t, shape, dtype, device = hit
+                else:
+                    shape, dtype, device = _describe(tensor)
+                    if seen is not None:
+                        seen[id(tensor)] = (tensor, shape, dtype, device)
                 if device != "cpu":
                     state.on_device = True
                 noted.append((arg, shape, dtype, device, generation, -1, 0))
@@ -944,11 +961,13 @@ class Tracer:
         if budget == -1:
             budget = None if self.stats_mode == "full" else 1
         for arg, tensor in tensors:
-            try:
-                shape = tuple(tensor.shape)
-            except Exception:  # nested/jagged tensors have no single shape
-                shape = ()
-            dtype = _DTYPE_NAMES.get(tensor.dtype) or _dtype_name(tensor.dtype)
+            hit = seen.get(id(tensor)) if seen is not None else None
+            if hit is not None and hit[0] is tensor:
+                _t, shape, dtype, device = hit
+            else:
+                shape, dtype, device = _describe(tensor)
+                if seen is not None:
+                    seen[id(tensor)] = (tensor, shape, dtype, device)
             index = -1
             numel = 0
             if want and budget != 0 and dtype not in INDEX_DTYPES and stats_supported(tensor):
@@ -973,7 +992,6 @@ class Tracer:
                             index = state.stats.add(tensor, reuse, owner=name, hold=name not in self._read_at_once)
                     except Exception as exc:
                         self.recorder.internal_error(f"statistic on {tensor.dtype}: {type(exc).__name__}: {exc}")
-            device = _device_of(tensor)
             if device != "cpu":
                 state.on_device = True
             noted.append((arg, shape, dtype, device, generation, index, numel))
