@@ -81,6 +81,27 @@ def test_one_batched_launch_writes_what_one_launch_per_tensor_writes(dtype, few_
     assert bool((batched[0] == 9.0).all()) and bool((batched[-1] == 9.0).all())
 
 
+@pytest.mark.skipif(not CUDA, reason="the compiled kernel is launched directly on a GPU only (the interpreter compiles nothing)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_compiled_kernel_launched_directly_writes_what_the_regular_launch_writes(dtype, monkeypatch):
+    assert F.prepare("cuda")
+    device = torch.cuda.current_device()
+    assert F._triton_state.get(("direct", device, dtype)), "the direct launch was refused by its self-check"
+    direct: list[int] = []
+    real = F._launch_compiled
+    monkeypatch.setattr(F, "_launch_compiled", lambda *a: (direct.append(1), real(*a)))
+    gen = torch.Generator().manual_seed(5)
+    xs = [(torch.randn(n, generator=gen) * 3).to("cuda", dtype) for n in (1, 700, 5000, 3 * 1024 + 5, 40_000)]
+    xs[2][17] = math.nan
+    rows = F.programs_for(torch.device("cuda", device))
+    regular = torch.full((8, rows, ROW), 2.0, device="cuda", dtype=torch.float64)
+    through = torch.full_like(regular, 2.0)
+    F.launch_multi(xs, regular, 3, direct=False)
+    F.launch_multi(xs, through, 3)
+    assert direct == [1]
+    assert torch.equal(regular.nan_to_num(nan=-1.0), through.nan_to_num(nan=-1.0))
+
+
 @needs_kernel
 def test_the_batched_launch_passes_its_self_check_and_refuses_more_than_a_batch():
     assert F.check_multi(torch.device(DEVICE))
@@ -208,7 +229,18 @@ def test_kernel_tests_under_triton_interpreter():
         "TRITON_INTERPRET": "1",
         "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]),
     }
-    cmd = [sys.executable, "-m", "pytest", __file__, "-q", "-x", "-k", "not under_triton_interpreter", "-p", "no:cacheprovider"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        __file__,
+        "-q",
+        "-x",
+        "-k",
+        "not under_triton_interpreter and not launched_directly",
+        "-p",
+        "no:cacheprovider",
+    ]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     assert " skipped" not in done.stdout.splitlines()[-1], done.stdout[-2000:]  # the kernel tests ran

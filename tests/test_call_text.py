@@ -1,18 +1,13 @@
-"""The call records' JSON written piece by piece says what the fields written whole say.
+"""The call records' JSON written piece by piece is the text of the fields written whole.
 
-A step's calls are written as JSON from cached pieces (module names, tensors without
-statistics) and statistics written directly; these tests hold that text to
-``_dumps(_call_fields(...))``, which tests/test_roles.py checks against the :class:`Call`
-schema: the same JSON values, and the same text wherever no float is written
-differently (Python's shortest round-trip text ``1e-05`` where pydantic-core writes
-``0.00001``).
+A CPU-only step writes each call's JSON from cached pieces (module names, tensors without
+statistics); these tests hold it to the text ``_dumps(_call_fields(...))`` gives, which
+tests/test_roles.py checks against the :class:`Call` schema.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from typing import Any
 
 import pytest
@@ -28,17 +23,6 @@ pytestmark = pytest.mark.skipif(engine._dumps is not engine._dumps_core, reason=
 
 def _whole(raw: Any, values: Any) -> str:
     return engine._dumps(engine._call_fields(raw, values))
-
-
-def _same(raw: Any, values: Any) -> None:
-    text, whole = engine._call_text(raw, values), _whole(raw, values)
-    assert json.loads(text) == json.loads(whole)
-    assert _float_free(text) == _float_free(whole)
-
-
-def _float_free(text: str) -> str:
-    """The text with every number that has a fraction or an exponent blanked out."""
-    return re.sub(r"-?\d+(\.\d+)?([eE][-+]?\d+)?", lambda m: m.group(0) if m.group(1) is None and m.group(2) is None else "#", text)
 
 
 @pytest.mark.parametrize("stats", ["off", "basic", "full"])
@@ -59,7 +43,7 @@ def test_a_traced_model_writes_the_same_text_both_ways(stats: str) -> None:
     raws = [(raw, values) for calls, values in seen for raw in calls]
     assert len(raws) == 2 * 5
     for raw, values in raws:
-        _same(raw, values)
+        assert engine._call_text(raw, values) == _whole(raw, values)
     # What the trace kept is that text, and it reads back as the same record.
     assert [Call.model_validate_json(engine._call_text(r, v)).model_dump_json() for r, v in raws] == texts
     if stats != "off":
@@ -80,20 +64,4 @@ def test_odd_notes_write_the_same_text_both_ways() -> None:
         for capture in (False, True):
             for role in (None, "target.layer[0]", "draft.ü"):
                 raw = (3, 41, "model.layers.0", 'Llama"Layer', "", tensors, tensors[::-1], 1796143932.050365, capture, role, ctx)
-                _same(raw, values)
-
-
-def test_statistics_text_is_the_json_of_their_fields() -> None:
-    from spectrace.hooks.tensor_stats import stats_for, stats_json
-
-    rows = [
-        [1e-5, 3e-9, 2.5e-7, 0.0, 0.0],  # floats whose text differs between the two writers
-        [-4.0e20, 1.0e41, 1.0e20, 0.0, 0.0],
-        [1.0, 2.0, math.inf, 0.0, 1.0],
-        [math.nan, math.nan, math.nan, 3.0, 0.0],
-        [0.0, 0.0, 0.0, 0.0, 0.0],
-    ]
-    for row in rows:
-        for dtype in ("float32", "bfloat16", "complex64", "int64", "uint8"):
-            for numel in (1, 7, 4096):
-                assert json.loads(stats_json(row, numel, dtype)) == json.loads(engine._dumps(stats_for(row, numel, dtype)))
+                assert engine._call_text(raw, values) == _whole(raw, values)  # type: ignore[arg-type]

@@ -23,7 +23,6 @@ from __future__ import annotations
 import collections
 import functools
 import json
-import math
 import threading
 import time
 import weakref
@@ -40,7 +39,7 @@ from .privacy import TokenTensors
 from .readback import Readback, StepStats
 from .roles import role_of
 from .selection import ModuleFilter, select
-from .tensor_stats import INDEX_DTYPES, stats_for, stats_json, stats_supported
+from .tensor_stats import INDEX_DTYPES, stats_for, stats_supported
 from .tensors import collect
 from .values import values_capture
 from .worker import RecordWorker
@@ -1127,7 +1126,7 @@ def _call_text(raw: RawCall, values: dict[int, list[list[float] | None]]) -> str
             '],"outputs":[',
             ",".join([_meta_text(t, values) for t in outputs]),
             '],"t_unix":',
-            repr(t_unix) if type(t_unix) is float and math.isfinite(t_unix) else _piece(t_unix),
+            _piece(t_unix),
             tail,
         )
     )
@@ -1160,6 +1159,6 @@ def _meta_text(raw: RawTensor, values: dict[int, list[list[float] | None]]) -> s
             if text is None:
                 if len(_stats_texts) >= _PIECES_MAX:
                     _stats_texts.clear()
-                text = _stats_texts[key] = stats_json(row, raw[6], raw[2])
+                text = _stats_texts[key] = _piece(stats_for(row, raw[6], raw[2]))
             return f"{head}{text}}}"
     return head + _NO_STATS

@@ -126,11 +126,21 @@ def _tl_dtype(dtype: torch.dtype) -> Any:
     return _TL_DTYPES[dtype]
 
 
-def launch_multi(xs: list[torch.Tensor], out: torch.Tensor, slot0: int) -> None:
+# The batched kernel as compiled, per (device index, dtype): launched through it directly,
+# without Triton's per-launch argument binding and cache lookup (about as costly as the
+# launch itself for the kernel's 38 arguments). Valid for any argument values: every
+# integer argument is unspecialised, the buffer is a whole allocation, and the constants
+# are the key. Used only for a device and dtype where check_multi saw it write what the
+# regular launch writes.
+_compiled_multi: dict[tuple[int, Any], Any] = {}
+
+
+def launch_multi(xs: list[torch.Tensor], out: torch.Tensor, slot0: int, direct: bool | None = None) -> None:
     """Enqueue one fused launch for up to :data:`MULTI` tensors of one dtype: tensor ``i``'s
     partial rows land in slot ``slot0 + i`` of the ``(slots, P, 5)`` buffer ``out``, as
     :func:`launch_partials` would write them one launch each (every row of each slot is
-    written: the ones no program reads are zeroed)."""
+    written: the ones no program reads are zeroed). ``direct``: through the compiled
+    kernel (None: where :func:`check_multi` allowed it)."""
     from .fused_stats_kernel import MULTI, stats_partials_multi
 
     count = len(xs)
@@ -146,8 +156,41 @@ def launch_multi(xs: list[torch.Tensor], out: torch.Tensor, slot0: int) -> None:
     # argument keeps one integer type, so one compiled variant serves any count.
     addrs += [addrs[0]] * (MULTI - count)
     sizes += [0] * (MULTI - count)
-    stats_partials_multi[(count, grid)](
+    key = (out.get_device(), xs[0].dtype)
+    if direct is None:
+        direct = bool(_triton_state.get(("direct", *key)))
+    compiled = _compiled_multi.get(key) if direct else None
+    if compiled is not None:
+        try:
+            _launch_compiled(compiled, (count, grid, 1), (out, slot0, rows, *addrs, *sizes, _tl_dtype(xs[0].dtype), BLOCK, TILE))
+            return
+        except Exception:  # an unforeseen Triton: the regular launch from now on
+            _triton_state[("direct", *key)] = False
+    compiled = stats_partials_multi[(count, grid)](
         out, slot0, rows, *addrs, *sizes, DTYPE=_tl_dtype(xs[0].dtype), BLOCK=BLOCK, TILE=TILE, num_warps=WARPS
+    )
+    if compiled is not None and hasattr(compiled, "function"):  # (Triton's interpreter returns none)
+        _compiled_multi.setdefault(key, compiled)
+
+
+def _launch_compiled(compiled: Any, grid: tuple[int, int, int], args: tuple[Any, ...]) -> None:
+    """What Triton's ``JITFunction.run`` does once it has found the compiled kernel."""
+    from triton import knobs
+    from triton.runtime.driver import driver
+
+    stream = driver.active.get_current_stream(driver.active.get_current_device())
+    metadata = compiled.launch_metadata(grid, stream, *args)
+    compiled.run(
+        grid[0],
+        grid[1],
+        grid[2],
+        stream,
+        compiled.function,
+        compiled.packed_metadata,
+        metadata,
+        knobs.runtime.launch_enter_hook,
+        knobs.runtime.launch_exit_hook,
+        *args,
     )
 
 
@@ -231,12 +274,26 @@ def check_multi(device: torch.device) -> bool:
             for i, x in enumerate(xs):
                 launch_partials(x, one, i)
             batched = torch.full((len(xs) + 1, rows, ROW), 3.0, device=device, dtype=torch.float64)
-            launch_multi(xs, batched, 1)
+            launch_multi(xs, batched, 1, direct=False)
             want = reduce_rows([one[i] for i in range(len(xs))]).nan_to_num(nan=-1.0)
             got = reduce_rows([batched[i + 1] for i in range(len(xs))]).nan_to_num(nan=-1.0)
             if not torch.allclose(got, want, rtol=1e-9, atol=1e-9) or not bool((batched[0] == 3.0).all()):
                 return False
+            # The launch through the compiled kernel: the very same rows, or never used here.
+            _triton_state[("direct", batched.get_device(), dtype)] = _direct_agrees(xs, batched)
         return True
+    except Exception:
+        return False
+
+
+def _direct_agrees(xs: list[torch.Tensor], regular: torch.Tensor) -> bool:
+    try:
+        if _compiled_multi.get((regular.get_device(), xs[0].dtype)) is None:
+            return False
+        direct = torch.full_like(regular, 3.0)
+        launch_multi(xs[1:], direct, 2, direct=True)  # other slots and counts than the regular launch
+        launch_multi(xs[:1], direct, 1, direct=True)
+        return bool(torch.equal(direct.nan_to_num(nan=-1.0), regular.nan_to_num(nan=-1.0)))
     except Exception:
         return False
 

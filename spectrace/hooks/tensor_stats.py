@@ -211,46 +211,19 @@ def to_stats(row: Sequence[float], numel: int) -> TensorStats:
 
 def stats_fields(row: Sequence[float], numel: int) -> dict[str, Any]:
     """The fields of :class:`TensorStats` from one row (what :func:`to_stats` validates)."""
-    mean, std, absmax, nan, inf = _moments(row, numel)
-    return {
-        "mean": _finite_or_none(mean),
-        "std": _finite_or_none(std),
-        "absmax": absmax if not math.isnan(absmax) and nan == 0 else None,
-        "nan": nan,
-        "inf": inf,
-        "numel": numel,
-    }
-
-
-def _moments(row: Sequence[float], numel: int) -> tuple[float, float, float, int, int]:
-    """(mean, std, absmax, nan count, inf count) of one row."""
     total, sumsq, absmax, nan, inf = map(float, row[:ROW])
     mean = total / numel
     # Population variance from the two sums; clamp the tiny negatives rounding leaves.
     var = max(sumsq / numel - mean * mean, 0.0) if numel > 0 else 0.0
     std = math.sqrt(var) if math.isfinite(var) else var
-    return mean, std, absmax, int(nan), int(inf)
-
-
-def stats_json(values: Sequence[float], numel: int, dtype: str) -> str:
-    """The JSON text of :func:`stats_for`, written directly (a third of the time of
-    building the dict and encoding it): the same fields, the same values (a float as
-    Python's shortest round-trip text, a non-finite one as null)."""
-    if dtype in INDEX_DTYPES:
-        return "null"
-    mean, std, absmax, nan, inf = _moments(values, numel)
-    if dtype.startswith("complex"):
-        mean = std = math.nan  # see stats_for
-    if nan:
-        absmax = math.nan
-    return (
-        f'{{"mean":{_json_float(mean)},"std":{_json_float(std)},"absmax":{_json_float(absmax)},'
-        f'"nan":{nan},"inf":{inf},"numel":{int(numel)}}}'
-    )
-
-
-def _json_float(value: float) -> str:
-    return repr(value) if math.isfinite(value) else "null"
+    return {
+        "mean": _finite_or_none(mean),
+        "std": _finite_or_none(std),
+        "absmax": absmax if not math.isnan(absmax) and nan == 0 else None,
+        "nan": int(nan),
+        "inf": int(inf),
+        "numel": numel,
+    }
 
 
 def _finite_or_none(value: float) -> float | None:
