@@ -69,3 +69,37 @@ def test_serving_hooks_bench_wraps_every_per_step_point_and_accounts_each_call()
     # 5 wrapped calls per step, 200 steps, once per round in the traced variant: 2000 hook calls.
     assert "2000 calls; records dropped 0" in proc.stdout, proc.stdout
     assert "spectrace adds" in proc.stdout
+
+
+def test_two_versions_side_by_side_trace_the_same_model(tmp_path):
+    """bench/ab_versions.py: the committed code beside the working tree, in one process."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECTRACE")}
+    out = tmp_path / "ab.json"
+    base = tmp_path / "base"
+    exported = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "ab_versions.py"), "--base", "HEAD", "--export", str(base)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    if exported.returncode != 0 and "not a git repository" in exported.stderr:
+        pytest.skip("not a git checkout")
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    assert not list((base / "spectrace_base").rglob("*.py")) == []
+    assert not any("from spectrace." in p.read_text() for p in (base / "spectrace_base").rglob("*.py"))
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "bench", "ab_versions.py"),
+        "--base-dir",
+        str(base),
+        "--rounds",
+        "1",
+        "--iters",
+        "2",
+        "--json",
+        str(out),
+    ]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    res = json.loads(out.read_text())
+    versions = [k for k in res if k.endswith(("shapes only", "statistics"))]
+    assert len(versions) == 4 and any(k.startswith("base (") for k in versions)
+    assert all(res[k]["us_per_hooked_call_accounting_median"] > 0 for k in versions)
