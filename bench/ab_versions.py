@@ -27,7 +27,6 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+sys.path.insert(0, str(ROOT / "bench"))
+
 from conftest import tiny_llama  # noqa: E402
+from host_cost import _accounted, _per_forward  # noqa: E402
 
 BASE = "spectrace_base"
 
@@ -60,37 +62,9 @@ def export_base(rev: str, dest: Path) -> Path:
 def accounted(pkg: Any, model: torch.nn.Module, ids: torch.Tensor, mode: str, iters: int) -> tuple[float, float]:
     """(us of spectrace host time per hooked call, ms of wall time per forward)."""
     with pkg.trace(model, stats=mode) as t:
-        spent = [0]
-
-        def timed(fn: Any) -> Any:
-            def wrapper(*a: Any, **k: Any) -> Any:
-                t0 = time.perf_counter_ns()
-                try:
-                    return fn(*a, **k)
-                finally:
-                    spent[0] += time.perf_counter_ns() - t0
-
-            return wrapper
-
-        for m in model.modules():
-            for hooks in (m._forward_hooks, m._forward_pre_hooks):
-                for key, fn in list(hooks.items()):
-                    if str(getattr(fn, "__module__", "")).startswith("spectrace"):
-                        hooks[key] = timed(fn)
-        t.tracer.finish_step = timed(t.tracer.finish_step)
-        for _ in range(5):
-            model(ids)
-        if ids.is_cuda:
-            torch.cuda.synchronize()
-        spent[0] = 0
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            model(ids)
-        if ids.is_cuda:
-            torch.cuda.synchronize()
-        wall = (time.perf_counter() - t0) / iters
+        wall = _per_forward(model, ids, iters)
         hooked = len(t.hooked)
-    return spent[0] / iters / hooked / 1e3, wall * 1e3
+        return _accounted(t, model, ids, iters) / hooked * 1e6, wall * 1e3
 
 
 def main() -> None:

@@ -261,16 +261,8 @@ def eager_section(args: argparse.Namespace, out: dict[str, Any], shape: tuple[in
                 if name == "stats":
                     calls = t.calls()
                     out["stats_filled"] = sum(m.stats is not None for c in calls[-len(hooked) :] for m in c.outputs)
-        elif name == "anchor_empty_hooks":
-            remove = empty_hooks(anchor_modules)
-            try:
-                for _ in range(args.variant_warmup):
-                    step()
-                ts = [time_one(step) for _ in range(reps)]
-            finally:
-                remove()
-        elif name == "anchor_item_hooks":
-            remove = item_stats_hooks(anchor_modules)
+        elif name in ("anchor_empty_hooks", "anchor_item_hooks"):
+            remove = (empty_hooks if name == "anchor_empty_hooks" else item_stats_hooks)(anchor_modules)
             try:
                 for _ in range(args.variant_warmup):
                     step()

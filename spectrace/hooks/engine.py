@@ -96,13 +96,21 @@ def _device_of(tensor: torch.Tensor) -> str:
     return _device_name(tensor.device)
 
 
-def _describe(tensor: torch.Tensor) -> tuple[tuple[int, ...], str, str]:
-    """A tensor's (shape, dtype name, device name) as a call record writes them."""
+def _describe(tensor: torch.Tensor, seen: dict[int, Any] | None = None) -> tuple[tuple[int, ...], str, str]:
+    """A tensor's (shape, dtype name, device name) as a call record writes them; ``seen``
+    keeps them by identity for a pass whose tensors are all held (ids stay unique)."""
+    if seen is not None:
+        hit = seen.get(id(tensor))
+        if hit is not None and hit[0] is tensor:
+            return hit[1]
     try:
         shape = tuple(tensor.shape)
     except Exception:  # nested/jagged tensors have no single shape
         shape = ()
-    return shape, _DTYPE_NAMES.get(tensor.dtype) or _dtype_name(tensor.dtype), _device_of(tensor)
+    described = (shape, _DTYPE_NAMES.get(tensor.dtype) or _dtype_name(tensor.dtype), _device_of(tensor))
+    if seen is not None:
+        seen[id(tensor)] = (tensor, described)
+    return described
 
 
 def _engine_loaded() -> bool:
@@ -828,7 +836,7 @@ class Tracer:
 
     def _read_kept(self, state: _ThreadSteps, pending: list[_Pending], first: int) -> None:
         step, capturing, ctx, calls, note = state.step, state.capturing, state.context, state.calls, self._note
-        seen: dict[int, tuple[torch.Tensor, tuple[int, ...], str, str]] = {}  # every tensor here is held: ids are unique
+        seen: dict[int, Any] = {}  # (see _describe) every tensor here is held: ids are unique
         for n, (spec, args, kwargs, output, t_unix, in_version, out, out_version) in enumerate(pending):
             name, module_type, root, role = spec
             try:
@@ -927,7 +935,7 @@ class Tracer:
         budget: int | None = -1,
         reuse: bool = True,
         guard: tuple[torch.Tensor, int] | None = None,
-        seen: dict[int, tuple[torch.Tensor, tuple[int, ...], str, str]] | None = None,
+        seen: dict[int, Any] | None = None,
     ) -> list[RawTensor]:
         """Shapes of every tensor, and statistics enqueued for the ones that get them
         (inside a graph being captured: a slot of its statistics table).
@@ -942,13 +950,7 @@ class Tracer:
         if self.stats_mode == "off":
             # Shapes only: the loop below without its statistics branch (the hottest path).
             for arg, tensor in tensors:
-                hit = seen.get(id(tensor)) if seen is not None else None
-                if hit is not None and hit[0] is tensor:
-                    _t, shape, dtype, device = hit
-                else:
-                    shape, dtype, device = _describe(tensor)
-                    if seen is not None:
-                        seen[id(tensor)] = (tensor, shape, dtype, device)
+                shape, dtype, device = _describe(tensor, seen)
                 if device != "cpu":
                     state.on_device = True
                 noted.append((arg, shape, dtype, device, generation, -1, 0))
@@ -960,13 +962,7 @@ class Tracer:
         if budget == -1:
             budget = None if self.stats_mode == "full" else 1
         for arg, tensor in tensors:
-            hit = seen.get(id(tensor)) if seen is not None else None
-            if hit is not None and hit[0] is tensor:
-                _t, shape, dtype, device = hit
-            else:
-                shape, dtype, device = _describe(tensor)
-                if seen is not None:
-                    seen[id(tensor)] = (tensor, shape, dtype, device)
+            shape, dtype, device = _describe(tensor, seen)
             index = -1
             numel = 0
             if want and budget != 0 and dtype not in INDEX_DTYPES and stats_supported(tensor):
