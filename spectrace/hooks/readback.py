@@ -237,6 +237,8 @@ class StepStats:
         again, so every tensor still holds the values its call saw. A tensor whose row
         cannot be taken gets none, and the first such error is raised once the others
         have theirs."""
+        if not self._rows_held:
+            return  # (every pass ends here: most hold nothing on an accelerator)
         held, self._rows_held = self._rows_held, []
         by_size: dict[int, list[tuple[torch.Tensor, int]]] = {}
         for x, index in held:
@@ -351,8 +353,11 @@ def copy_rows(device: torch.device, entries: list[tuple[Any, ...]], indices: lis
     """Reduce one device's entries to ``(T, 5)`` float64 and start their host copy."""
     slots = [e for e in entries if e[0] == "slot"]
     rows = [e[1] for e in entries if e[0] == "row"]
+    # Row order: the slots in slot order (a batched launch fills its slots after later
+    # entries took theirs), then the other rows in entry order.
+    by_slot = [i for _slot, i in sorted((e[2], i) for i, e in zip(indices, entries) if e[0] == "slot")]
     if buffer is not None and slots and not rows and len(slots) == buffer.used and device.type == "cuda":
-        return _copy_slots(buffer, [i for _slot, i in sorted((e[2], i) for i, e in zip(indices, entries))])
+        return _copy_slots(buffer, by_slot)
     parts = []
     if slots:
         assert buffer is not None
@@ -360,10 +365,7 @@ def copy_rows(device: torch.device, entries: list[tuple[Any, ...]], indices: lis
     if rows:
         parts.append(reduce_rows(rows))
     reduced = parts[0] if len(parts) == 1 else torch.cat(parts)
-    # Row order in ``reduced``: the slots in slot order (a batched launch fills its slots
-    # after later entries took theirs), then the other rows in entry order.
-    by_slot = sorted((e[2], i) for i, e in zip(indices, entries) if e[0] == "slot")
-    order = [i for _slot, i in by_slot] + [i for i, e in zip(indices, entries) if e[0] == "row"]
+    order = by_slot + [i for i, e in zip(indices, entries) if e[0] == "row"]
     if device.type == "cuda":
         host = torch.empty(reduced.shape, dtype=reduced.dtype, pin_memory=True)
         host.copy_(reduced, non_blocking=True)
