@@ -962,31 +962,42 @@ class Tracer:
         if budget == -1:
             budget = None if self.stats_mode == "full" else 1
         for arg, tensor in tensors:
-            shape, dtype, device = _describe(tensor, seen)
+            hit = seen.get(id(tensor)) if seen is not None else None
+            if hit is not None and hit[0] is tensor:
+                shape, dtype, device = hit[1]
+                supported = hit[2] if len(hit) > 2 else None
+            else:
+                shape, dtype, device = _describe(tensor, seen)
+                supported = None
             index = -1
             numel = 0
-            if want and budget != 0 and dtype not in INDEX_DTYPES and stats_supported(tensor):
-                if budget is not None:
-                    budget -= 1
-                if self._token_private(tensor, role, module_type):
-                    pass  # a function of one token id: shape and dtype only (privacy.py)
-                elif state.capturing:
-                    # Nothing may be read back during capture; a slot in the graph instead.
-                    self._graph_slot(tensor, state, name, module_type, role, arg)
-                else:
-                    try:
-                        if guard is not None and tensor is guard[0]:
-                            if tensor._version == guard[1]:
-                                numel = tensor.numel()
-                                index = state.stats.add(tensor, reuse, version=guard[1], owner=name)
+            if want and budget != 0 and dtype not in INDEX_DTYPES:
+                if supported is None:
+                    supported = stats_supported(tensor)
+                    if seen is not None:  # (a layer's output is the next one's input: asked once)
+                        seen[id(tensor)] = (tensor, (shape, dtype, device), supported)
+                if supported:
+                    if budget is not None:
+                        budget -= 1
+                    if self._token_private(tensor, role, module_type):
+                        pass  # a function of one token id: shape and dtype only (privacy.py)
+                    elif state.capturing:
+                        # Nothing may be read back during capture; a slot in the graph instead.
+                        self._graph_slot(tensor, state, name, module_type, role, arg)
+                    else:
+                        try:
+                            if guard is not None and tensor is guard[0]:
+                                if tensor._version == guard[1]:
+                                    numel = tensor.numel()
+                                    index = state.stats.add(tensor, reuse, version=guard[1], owner=name)
+                                else:
+                                    state.stats.skipped_modified += 1  # reported at the step's end
                             else:
-                                state.stats.skipped_modified += 1  # reported at the step's end
-                        else:
-                            numel = tensor.numel()
-                            # A module seen writing in place launches at once, never held.
-                            index = state.stats.add(tensor, reuse, owner=name, hold=name not in self._read_at_once)
-                    except Exception as exc:
-                        self.recorder.internal_error(f"statistic on {tensor.dtype}: {type(exc).__name__}: {exc}")
+                                numel = tensor.numel()
+                                # A module seen writing in place launches at once, never held.
+                                index = state.stats.add(tensor, reuse, owner=name, hold=name not in self._read_at_once)
+                        except Exception as exc:
+                            self.recorder.internal_error(f"statistic on {tensor.dtype}: {type(exc).__name__}: {exc}")
             if device != "cpu":
                 state.on_device = True
             noted.append((arg, shape, dtype, device, generation, index, numel))

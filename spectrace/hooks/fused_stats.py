@@ -90,8 +90,9 @@ def forget_programs() -> None:
         del _triton_state[key]
 
 
-def launch_partials(x: torch.Tensor, out: torch.Tensor, slot: int = 0, written: list[int] | None = None) -> None:
-    """Enqueue the fused kernel: contiguous float ``x`` -> float64 ``out[slot]``.
+def launch_partials(x: torch.Tensor, out: torch.Tensor, slot: int = 0, written: list[int] | None = None) -> int:
+    """Enqueue the fused kernel: contiguous float ``x`` -> float64 ``out[slot]``; returns
+    how many leading rows of the slot hold partials (the programs launched; the rest are zero).
 
     ``out`` is ``(P, 5)`` (then ``slot`` is 0) or a ``(slots, P, 5)`` buffer; passing the
     whole buffer and a slot number saves a slicing op per tensor. ``written[slot]``, when
@@ -113,6 +114,7 @@ def launch_partials(x: torch.Tensor, out: torch.Tensor, slot: int = 0, written: 
     kernel[(grid,)](x, out, n, per, slot, rows, BLOCK=BLOCK, TILE=TILE, ZERO_REST=zero_rest, num_warps=WARPS)
     if written is not None:
         written[slot] = grid
+    return grid
 
 
 _TL_DTYPES: dict[torch.dtype, Any] = {}
@@ -135,23 +137,26 @@ def _tl_dtype(dtype: torch.dtype) -> Any:
 _compiled_multi: dict[tuple[int, Any], Any] = {}
 
 
-def launch_multi(xs: list[torch.Tensor], out: torch.Tensor, slot0: int, direct: bool | None = None) -> None:
+def launch_multi(xs: list[torch.Tensor], out: torch.Tensor, slot0: int, direct: bool | None = None) -> int:
     """Enqueue one fused launch for up to :data:`MULTI` tensors of one dtype: tensor ``i``'s
     partial rows land in slot ``slot0 + i`` of the ``(slots, P, 5)`` buffer ``out``, as
     :func:`launch_partials` would write them one launch each (every row of each slot is
     written: the ones no program reads are zeroed). ``direct``: through the compiled
-    kernel (None: where :func:`check_multi` allowed it)."""
+    kernel (None: where :func:`check_multi` allowed it). Returns the programs per tensor:
+    the leading rows of each slot that hold partials."""
     from .fused_stats_kernel import MULTI, stats_partials_multi
 
     count = len(xs)
     if not 0 < count <= MULTI:
         raise ValueError(f"launch_multi takes 1..{MULTI} tensors, not {count}")
     rows = out.shape[-2]
+    addrs: list[int] = []
+    sizes: list[int] = []
+    for x in xs:
+        addrs.append(x.data_ptr())
+        sizes.append(x.numel())
     # Programs per tensor: as many as the largest tensor takes alone (launch_partials' rule).
-    most = max(x.numel() for x in xs) // BLOCK
-    grid = min(rows, max(1, -(-most // MIN_BLOCKS_PER_PROGRAM)))
-    addrs = [x.data_ptr() for x in xs]
-    sizes = [x.numel() for x in xs]
+    grid = min(rows, max(1, -(-(max(sizes) // BLOCK) // MIN_BLOCKS_PER_PROGRAM)))
     # Unused pairs repeat the first tensor's address with no elements: every address
     # argument keeps one integer type, so one compiled variant serves any count.
     addrs += [addrs[0]] * (MULTI - count)
@@ -163,7 +168,7 @@ def launch_multi(xs: list[torch.Tensor], out: torch.Tensor, slot0: int, direct: 
     if compiled is not None:
         try:
             _launch_compiled(compiled, (count, grid, 1), (out, slot0, rows, *addrs, *sizes, _tl_dtype(xs[0].dtype), BLOCK, TILE))
-            return
+            return grid
         except Exception:  # an unforeseen Triton: the regular launch from now on
             _triton_state[("direct", *key)] = False
     compiled = stats_partials_multi[(count, grid)](
@@ -171,15 +176,26 @@ def launch_multi(xs: list[torch.Tensor], out: torch.Tensor, slot0: int, direct: 
     )
     if compiled is not None and hasattr(compiled, "function"):  # (Triton's interpreter returns none)
         _compiled_multi.setdefault(key, compiled)
+    return grid
+
+
+# Triton's current-stream and current-device functions and its runtime knobs, looked up
+# once (through its lazy driver proxy they cost more than the launch's own arguments).
+_launch_env: list[Any] = []
 
 
 def _launch_compiled(compiled: Any, grid: tuple[int, int, int], args: tuple[Any, ...]) -> None:
     """What Triton's ``JITFunction.run`` does once it has found the compiled kernel."""
-    from triton import knobs
-    from triton.runtime.driver import driver
+    if not _launch_env:
+        from triton import knobs
+        from triton.runtime.driver import driver
 
-    stream = driver.active.get_current_stream(driver.active.get_current_device())
-    metadata = compiled.launch_metadata(grid, stream, *args)
+        _launch_env[:] = [driver.active.get_current_stream, driver.active.get_current_device, knobs.runtime]
+    current_stream, current_device, runtime = _launch_env
+    stream = current_stream(current_device())
+    enter = runtime.launch_enter_hook
+    # (launch_metadata is None without an enter hook: Triton asks the same)
+    metadata = None if enter is None else compiled.launch_metadata(grid, stream, *args)
     compiled.run(
         grid[0],
         grid[1],
@@ -188,8 +204,8 @@ def _launch_compiled(compiled: Any, grid: tuple[int, int, int], args: tuple[Any,
         compiled.function,
         compiled.packed_metadata,
         metadata,
-        knobs.runtime.launch_enter_hook,
-        knobs.runtime.launch_exit_hook,
+        enter,
+        runtime.launch_exit_hook,
         *args,
     )
 
@@ -209,6 +225,30 @@ def fused_ok(x: torch.Tensor) -> bool:
     if ok is None:
         ok = _triton_state[key] = check_fused(x.device)
     return ok
+
+
+def route(x: torch.Tensor) -> tuple[torch.device, bool, bool]:
+    """Where an accelerator tensor's statistics go: (its device, whether the fused kernel
+    takes its dtype there, contiguity aside, whether the batched launch does too).
+
+    Kept per (device index, dtype) once the device's checks have run: a statistics step
+    asks this for every tensor, and ``x.device`` builds a new object on every access."""
+    key = ("route", x.is_cuda, x.get_device(), x.dtype)
+    hit = _triton_state.get(key)
+    if hit is not None:
+        return hit  # type: ignore[no-any-return]
+    device = x.device
+    fused = x.is_cuda and x.dtype in TRITON_DTYPES and load_triton() is not None
+    if fused:
+        checked = ("checked", device.index)
+        ok = _triton_state.get(checked)
+        if ok is None:
+            ok = _triton_state[checked] = check_fused(device)
+        fused = bool(ok)
+    result = (device, fused, fused and multi_ok(device))
+    if not fused or ("multi", device.index) in _triton_state:  # (decided for good)
+        _triton_state[key] = result
+    return result
 
 
 def check_fused(device: torch.device | str) -> bool:

@@ -27,9 +27,8 @@ from typing import Any
 
 import torch
 
-from .fused_stats import fused_ok, launch_multi, launch_partials, multi_ok, programs_for
+from .fused_stats import fused_ok, launch_multi, launch_partials, programs_for, route
 from .tensor_stats import (
-    ABSMAX,
     ROW,
     ROWS_BATCH_MIN,
     cpu_row,
@@ -71,14 +70,15 @@ class SlotBuffer:
     costs a caching-allocator call per hook.
     """
 
-    __slots__ = ("tensor", "used", "host", "event")
+    __slots__ = ("tensor", "used", "rows", "host", "event")
 
     def __init__(self, device: torch.device, capacity: int) -> None:
         self.tensor = torch.empty(capacity, programs_for(device), ROW, device=device, dtype=torch.float64)
         self.used = 0
-        # The read-back's pinned host rows and its event, made on first use and kept with
+        self.rows = 0  # leading rows of a slot that hold partials, the most of any launch (the rest are zero)
+        # The read-back's pinned host memory and its event, made on first use and kept with
         # the buffer: it is reused only once its last read-back was read (values()).
-        self.host: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.host: torch.Tensor | None = None
         self.event: Any = None
 
 
@@ -104,7 +104,7 @@ class _BufferPool:
                 # path): later buffers are sized for it, this one is dropped.
                 self._capacity[device] = max(self._capacity.get(device, 64), 2 * wanted)
                 return
-            buffer.used = 0
+            buffer.used = buffer.rows = 0
             free = self._free.setdefault(device, [])
             if len(free) < 8:
                 free.append(buffer)
@@ -124,12 +124,10 @@ DEFER_BYTES = 64 << 20
 _generations = itertools.count()  # next() is atomic: steps of all threads get distinct numbers
 
 
-def _path(x: torch.Tensor) -> str:
-    """Where a tensor's row is computed: "host" (CPU, at once), "fused" (the Triton kernel
-    into a step buffer slot), or "torch" (torch reductions on the device)."""
-    if x.is_cpu:
-        return "host"
-    return "fused" if fused_ok(x) else "torch"
+def _route(x: torch.Tensor) -> tuple[torch.device, bool, bool] | None:
+    """None for a CPU tensor (its row is computed on the host); otherwise
+    :func:`.fused_stats.route`: its device, and whether the fused and batched kernels take it."""
+    return None if x.is_cpu else route(x)
 
 
 class StepStats:
@@ -185,34 +183,40 @@ class StepStats:
         where it was noted before now (a held tensor written since is skipped).
         ``owner``: the module a held tensor belongs to, named in :attr:`written_owners`
         if it is skipped; ``hold=False``: launch now, never held."""
+        key = id(tensor)
+        if reuse:
+            hit = self._seen.get(key)
+            # (only tensors with a version counter are remembered: no inference tensor hits)
+            if hit is not None and hit[0]() is tensor and tensor._version == hit[1]:
+                return hit[2]
         # An inference tensor (torch.inference_mode) has no version counter: nothing can
         # prove it unmodified, so it is neither reused nor held.
         inference = tensor.is_inference()
-        key = id(tensor)
-        hit = self._seen.get(key) if reuse and not inference else None
-        if hit is not None and hit[0]() is tensor and tensor._version == hit[1]:
-            return hit[2]
         # Read through a detached alias only where autograd would otherwise record the reductions.
         x = tensor.detach() if tensor.requires_grad else tensor
         index = len(self.entries)
-        path = _path(x)
-        if path == "host":
+        entry: tuple[Any, ...]
+        way = _route(x)
+        if way is None:
             if self.batch_rows and not inference and rows_batchable(x):
                 self.entries.append(("host", None))  # filled by take_rows, at the pass's end
                 self._rows_held.append((x, index))
                 self._remember(tensor, index)
                 return index
-            entry: tuple[Any, ...] = ("host", cpu_row(x))
-        elif path == "fused":
-            device = x.device  # (built anew on every access: once here)
-            if hold and self.defer and not inference and x.numel() * x.element_size() <= DEFER_TENSOR_BYTES and multi_ok(device):
-                self.entries.append(("held",))
-                self._hold(x, device, index, tensor._version if version is None else version, owner)
-                self._remember(tensor, index)
-                return index
-            entry = self._fused(x, device)
+            entry = ("host", cpu_row(x))
         else:
-            entry = ("row", torch_stats(x))
+            device, fused, multi = way
+            if fused and x.is_contiguous():
+                if hold and multi and self.defer and not inference:
+                    nbytes = x.nbytes
+                    if nbytes <= DEFER_TENSOR_BYTES:
+                        self.entries.append(("held",))
+                        self._hold(x, device, index, tensor._version if version is None else version, owner, nbytes)
+                        self._remember(tensor, index)
+                        return index
+                entry = self._fused(x, device)
+            else:
+                entry = ("row", torch_stats(x))
         self.entries.append(entry)
         if not inference:
             self._remember(tensor, index)
@@ -224,10 +228,12 @@ class StepStats:
         except TypeError:
             pass
 
-    def _hold(self, x: torch.Tensor, device: torch.device, index: int, version: int, owner: str = "") -> None:
-        held = self._held.setdefault((device, x.dtype), [])
+    def _hold(self, x: torch.Tensor, device: torch.device, index: int, version: int, owner: str, nbytes: int) -> None:
+        held = self._held.get((device, x.dtype))
+        if held is None:
+            held = self._held[(device, x.dtype)] = []
         held.append((x, version, index, owner))
-        self._held_bytes += x.numel() * x.element_size()
+        self._held_bytes += nbytes
         if len(held) >= DEFER_BATCH or self._held_bytes > DEFER_BYTES:
             self.launch_held()
 
@@ -284,7 +290,9 @@ class StepStats:
             room = max(0, buffer.tensor.shape[0] - buffer.used)
             batch, rest = live[:room], live[room:]
             if batch:
-                launch_multi([x for x, _ in batch], buffer.tensor, buffer.used)
+                rows = launch_multi([x for x, _ in batch], buffer.tensor, buffer.used)
+                if rows > buffer.rows:
+                    buffer.rows = rows
                 for n, (_x, index) in enumerate(batch):
                     self.entries[index] = ("slot", buffer, buffer.used + n)
                 buffer.used += len(batch)
@@ -300,7 +308,9 @@ class StepStats:
         self._wanted[device] = self._wanted.get(device, 0) + 1
         if buffer.used < buffer.tensor.shape[0]:
             slot = buffer.used
-            launch_partials(x, buffer.tensor, slot)
+            rows = launch_partials(x, buffer.tensor, slot)
+            if rows > buffer.rows:
+                buffer.rows = rows
             buffer.used += 1
             return ("slot", buffer, slot)
         out = torch.empty(programs_for(device), ROW, device=device, dtype=torch.float64)
@@ -377,25 +387,25 @@ def copy_rows(device: torch.device, entries: list[tuple[Any, ...]], indices: lis
 
 
 def _copy_slots(buffer: SlotBuffer, order: list[int]) -> _Copy:
-    """A step whose rows are all slots of its buffer (the common CUDA step): two reductions
-    of the partials (the sums, the absmax) copied into the buffer's own pinned rows behind
-    its own event. Four launches, where reduce_partials and a fresh pinned copy take six
-    and two allocations."""
+    """A step whose rows are all slots of its buffer (the common CUDA step): the slots'
+    leading rows, the ones that hold partials, copied as they are into the buffer's own
+    pinned memory behind its own event; the reader combines them (:meth:`Readback.values`).
+    One copy where reducing on the device first takes four launches, and a decode step's
+    slots hold one row each (a few hundred bytes)."""
     used = buffer.used
-    partials = buffer.tensor[:used]
-    if buffer.host is None:
-        capacity = buffer.tensor.shape[0]
-        buffer.host = (
-            torch.empty(capacity, ROW, dtype=torch.float64, pin_memory=True),
-            torch.empty(capacity, dtype=torch.float64, pin_memory=True),
-        )
+    rows = buffer.rows or buffer.tensor.shape[1]
+    need = used * rows * ROW
+    if buffer.host is None or buffer.host.numel() < need:
+        # Sized for the whole buffer at the most rows seen so far: a later step of the same
+        # shape reuses it. At most capacity x P x 5 float64 (P = programs_for, 8 per SM).
+        buffer.host = torch.empty(buffer.tensor.shape[0] * rows * ROW, dtype=torch.float64, pin_memory=True)
+    if buffer.event is None:
         # blocking: the worker that waits on it sleeps instead of spinning a core.
         buffer.event = torch.cuda.Event(blocking=True)
-    sums, top = buffer.host[0][:used], buffer.host[1][:used]  # contiguous: the copies stay asynchronous
-    sums.copy_(partials.sum(1), non_blocking=True)  # (its absmax column is a sum: replaced on the host)
-    top.copy_(partials[..., ABSMAX].amax(1), non_blocking=True)
+    host = buffer.host[:need].view(used, rows, ROW)  # contiguous: the copy stays asynchronous
+    host.copy_(buffer.tensor[:used, :rows], non_blocking=True)
     buffer.event.record()
-    return _Copy(order, (sums, top), buffer.event)
+    return _Copy(order, host, buffer.event, partials=True)
 
 
 def host_rows(entries: list[tuple[Any, ...]], indices: list[int]) -> _Copy:
@@ -406,12 +416,13 @@ def host_rows(entries: list[tuple[Any, ...]], indices: list[int]) -> _Copy:
 class _Copy:
     """One device's rows of one step, copied (or being copied) to host memory."""
 
-    __slots__ = ("indices", "host", "event")
+    __slots__ = ("indices", "host", "event", "partials")
 
-    def __init__(self, indices: list[int], host: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | list[list[float]], event: Any) -> None:
+    def __init__(self, indices: list[int], host: torch.Tensor | list[list[float]], event: Any, partials: bool = False) -> None:
         self.indices = indices
         self.host = host
         self.event = event
+        self.partials = partials  # host is (tensors, rows, 5) partial rows, combined when read
 
     def ready(self) -> bool:
         return self.event is None or self.event.query()
@@ -453,10 +464,10 @@ class Readback:
         try:
             for copy in self.copies:
                 copy.wait()
-                if isinstance(copy.host, tuple):  # _copy_slots: the sums, and the absmax apart
-                    rows = copy.host[0].tolist()
-                    for row, top in zip(rows, copy.host[1].tolist()):
-                        row[ABSMAX] = top
+                if copy.partials:  # _copy_slots: each tensor's partial rows, combined here
+                    assert isinstance(copy.host, torch.Tensor)
+                    part = copy.host
+                    rows = (part[:, 0] if part.shape[1] == 1 else reduce_partials(part)).tolist()
                 else:
                     rows = copy.host if isinstance(copy.host, list) else copy.host.tolist()
                 for i, values in zip(copy.indices, rows):
