@@ -29,6 +29,7 @@ import torch
 
 from .fused_stats import fused_ok, launch_multi, launch_partials, programs_for, route
 from .tensor_stats import (
+    ABSMAX,
     ROW,
     ROWS_BATCH_MIN,
     cpu_row,
@@ -70,7 +71,7 @@ class SlotBuffer:
     costs a caching-allocator call per hook.
     """
 
-    __slots__ = ("tensor", "used", "rows", "host", "event")
+    __slots__ = ("tensor", "used", "rows", "host", "event", "views")
 
     def __init__(self, device: torch.device, capacity: int) -> None:
         self.tensor = torch.empty(capacity, programs_for(device), ROW, device=device, dtype=torch.float64)
@@ -80,6 +81,9 @@ class SlotBuffer:
         # the buffer: it is reused only once its last read-back was read (values()).
         self.host: torch.Tensor | None = None
         self.event: Any = None
+        # (slots, rows) -> (the pinned rows, the device rows) of a read-back: a step of the
+        # same shape (every decode step) slices nothing (each slice is a torch call).
+        self.views: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 class _BufferPool:
@@ -394,16 +398,23 @@ def _copy_slots(buffer: SlotBuffer, order: list[int]) -> _Copy:
     slots hold one row each (a few hundred bytes)."""
     used = buffer.used
     rows = buffer.rows or buffer.tensor.shape[1]
-    need = used * rows * ROW
-    if buffer.host is None or buffer.host.numel() < need:
-        # Sized for the whole buffer at the most rows seen so far: a later step of the same
-        # shape reuses it. At most capacity x P x 5 float64 (P = programs_for, 8 per SM).
-        buffer.host = torch.empty(buffer.tensor.shape[0] * rows * ROW, dtype=torch.float64, pin_memory=True)
+    views = buffer.views.get((used, rows))
+    if views is None:
+        need = used * rows * ROW
+        if buffer.host is None or buffer.host.numel() < need:
+            # Sized for the whole buffer at the most rows seen so far: a later step of the
+            # same shape reuses it. At most capacity x P x 5 float64 (P = programs_for).
+            buffer.host = torch.empty(buffer.tensor.shape[0] * rows * ROW, dtype=torch.float64, pin_memory=True)
+            buffer.views.clear()
+        if len(buffer.views) >= 16:
+            buffer.views.clear()
+        # (the pinned rows are contiguous: the copy stays asynchronous)
+        views = buffer.views[(used, rows)] = (buffer.host[:need].view(used, rows, ROW), buffer.tensor[:used, :rows])
     if buffer.event is None:
         # blocking: the worker that waits on it sleeps instead of spinning a core.
         buffer.event = torch.cuda.Event(blocking=True)
-    host = buffer.host[:need].view(used, rows, ROW)  # contiguous: the copy stays asynchronous
-    host.copy_(buffer.tensor[:used, :rows], non_blocking=True)
+    host = views[0]
+    host.copy_(views[1], non_blocking=True)
     buffer.event.record()
     return _Copy(order, host, buffer.event, partials=True)
 
@@ -467,7 +478,12 @@ class Readback:
                 if copy.partials:  # _copy_slots: each tensor's partial rows, combined here
                     assert isinstance(copy.host, torch.Tensor)
                     part = copy.host
-                    rows = (part[:, 0] if part.shape[1] == 1 else reduce_partials(part)).tolist()
+                    if part.shape[1] == 1:
+                        rows = part[:, 0].tolist()
+                    else:  # sums over the rows, the absmax column their largest
+                        rows = part.sum(1).tolist()
+                        for row, top in zip(rows, part[..., ABSMAX].amax(1).tolist()):
+                            row[ABSMAX] = top
                 else:
                     rows = copy.host if isinstance(copy.host, list) else copy.host.tolist()
                 for i, values in zip(copy.indices, rows):
