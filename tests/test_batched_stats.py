@@ -23,7 +23,7 @@ import torch
 
 from spectrace.hooks import fused_stats as F
 from spectrace.hooks import readback as R
-from spectrace.hooks.tensor_stats import ROW, cpu_row, reduce_rows, stats_fields
+from spectrace.hooks.tensor_stats import ROW, cpu_row, reduce_partials, reduce_rows, stats_fields
 
 ROOT = Path(__file__).resolve().parent.parent
 INTERP = os.environ.get("TRITON_INTERPRET") == "1"
@@ -265,3 +265,21 @@ def test_kernel_tests_under_triton_interpreter():
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     assert " skipped" not in done.stdout.splitlines()[-1], done.stdout[-2000:]  # the kernel tests ran
+
+
+@pytest.mark.parametrize("rows", [1, 3, 64])
+@pytest.mark.parametrize("numpy", [True, False], ids=["numpy", "torch"])
+def test_partial_rows_combined_on_the_host_match_the_device_reduction(rows, numpy, monkeypatch):
+    # The read-back copies a step's partial rows as they are; the worker combines them.
+    # Both ways (NumPy where installed, torch otherwise) must give reduce_partials' rows,
+    # NaN in a sum and in an absmax partial included.
+    if not numpy:
+        monkeypatch.setattr(R, "_np", None)
+    gen = torch.Generator().manual_seed(rows)
+    part = torch.rand(7, rows, ROW, generator=gen, dtype=torch.float64) * 10
+    part[2, 0, 0] = math.nan
+    part[3, -1, 2] = math.nan
+    got, want = R.combine_partials(part), reduce_partials(part).tolist()
+    assert len(got) == len(want) == 7
+    for a, b in zip(got, want):
+        assert a == pytest.approx(b, rel=1e-12, nan_ok=True)
