@@ -18,6 +18,7 @@ difference by construction.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import statistics
@@ -56,6 +57,23 @@ def _per_forward(model: torch.nn.Module, ids: torch.Tensor, iters: int) -> float
     return (time.perf_counter() - t0) / iters
 
 
+def time_hooks(tracer: Any, modules: Any, timed: Any) -> None:
+    """Put ``timed(hook)`` in place of each of the tracer's hooks on ``modules``: torch's
+    forward hooks, and the hooks its version calls from a class's forward (callwrap)."""
+    package = type(tracer).__module__.split(".")[0]  # spectrace, or ab_versions' spectrace_base
+    try:
+        callwrap = importlib.import_module(f"{package}.hooks.callwrap")
+    except ImportError:  # a version from before callwrap
+        callwrap = None
+    for m in modules:
+        for hooks in (m._forward_hooks, m._forward_pre_hooks):
+            for key, fn in list(hooks.items()):
+                if str(getattr(fn, "__module__", "")).startswith(package):
+                    hooks[key] = timed(fn)
+        if callwrap is not None:
+            callwrap.rewrap(m, timed)
+
+
 def _accounted(t: Any, model: torch.nn.Module, ids: torch.Tensor, iters: int) -> float:
     """Seconds per forward spent inside spectrace's hooks and its step end (the hooks' own
     accounting: each wrapped in a perf_counter timer, as bench/overhead.py does)."""
@@ -71,11 +89,7 @@ def _accounted(t: Any, model: torch.nn.Module, ids: torch.Tensor, iters: int) ->
 
         return wrapper
 
-    for m in model.modules():
-        for hooks in (m._forward_hooks, m._forward_pre_hooks):
-            for key, fn in list(hooks.items()):
-                if str(getattr(fn, "__module__", "")).startswith("spectrace"):
-                    hooks[key] = timed(fn)
+    time_hooks(t.tracer, model.modules(), timed)
     t.tracer.finish_step = timed(t.tracer.finish_step)
     model(ids)
     spent[0] = 0.0

@@ -176,6 +176,7 @@ def count_hooks(*roots: nn.Module) -> int:
         for m in root.modules():
             n += sum(ours(f) for f in (*m._forward_hooks.values(), *m._forward_pre_hooks.values()))
             n += int("forward" in m.__dict__)
+            n += int(bool(getattr(type(m).forward, "__spectrace_call_wrapper__", False)))  # a class's forward wrapped
     glob = (*nn.modules.module._global_forward_hooks.values(), *nn.modules.module._global_forward_pre_hooks.values())
     return n + sum(ours(f) for f in glob)
 
@@ -371,12 +372,9 @@ def hook_time(
 
                 return wrapper
 
-            for root in models.values():
-                for m in root.modules():
-                    for hooks in (m._forward_hooks, m._forward_pre_hooks):
-                        for key, fn in list(hooks.items()):
-                            if str(getattr(fn, "__module__", "")).startswith("spectrace"):
-                                hooks[key] = timed(fn)
+            from host_cost import time_hooks
+
+            time_hooks(t.tracer, (m for root in models.values() for m in root.modules()), timed)
             t.tracer.finish_step = timed(t.tracer.finish_step)
             worker = getattr(t.tracer, "_worker", None)
             if worker is not None:

@@ -16,6 +16,7 @@ from conftest import tiny_deepseek_v3, tiny_llama
 from otlp_receiver import OtlpReceiver, attributes
 
 import spectrace
+from spectrace.hooks import callwrap
 from spectrace.records import RECORD_ADAPTER, Call, Counters, Header
 from spectrace.settings import Settings
 
@@ -95,6 +96,12 @@ def test_outputs_bit_identical_with_and_without_tracing(build):
 
 def test_hooks_and_forward_wrapper_removed_on_exit(llama):
     hooks_before = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in llama.modules())
+    classes = {type(m) for m in llama.modules()}
+
+    def users(c: type) -> int:  # traced instances of a class whose forward is wrapped
+        return callwrap._class_patches.get(c, [None, None, None, 0])[3]
+
+    users_before = {c: users(c) for c in classes}
     cls = type(llama)
     original = cls.__dict__["forward"]
     with spectrace.trace(llama):
@@ -102,6 +109,9 @@ def test_hooks_and_forward_wrapper_removed_on_exit(llama):
         assert cls.__dict__["forward"] is not original and cls.forward.__wrapped__ is original
     assert "forward" not in llama.__dict__ and cls.__dict__["forward"] is original
     assert sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in llama.modules()) == hooks_before
+    # The traced modules' classes have their own forward back, and nothing is registered.
+    assert all(callwrap.hooks_of(m) is None for m in llama.modules())
+    assert {c: users(c) for c in classes} == users_before  # (other live traces may hold a class too)
 
 
 def test_hooks_removed_when_the_model_raises(llama):
@@ -191,7 +201,7 @@ def test_shapes_only_reads_inputs_after_the_call_and_records_what_statistics_mod
     def metadata(stats: str) -> list:
         with torch.no_grad(), spectrace.trace(llama, stats=stats) as t:
             llama(torch.randint(0, 128, (2, 5), generator=torch.Generator().manual_seed(0)))
-            hooks = sum(len(m._forward_pre_hooks) for m in llama.modules())
+            hooks = sum(len(m._forward_pre_hooks) + bool((callwrap.hooks_of(m) or (None,))[0]) for m in llama.modules())
             calls = [
                 (c.module, [(m.arg, m.shape, m.dtype) for m in c.inputs], [(m.arg, m.shape, m.dtype) for m in c.outputs]) for c in t.calls()
             ]

@@ -34,7 +34,7 @@ import torch.nn as nn
 
 from ..recorder import Recorder
 from ..records import Call
-from . import hookdicts, stepwrap
+from . import callwrap, hookdicts, stepwrap
 from .privacy import TokenTensors
 from .readback import Readback, StepStats
 from .roles import role_of
@@ -287,9 +287,13 @@ class Tracer:
                 continue
             full = f"{prefix}.{name}" if prefix else name
             self._hooked[id(module)] = full
+            # Through the class's forward where it can be (callwrap: torch's hook path costs
+            # more than our hooks); a root, or a module with a forward of its own, gets
+            # torch's hooks.
+            wrapped = module is not root and callwrap.wrappable(module)
             # Copy-safe hook dicts; where that cannot be (the module held other hooks), a
             # deep copy carries our hooks, so they answer only to their own module.
-            owner = None if hookdicts.prepare(module) else weakref.ref(module)
+            owner = None if wrapped or hookdicts.prepare(module) else weakref.ref(module)
             role = self._role(root, name, module, prefix)
             if role is not None:
                 self.roles[full] = role
@@ -297,11 +301,23 @@ class Tracer:
             # Shapes only: one hook, the inputs read after the call (a shape or dtype does
             # not change in the forward; a statistic may, so then the inputs are read before).
             shapes_only = self.stats_mode == "off"
-            post = hookdicts.mark(self._make_post_hook(full, type(module).__name__, root_name, owner, role, view, inputs_after=shapes_only))
-            if not shapes_only:
-                pre = hookdicts.mark(self._make_pre_hook(full, owner, type(module).__name__, role, view))
-                self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
-            self._handles.append(module.register_forward_hook(post, with_kwargs=True))
+            # (callwrap's wrapper asks torch.compiler.is_compiling() before calling them)
+            post = hookdicts.mark(
+                self._make_post_hook(
+                    full, type(module).__name__, root_name, owner, role, view, inputs_after=shapes_only, compile_checked=wrapped
+                )
+            )
+            pre = (
+                None
+                if shapes_only
+                else hookdicts.mark(self._make_pre_hook(full, owner, type(module).__name__, role, view, compile_checked=wrapped))
+            )
+            if wrapped:
+                self._handles.append(callwrap.install(module, pre, post))
+            else:
+                if pre is not None:
+                    self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+                self._handles.append(module.register_forward_hook(post, with_kwargs=True))
             names.append(full)
         if self.values is not None:
             self._hook_values(root, prefix)
@@ -644,7 +660,13 @@ class Tracer:
 
     # ----------------------------------------------------------------- hooks
     def _make_pre_hook(
-        self, name: str, owner: Any = None, module_type: str = "", role: str | None = None, view: ModuleView | None = None
+        self,
+        name: str,
+        owner: Any = None,
+        module_type: str = "",
+        role: str | None = None,
+        view: ModuleView | None = None,
+        compile_checked: bool = False,
     ) -> Callable[..., None]:
         inputs_of = view.inputs if view is not None else None
         keep = view is None and self.stats_mode == "basic" and self.sample == 1  # see PENDING_CALLS
@@ -652,7 +674,7 @@ class Tracer:
         def pre_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             if owner is not None and owner() is not module:
                 return None  # a deep copy's call: not the module this name belongs to
-            if torch.compiler.is_compiling():
+            if not compile_checked and torch.compiler.is_compiling():
                 return None  # nothing of ours in a compiled graph (see Tracer._compiled)
             try:
                 local = self._local.__dict__
@@ -697,6 +719,7 @@ class Tracer:
         role: str | None = None,
         view: ModuleView | None = None,
         inputs_after: bool = False,
+        compile_checked: bool = False,
     ) -> Callable[..., None]:
         """The hook after the call; ``inputs_after``: it reads the inputs too (no pre-hook)."""
         outputs_of = view.outputs if view is not None else None
@@ -705,7 +728,7 @@ class Tracer:
         spec = (name, module_type, root, role) if view is None and self.sample == 1 and self.stats_mode != "full" else None
 
         def post_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
-            if owner is not None and owner() is not module or torch.compiler.is_compiling():
+            if owner is not None and owner() is not module or not compile_checked and torch.compiler.is_compiling():
                 return None
             try:
                 local = self._local.__dict__

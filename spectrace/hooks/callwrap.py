@@ -1,0 +1,158 @@
+"""Module calls seen through the module's class ``forward``, not through torch's hooks.
+
+Once a module holds any forward hook, torch runs its whole hook path on every call (the
+global hook dicts, the pre-hooks, ``inner()``, the forward hooks); that path alone cost
+more host time than spectrace's own hooks in an eager decode step. So a traced module
+with a plain class ``forward`` gets a wrapper on its *class* instead: the wrapper finds
+the instance in a registry keyed by identity (held weakly) and calls spectrace's
+pre-hook and post-hook around the original forward, with the arguments torch's hooks
+would get. A deep copy, an unpickled model or any untraced instance of the class finds
+nothing there and runs the class's own forward, one dict lookup later (as
+:mod:`.stepwrap` does for roots).
+
+The engine falls back to torch's hooks for a module whose ``forward`` is an instance
+attribute (another library's wrapper) or not a plain function, and for a root.
+
+    >>> handle = install(layer, pre, post)   # pre(module, args, kwargs), post(..., output)
+    >>> handle.remove()
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+Pre = Callable[[Any, tuple[Any, ...], dict[str, Any]], None]
+Post = Callable[[Any, tuple[Any, ...], dict[str, Any], Any], None]
+
+_is_compiling = torch.compiler.is_compiling
+_lock = threading.RLock()
+# id(instance) -> (weak reference, pre-hook or None, post-hook). Read without the lock on
+# every call (a dict lookup is atomic); changed under it.
+_calls: dict[int, tuple[weakref.ref, Pre | None, Post]] = {}
+# class -> [had its own forward attribute, that attribute, our wrapper, traced instances]
+_class_patches: dict[type, list[Any]] = {}
+
+
+def wrappable(module: Any) -> bool:
+    """Whether ``module``'s calls can be seen through its class's ``forward``."""
+    if "forward" in module.__dict__ or id(module) in _calls:
+        return False
+    forward = getattr(type(module), "forward", None)
+    return inspect.isfunction(forward)
+
+
+def _class_wrapper(cls: type, original: Callable[..., Any], patch: list[Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        entry = _calls.get(id(self))
+        # Only instances of exactly this class (a subclass instance calling super().forward
+        # is traced by its own class's wrapper), only the traced object itself (an id
+        # reused after it died), only while this wrapper is the class's patch (one left
+        # inside another library's wrapper when released must not fire next to a newer
+        # one), and never inside a compiled graph.
+        if entry is None or type(self) is not cls or entry[0]() is not self or _class_patches.get(cls) is not patch or _is_compiling():
+            return original(self, *args, **kwargs)
+        pre, post = entry[1], entry[2]
+        if pre is not None:
+            pre(self, args, kwargs)
+        output = original(self, *args, **kwargs)
+        post(self, args, kwargs, output)
+        return output
+
+    forward.__spectrace_call_wrapper__ = True  # type: ignore[attr-defined]
+    return forward
+
+
+class Handle:
+    """Stops tracing one module's calls (idempotent)."""
+
+    def __init__(self, module: Any) -> None:
+        self._module = weakref.ref(module)
+        self._key = id(module)
+        self._removed = False
+
+    def remove(self) -> None:
+        with _lock:
+            if self._removed:
+                return
+            self._removed = True
+            module = self._module()
+            entry = _calls.get(self._key)
+            if module is None or entry is None or entry[0]() is not module:
+                return
+            del _calls[self._key]
+            _release_class(type(module))
+
+
+def install(module: Any, pre: Pre | None, post: Post) -> Handle:
+    """Call ``pre`` before and ``post`` after every call of ``module`` until the handle is
+    removed (:func:`wrappable` must hold)."""
+    with _lock:
+        key = id(module)
+        ref = weakref.ref(module, functools.partial(_forget, key, cls=type(module)))
+        _calls[key] = (ref, pre, post)
+        cls = type(module)
+        patch = _class_patches.get(cls)
+        if patch is not None:
+            patch[3] += 1
+        else:
+            patch = [("forward" in cls.__dict__), cls.__dict__.get("forward"), None, 1]
+            patch[2] = wrapper = _class_wrapper(cls, cls.forward, patch)  # type: ignore[attr-defined]
+            _class_patches[cls] = patch
+            cls.forward = wrapper  # type: ignore[attr-defined]
+    return Handle(module)
+
+
+def hooks_of(module: Any) -> tuple[Pre | None, Post] | None:
+    """The (pre-hook, post-hook) that ``module``'s calls go through, or None."""
+    entry = _calls.get(id(module))
+    if entry is None or entry[0]() is not module:
+        return None
+    return entry[1], entry[2]
+
+
+def rewrap(module: Any, wrap: Callable[[Callable[..., None]], Callable[..., None]]) -> bool:
+    """Replace ``module``'s hooks by ``wrap(hook)`` (a benchmark's timers); False if none."""
+    with _lock:
+        entry = _calls.get(id(module))
+        if entry is None or entry[0]() is not module:
+            return False
+        pre, post = entry[1], entry[2]
+        _calls[id(module)] = (entry[0], wrap(pre) if pre is not None else None, wrap(post))
+        return True
+
+
+def _forget(key: int, ref: weakref.ref, cls: type) -> None:
+    try:
+        with _lock:
+            entry = _calls.get(key)
+            if entry is not None and entry[0] is ref:
+                del _calls[key]
+                _release_class(cls)
+    except Exception:  # (at interpreter exit this module's globals may be gone)
+        pass
+
+
+def _release_class(cls: type) -> None:
+    """One traced instance of ``cls`` fewer; the last one restores the class's forward."""
+    patch = _class_patches.get(cls)
+    if patch is None:
+        return
+    patch[3] -= 1
+    if patch[3] > 0:
+        return
+    del _class_patches[cls]
+    had, original, wrapper, _ = patch
+    if cls.__dict__.get("forward") is not wrapper:
+        return  # someone patched on top of ours: ours stays as a pass-through
+    if had:
+        cls.forward = original  # type: ignore[attr-defined]
+    else:
+        delattr(cls, "forward")

@@ -1,0 +1,105 @@
+"""Module calls seen through the class's forward (callwrap) instead of torch's hooks:
+each call recorded once, whatever else wraps the class, and nothing left behind."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from conftest import tiny_llama
+
+import spectrace
+from spectrace.hooks import callwrap, stepwrap
+
+
+class Scaled(torch.nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * 2
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.plain = torch.nn.Linear(4, 4)
+        self.scaled = Scaled(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scaled(self.plain(x))
+
+
+def test_layers_are_traced_through_their_class_and_record_each_call_once():
+    llama = tiny_llama(layers=2)
+    ids = torch.randint(0, 128, (1, 5))
+    with torch.no_grad(), spectrace.trace(llama, stats="basic") as t:
+        assert callwrap.hooks_of(llama.model.layers[0]) is not None
+        assert not llama.model.layers[0]._forward_hooks and not llama.model.layers[0]._forward_pre_hooks
+        llama(ids)
+        llama(ids)
+    per_module = {}
+    for c in t.calls():
+        per_module.setdefault(c.module, []).append(c.step)
+    assert per_module["model.layers.1"] == [0, 1]
+    assert all(steps == [0, 1] for steps in per_module.values()), per_module
+    layer = t.calls("model.layers.1")[0]
+    assert layer.outputs[0].stats is not None and layer.inputs[0].shape == [1, 5, 64]
+
+
+def test_a_subclass_calling_super_forward_is_one_call_of_its_own_module():
+    net = Net()
+    with torch.no_grad(), spectrace.trace(net, modules=["plain", "scaled"]) as t:
+        net(torch.randn(2, 4))
+    assert [c.module for c in t.calls()] == ["plain", "scaled"]
+
+
+def test_a_wrapper_left_inside_another_libraries_patch_does_not_fire_twice():
+    # A traced Linear's class gets our wrapper; another wrapper goes on top; our trace
+    # ends (ours stays inside theirs as a pass-through); a new trace wraps again.
+    net = Net()
+    x = torch.randn(2, 4)
+    with spectrace.trace(net, modules=["plain"]):
+        ours = torch.nn.Linear.forward
+        theirs_original = torch.nn.Linear.forward
+
+        def theirs(self, *args, **kwargs):
+            return theirs_original(self, *args, **kwargs)
+
+        torch.nn.Linear.forward = theirs
+    try:
+        with torch.no_grad(), spectrace.trace(net, modules=["plain"]) as t:
+            net(x)
+        assert [c.module for c in t.calls()] == ["plain"]
+    finally:
+        torch.nn.Linear.forward = ours.__wrapped__
+    assert not getattr(torch.nn.Linear.forward, "__spectrace_call_wrapper__", False)
+
+
+def test_a_deep_copy_of_a_traced_model_is_untraced_and_runs_its_own_weights():
+    net = Net()
+    x = torch.randn(2, 4)
+    with torch.no_grad(), spectrace.trace(net, modules=["plain", "scaled"]) as t:
+        twin = copy.deepcopy(net)
+        for p in twin.parameters():
+            p.zero_()
+        assert torch.equal(twin(x), torch.zeros(2, 4))
+        net(x)
+    assert [c.module for c in t.calls()] == ["plain", "scaled"]  # the twin's calls are not in it
+    assert callwrap.hooks_of(twin.plain) is None
+
+
+def test_a_module_with_a_forward_of_its_own_keeps_torch_hooks():
+    # Another library's instance-level wrapper (accelerate sets module.forward): our class
+    # wrapper would never run under it, so that module gets torch's hooks.
+    net = Net()
+    original = net.plain.forward
+
+    def their_forward(*args, **kwargs):
+        return original(*args, **kwargs)
+
+    net.plain.forward = their_forward
+    with torch.no_grad(), spectrace.trace(net, modules=["plain", "scaled"]) as t:
+        assert callwrap.hooks_of(net.plain) is None and net.plain._forward_hooks
+        assert callwrap.hooks_of(net.scaled) is not None and not net.scaled._forward_hooks
+        net(torch.randn(1, 4))
+    assert [c.module for c in t.calls()] == ["plain", "scaled"]
+    assert net.plain.forward is their_forward and not net.plain._forward_hooks
+    assert not stepwrap._traced.get(id(net))
