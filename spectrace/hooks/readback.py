@@ -76,7 +76,7 @@ class SlotBuffer:
     costs a caching-allocator call per hook.
     """
 
-    __slots__ = ("tensor", "used", "rows", "host", "event", "views")
+    __slots__ = ("tensor", "used", "rows", "host", "reduced", "event", "views")
 
     def __init__(self, device: torch.device, capacity: int) -> None:
         self.tensor = torch.empty(capacity, programs_for(device), ROW, device=device, dtype=torch.float64)
@@ -85,6 +85,7 @@ class SlotBuffer:
         # The read-back's pinned host memory and its event, made on first use and kept with
         # the buffer: it is reused only once its last read-back was read (values()).
         self.host: torch.Tensor | None = None
+        self.reduced: tuple[torch.Tensor, torch.Tensor] | None = None  # (sums, absmax) rows
         self.event: Any = None
         # (slots, rows) -> (the pinned rows, the device rows) of a read-back: a step of the
         # same shape (every decode step) slices nothing (each slice is a torch call).
@@ -395,29 +396,48 @@ def copy_rows(device: torch.device, entries: list[tuple[Any, ...]], indices: lis
     return _Copy(order, reduced.to("cpu"), None)
 
 
+# A step's slots whose partials span at most this many rows (a decode step's tensors take
+# one to a few dozen programs) are copied as they are and combined by the reader; beyond it
+# (prefill: up to P rows a slot, megabytes) they are reduced on the device first.
+RAW_ROWS_MAX = 64
+
+
 def _copy_slots(buffer: SlotBuffer, order: list[int]) -> _Copy:
-    """A step whose rows are all slots of its buffer (the common CUDA step): the slots'
-    leading rows, the ones that hold partials, copied as they are into the buffer's own
-    pinned memory behind its own event; the reader combines them (:meth:`Readback.values`).
-    One copy where reducing on the device first takes four launches, and a decode step's
-    slots hold one row each (a few hundred bytes)."""
+    """A step whose rows are all slots of its buffer (the common CUDA step), copied into
+    the buffer's own pinned memory behind its own event. Where the slots' partials span
+    few rows (:data:`RAW_ROWS_MAX`), those rows as they are: one copy, combined by the
+    reader (:meth:`Readback.values`); otherwise two reductions (the sums, the absmax)
+    and their two copies."""
+    if buffer.event is None:
+        # blocking: the worker that waits on it sleeps instead of spinning a core.
+        buffer.event = torch.cuda.Event(blocking=True)
     used = buffer.used
     rows = buffer.rows or buffer.tensor.shape[1]
+    if rows > RAW_ROWS_MAX:
+        if buffer.reduced is None:
+            capacity = buffer.tensor.shape[0]
+            buffer.reduced = (
+                torch.empty(capacity, ROW, dtype=torch.float64, pin_memory=True),
+                torch.empty(capacity, dtype=torch.float64, pin_memory=True),
+            )
+        partials = buffer.tensor[:used, :rows]
+        sums, top = buffer.reduced[0][:used], buffer.reduced[1][:used]  # contiguous: the copies stay asynchronous
+        sums.copy_(partials.sum(1), non_blocking=True)  # (its absmax column is a sum: replaced on the host)
+        top.copy_(partials[..., ABSMAX].amax(1), non_blocking=True)
+        buffer.event.record()
+        return _Copy(order, (sums, top), buffer.event)
     views = buffer.views.get((used, rows))
     if views is None:
         need = used * rows * ROW
         if buffer.host is None or buffer.host.numel() < need:
             # Sized for the whole buffer at the most rows seen so far: a later step of the
-            # same shape reuses it. At most capacity x P x 5 float64 (P = programs_for).
+            # same shape reuses it. At most capacity x RAW_ROWS_MAX x 5 float64 (164 KB).
             buffer.host = torch.empty(buffer.tensor.shape[0] * rows * ROW, dtype=torch.float64, pin_memory=True)
             buffer.views.clear()
         if len(buffer.views) >= 16:
             buffer.views.clear()
         # (the pinned rows are contiguous: the copy stays asynchronous)
         views = buffer.views[(used, rows)] = (buffer.host[:need].view(used, rows, ROW), buffer.tensor[:used, :rows])
-    if buffer.event is None:
-        # blocking: the worker that waits on it sleeps instead of spinning a core.
-        buffer.event = torch.cuda.Event(blocking=True)
     host = views[0]
     host.copy_(views[1], non_blocking=True)
     buffer.event.record()
@@ -451,7 +471,13 @@ class _Copy:
 
     __slots__ = ("indices", "host", "event", "partials")
 
-    def __init__(self, indices: list[int], host: torch.Tensor | list[list[float]], event: Any, partials: bool = False) -> None:
+    def __init__(
+        self,
+        indices: list[int],
+        host: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | list[list[float]],
+        event: Any,
+        partials: bool = False,
+    ) -> None:
         self.indices = indices
         self.host = host
         self.event = event
@@ -500,6 +526,10 @@ class Readback:
                 if copy.partials:  # _copy_slots: each tensor's partial rows, combined here
                     assert isinstance(copy.host, torch.Tensor)
                     rows = combine_partials(copy.host)
+                elif isinstance(copy.host, tuple):  # _copy_slots reduced: the sums, and the absmax apart
+                    rows = copy.host[0].tolist()
+                    for row, top in zip(rows, copy.host[1].tolist()):
+                        row[ABSMAX] = top
                 else:
                     rows = copy.host if isinstance(copy.host, list) else copy.host.tolist()
                 for i, values in zip(copy.indices, rows):
