@@ -429,11 +429,10 @@ def _copy_slots(buffer: SlotBuffer, order: list[int]) -> _Copy:
     views = buffer.views.get((used, rows))
     if views is None:
         need = used * rows * ROW
-        if buffer.host is None or buffer.host.numel() < need:
-            # Sized for the whole buffer at the most rows seen so far: a later step of the
-            # same shape reuses it. At most capacity x RAW_ROWS_MAX x 5 float64 (164 KB).
-            buffer.host = torch.empty(buffer.tensor.shape[0] * rows * ROW, dtype=torch.float64, pin_memory=True)
-            buffer.views.clear()
+        if buffer.host is None:
+            # Once per buffer, at the most it can take (capacity x RAW_ROWS_MAX x 5 float64,
+            # 164 KB at the default capacity): a pinned allocation may wait for the device.
+            buffer.host = torch.empty(buffer.tensor.shape[0] * RAW_ROWS_MAX * ROW, dtype=torch.float64, pin_memory=True)
         if len(buffer.views) >= 16:
             buffer.views.clear()
         # (the pinned rows are contiguous: the copy stays asynchronous)
