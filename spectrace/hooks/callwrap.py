@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from .stepwrap import release_patch
+
 Pre = Callable[[Any, tuple[Any, ...], dict[str, Any]], None]
 Post = Callable[[Any, tuple[Any, ...], dict[str, Any], Any], None]
 
@@ -142,17 +144,4 @@ def _forget(key: int, ref: weakref.ref, cls: type) -> None:
 
 def _release_class(cls: type) -> None:
     """One traced instance of ``cls`` fewer; the last one restores the class's forward."""
-    patch = _class_patches.get(cls)
-    if patch is None:
-        return
-    patch[3] -= 1
-    if patch[3] > 0:
-        return
-    del _class_patches[cls]
-    had, original, wrapper, _ = patch
-    if cls.__dict__.get("forward") is not wrapper:
-        return  # someone patched on top of ours: ours stays as a pass-through
-    if had:
-        cls.forward = original  # type: ignore[attr-defined]
-    else:
-        delattr(cls, "forward")
+    release_patch(_class_patches, cls)

@@ -208,14 +208,19 @@ def _unpatch(module: Any, cls: type | None) -> None:
 
 
 def _release_class(cls: type) -> None:
-    """One traced instance of ``cls`` fewer; the last one restores the class's forward."""
-    patch = _class_patches.get(cls)
+    release_patch(_class_patches, cls)
+
+
+def release_patch(patches: dict[type, list[Any]], cls: type) -> None:
+    """One traced instance of ``cls`` fewer in ``patches`` (class -> [had its own forward,
+    that forward, our wrapper, traced instances]); the last one restores the forward."""
+    patch = patches.get(cls)
     if patch is None:
         return
     patch[3] -= 1
     if patch[3] > 0:
         return
-    del _class_patches[cls]
+    del patches[cls]
     had, original, wrapper, _ = patch
     if cls.__dict__.get("forward") is not wrapper:
         return  # someone patched on top of ours: ours stays as a pass-through
