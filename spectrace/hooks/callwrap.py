@@ -53,13 +53,16 @@ def wrappable(module: Any) -> bool:
 def _class_wrapper(cls: type, original: Callable[..., Any], patch: list[Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        # Never inside a compiled graph (asked first: dynamo folds it to a constant and
+        # traces none of the lookups below, so the compiled graph is the untraced one).
+        if _is_compiling():
+            return original(self, *args, **kwargs)
         entry = _calls.get(id(self))
         # Only instances of exactly this class (a subclass instance calling super().forward
         # is traced by its own class's wrapper), only the traced object itself (an id
-        # reused after it died), only while this wrapper is the class's patch (one left
-        # inside another library's wrapper when released must not fire next to a newer
-        # one), and never inside a compiled graph.
-        if entry is None or type(self) is not cls or entry[0]() is not self or _class_patches.get(cls) is not patch or _is_compiling():
+        # reused after it died), and only while this wrapper is the class's patch (one left
+        # inside another library's wrapper when released must not fire next to a newer one).
+        if entry is None or type(self) is not cls or entry[0]() is not self or _class_patches.get(cls) is not patch:
             return original(self, *args, **kwargs)
         pre, post = entry[1], entry[2]
         if pre is not None:
