@@ -51,26 +51,31 @@ def test_a_subclass_calling_super_forward_is_one_call_of_its_own_module():
     assert [c.module for c in t.calls()] == ["plain", "scaled"]
 
 
+class Own(torch.nn.Linear):
+    """A class no other test traces: its patches are this test's alone."""
+
+
 def test_a_wrapper_left_inside_another_libraries_patch_does_not_fire_twice():
-    # A traced Linear's class gets our wrapper; another wrapper goes on top; our trace
+    # A traced module's class gets our wrapper; another wrapper goes on top; our trace
     # ends (ours stays inside theirs as a pass-through); a new trace wraps again.
-    net = Net()
+    net = torch.nn.Sequential(Own(4, 4))
     x = torch.randn(2, 4)
-    with spectrace.trace(net, modules=["plain"]):
-        ours = torch.nn.Linear.forward
-        theirs_original = torch.nn.Linear.forward
+    with spectrace.trace(net, modules=["0"]):
+        ours = Own.forward
+        assert getattr(ours, "__spectrace_call_wrapper__", False)
 
         def theirs(self, *args, **kwargs):
-            return theirs_original(self, *args, **kwargs)
+            return ours(self, *args, **kwargs)
 
-        torch.nn.Linear.forward = theirs
+        Own.forward = theirs
+    assert Own.__dict__["forward"] is theirs  # ours left inside theirs
     try:
-        with torch.no_grad(), spectrace.trace(net, modules=["plain"]) as t:
+        with torch.no_grad(), spectrace.trace(net, modules=["0"]) as t:
             net(x)
-        assert [c.module for c in t.calls()] == ["plain"]
+        assert [c.module for c in t.calls()] == ["0"]
     finally:
-        torch.nn.Linear.forward = ours.__wrapped__
-    assert not getattr(torch.nn.Linear.forward, "__spectrace_call_wrapper__", False)
+        del Own.forward
+    assert "forward" not in Own.__dict__ and callwrap.hooks_of(net[0]) is None
 
 
 def test_a_deep_copy_of_a_traced_model_is_untraced_and_runs_its_own_weights():
