@@ -109,7 +109,7 @@ def _describe(tensor: torch.Tensor, seen: dict[int, Any] | None = None) -> tuple
         shape = ()
     described = (shape, _DTYPE_NAMES.get(tensor.dtype) or _dtype_name(tensor.dtype), _device_of(tensor))
     if seen is not None:
-        seen[id(tensor)] = (tensor, described)
+        seen[id(tensor)] = (tensor, described, None)  # (None: whether it takes statistics, not asked yet)
     return described
 
 
@@ -978,7 +978,6 @@ class Tracer:
                     state.on_device = True
                 noted.append((arg, shape, dtype, device, generation, -1, 0))
             return noted
-        want = True
         # "basic" summarises the first tensor of each side that statistics apply to (the
         # hidden states); "full" every tensor. Shapes are always recorded for all of them.
         # Rotary cos/sin, masks and ids repeat in every layer and would double the cost.
@@ -986,19 +985,18 @@ class Tracer:
             budget = None if self.stats_mode == "full" else 1
         for arg, tensor in tensors:
             hit = seen.get(id(tensor)) if seen is not None else None
-            if hit is not None and hit[0] is tensor:
-                shape, dtype, device = hit[1]
-                supported = hit[2] if len(hit) > 2 else None
-            else:
-                shape, dtype, device = _describe(tensor, seen)
-                supported = None
+            matched = hit is not None and hit[0] is tensor
+            described, supported = (hit[1], hit[2]) if matched else (_describe(tensor), None)
+            shape, dtype, device = described
             index = -1
             numel = 0
-            if want and budget != 0 and dtype not in INDEX_DTYPES:
-                if supported is None:
-                    supported = stats_supported(tensor)
-                    if seen is not None:  # (a layer's output is the next one's input: asked once)
-                        seen[id(tensor)] = (tensor, (shape, dtype, device), supported)
+            eligible = budget != 0 and dtype not in INDEX_DTYPES
+            if eligible and supported is None:
+                supported = stats_supported(tensor)
+            if seen is not None and (not matched or supported is not hit[2]):
+                # (a layer's output is the next one's input: described and asked once)
+                seen[id(tensor)] = (tensor, described, supported)
+            if eligible:
                 if supported:
                     if budget is not None:
                         budget -= 1
