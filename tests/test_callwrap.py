@@ -108,3 +108,18 @@ def test_a_module_with_a_forward_of_its_own_keeps_torch_hooks():
     assert [c.module for c in t.calls()] == ["plain", "scaled"]
     assert net.plain.forward is their_forward and not net.plain._forward_hooks
     assert not stepwrap._traced.get(id(net))
+
+
+def test_a_class_mostly_untraced_keeps_its_forward_and_its_traced_instances_get_torch_hooks():
+    # A traced lm_head must not put a wrapper on nn.Linear: every q/k/v/o/gate/up/down call
+    # of the model would pay its lookup. The layers, all traced, go through their class.
+    llama = tiny_llama(layers=2)
+    linear_forward = torch.nn.Linear.forward
+    with torch.no_grad(), spectrace.trace(llama, stats="off") as t:
+        assert torch.nn.Linear.forward is linear_forward
+        assert callwrap.hooks_of(llama.lm_head) is None and llama.lm_head._forward_hooks
+        assert callwrap.hooks_of(llama.model.norm) is None and llama.model.norm._forward_hooks  # 1 of 5 norms
+        assert callwrap.hooks_of(llama.model.layers[1]) is not None
+        llama(torch.randint(0, 128, (1, 5)))
+    modules = [c.module for c in t.calls()]
+    assert modules.count("lm_head") == 1 and modules.count("model.norm") == 1 and modules.count("model.layers.1") == 1
