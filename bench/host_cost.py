@@ -57,9 +57,11 @@ def _per_forward(model: torch.nn.Module, ids: torch.Tensor, iters: int) -> float
     return (time.perf_counter() - t0) / iters
 
 
-def time_hooks(tracer: Any, modules: Any, timed: Any) -> None:
+def time_hooks(tracer: Any, modules: Any, timed: Any, excluded: Any = None) -> None:
     """Put ``timed(hook)`` in place of each of the tracer's hooks on ``modules``: torch's
-    forward hooks, and the hooks its version calls from a class's forward (callwrap)."""
+    forward hooks, and what its version calls from a class's forward (callwrap). Where
+    that is one function around the module's own forward, ``excluded(forward)`` must take
+    the forward's time back out of the count."""
     package = type(tracer).__module__.split(".")[0]  # spectrace, or ab_versions' spectrace_base
     try:
         callwrap = importlib.import_module(f"{package}.hooks.callwrap")
@@ -70,32 +72,64 @@ def time_hooks(tracer: Any, modules: Any, timed: Any) -> None:
             for key, fn in list(hooks.items()):
                 if str(getattr(fn, "__module__", "")).startswith(package):
                     hooks[key] = timed(fn)
-        if callwrap is not None:
+        if callwrap is None:
+            continue
+        if hasattr(callwrap, "retime"):  # one call around the forward
+            if excluded is None:
+                raise ValueError("time_hooks: this version calls one function around the forward: pass excluded")
+            callwrap.retime(m, timed, excluded)
+        else:  # a version whose class wrapper called the pre-hook and post-hook
             callwrap.rewrap(m, timed)
+
+
+class HookClock:
+    """Seconds counted inside spectrace's hooks: ``timed(fn)`` adds fn's time, ``excluded(fn)``
+    takes it back (a module's own forward, run inside the counted call)."""
+
+    def __init__(self, clock: Any = time.perf_counter) -> None:
+        self.spent = 0.0
+        self.clock = clock
+
+    def timed(self, fn: Any) -> Any:
+        clock = self.clock
+
+        def wrapper(*a: Any, **k: Any) -> Any:
+            t0 = clock()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.spent += clock() - t0
+
+        return wrapper
+
+    def excluded(self, fn: Any) -> Any:
+        clock = self.clock
+
+        def wrapper(*a: Any, **k: Any) -> Any:
+            t0 = clock()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.spent -= clock() - t0
+
+        return wrapper
+
+    def install(self, tracer: Any, modules: Any) -> None:
+        """Count every hook of ``tracer`` on ``modules`` and its step end (finish_step)."""
+        time_hooks(tracer, modules, self.timed, self.excluded)
+        tracer.finish_step = self.timed(tracer.finish_step)
 
 
 def _accounted(t: Any, model: torch.nn.Module, ids: torch.Tensor, iters: int) -> float:
     """Seconds per forward spent inside spectrace's hooks and its step end (the hooks' own
     accounting: each wrapped in a perf_counter timer, as bench/overhead.py does)."""
-    spent = [0.0]
-
-    def timed(fn: Any) -> Any:
-        def wrapper(*a: Any, **k: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                spent[0] += time.perf_counter() - t0
-
-        return wrapper
-
-    time_hooks(t.tracer, model.modules(), timed)
-    t.tracer.finish_step = timed(t.tracer.finish_step)
+    clock = HookClock()
+    clock.install(t.tracer, model.modules())
     model(ids)
-    spent[0] = 0.0
+    clock.spent = 0.0
     for _ in range(iters):
         model(ids)
-    return spent[0] / iters
+    return clock.spent / iters
 
 
 def one(iters: int = 50, device: str = "cpu") -> dict[str, Any]:

@@ -357,39 +357,24 @@ def hook_time(
     for mode in ("off", "basic", "off_at_once", "basic_at_once"):
         engine.PENDING_CALLS = 1 if mode.endswith("_at_once") else kept  # at_once: each call noted at its hook
         with spectrace.trace(models, settings=settings, stats=mode.split("_")[0]) as t:
-            spent = [0.0]
-            worker_cpu = [0.0]
+            from host_cost import HookClock
 
-            def timed(
-                fn: Callable[..., Any], total: list[float] = spent, clock: Callable[[], float] = time.perf_counter
-            ) -> Callable[..., Any]:
-                def wrapper(*a: Any, **k: Any) -> Any:
-                    t0 = clock()
-                    try:
-                        return fn(*a, **k)
-                    finally:
-                        total[0] += clock() - t0
-
-                return wrapper
-
-            from host_cost import time_hooks
-
-            time_hooks(t.tracer, (m for root in models.values() for m in root.modules()), timed)
-            t.tracer.finish_step = timed(t.tracer.finish_step)
+            clock, worker_clock = HookClock(), HookClock(time.thread_time)
+            clock.install(t.tracer, (m for root in models.values() for m in root.modules()))
             worker = getattr(t.tracer, "_worker", None)
             if worker is not None:
-                worker._build = timed(worker._build, worker_cpu, time.thread_time)
+                worker._build = worker_clock.timed(worker._build)
             per, per_worker = [], []
             step()
             for _ in range(steps):
                 t.tracer.finish_step()  # the worker is idle before each measured step
-                spent[0] = worker_cpu[0] = 0.0
+                clock.spent = worker_clock.spent = 0.0
                 step()
                 if dev == "cuda":
                     torch.cuda.synchronize()
-                per.append(spent[0] * 1e3)
+                per.append(clock.spent * 1e3)
                 t.tracer.finish_step()
-                per_worker.append(worker_cpu[0] * 1e3)
+                per_worker.append(worker_clock.spent * 1e3)
         engine.PENDING_CALLS = kept
         name = {"off": "shapes", "basic": "stats", "off_at_once": "shapes_at_once", "basic_at_once": "stats_at_once"}[mode]
         result[name] = round(statistics.median(per), 3)

@@ -271,3 +271,45 @@ def test_a_list_argument_changed_after_the_call_is_recorded_as_the_call_saw_it(s
     (call,) = t.calls("join")
     assert [m.arg for m in call.inputs] == ["input[0][0]", "input[0][1]"]
     assert call.outputs[0].shape == [2, 16]
+
+
+class _Block(nn.Module):
+    def forward(self, x: torch.Tensor, *extra: Any, **kwargs: Any) -> torch.Tensor:
+        return x + 1
+
+
+class _Stack(nn.Module):
+    """Blocks that get the same keyword objects every call (as rotary cos/sin and position
+    ids go to every decoder layer): read once a pass, and still as each call saw them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_Block() for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cos, sin = torch.randn(5, 4), torch.randn(5, 4)
+        shared = {"pair": (cos, sin), "ids": torch.arange(5), "flag": True, "mask": None}
+        many = tuple(torch.randn(2) for _ in range(20))  # more than a side records: capped alike
+        for n, block in enumerate(self.blocks):
+            x = block(x, cos, **shared) if n != 1 else block(x, many=many, **shared)
+        empty = self.blocks[0](torch.empty(0, 4), **shared)  # a first input with no statistic: the kwargs may take it
+        return x + empty.sum()
+
+
+@pytest.mark.parametrize("stats", ["basic", "off"])
+def test_calls_sharing_keyword_objects_record_what_each_call_saw(stats: str) -> None:
+    model = _Stack()
+    torch.manual_seed(0)
+    kept = _run(model, [torch.randn(5, 4)], stats, modules=["blocks.0", "blocks.1", "blocks.2"])
+    torch.manual_seed(0)
+    reference = _fields(_run(model, [torch.randn(5, 4)], "basic", at_once=True, modules=["blocks.0", "blocks.1", "blocks.2"]).calls())
+    if stats == "off":
+        for r in reference:
+            for m in r["inputs"] + r["outputs"]:
+                m["stats"] = None
+    got = _fields(kept.calls())
+    assert [len(c["inputs"]) for c in got] == [5, 16, 5, 4]
+    if stats == "basic":  # the empty first input leaves the side's statistic to kwarg.pair[0]
+        assert [m["arg"] for m in got[-1]["inputs"] if m["stats"] is not None] == ["kwarg.pair[0]"]
+    _close(got, reference)
+    assert kept.recorder.counters.internal_errors == 0

@@ -4,16 +4,16 @@ Once a module holds any forward hook, torch runs its whole hook path on every ca
 global hook dicts, the pre-hooks, ``inner()``, the forward hooks); that path alone cost
 more host time than spectrace's own hooks in an eager decode step. So a traced module
 with a plain class ``forward`` gets a wrapper on its *class* instead: the wrapper finds
-the instance in a registry keyed by identity (held weakly) and calls spectrace's
-pre-hook and post-hook around the original forward, with the arguments torch's hooks
-would get. A deep copy, an unpickled model or any untraced instance of the class finds
+the instance in a registry keyed by identity (held weakly) and hands the call to
+spectrace's ``around`` function, which runs the original forward between its pre-hook
+and post-hook work (one entry per call: a kept call notes and keeps in one place). A deep copy, an unpickled model or any untraced instance of the class finds
 nothing there and runs the class's own forward, one dict lookup later (as
 :mod:`.stepwrap` does for roots).
 
 The engine falls back to torch's hooks for a module whose ``forward`` is an instance
 attribute (another library's wrapper) or not a plain function, and for a root.
 
-    >>> handle = install(layer, pre, post)   # pre(module, args, kwargs), post(..., output)
+    >>> handle = install(layer, around, pre, post)   # around(module, original, args, kwargs)
     >>> handle.remove()
 """
 
@@ -32,12 +32,15 @@ from .stepwrap import release_patch
 
 Pre = Callable[[Any, tuple[Any, ...], dict[str, Any]], None]
 Post = Callable[[Any, tuple[Any, ...], dict[str, Any], Any], None]
+# around(module, original forward, args, kwargs) -> the forward's output
+Around = Callable[[Any, Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
 
 _is_compiling = torch.compiler.is_compiling
 _lock = threading.RLock()
-# id(instance) -> (weak reference, pre-hook or None, post-hook). Read without the lock on
-# every call (a dict lookup is atomic); changed under it.
-_calls: dict[int, tuple[weakref.ref, Pre | None, Post]] = {}
+# id(instance) -> (weak reference, around, pre-hook or None, post-hook). Read without the
+# lock on every call (a dict lookup is atomic); changed under it. The wrapper calls
+# ``around`` alone; the hooks are kept for those who ask (hooks_of).
+_calls: dict[int, tuple[weakref.ref, Around, Pre | None, Post]] = {}
 # class -> [had its own forward attribute, that attribute, our wrapper, traced instances]
 _class_patches: dict[type, list[Any]] = {}
 
@@ -64,12 +67,7 @@ def _class_wrapper(cls: type, original: Callable[..., Any], patch: list[Any]) ->
         # inside another library's wrapper when released must not fire next to a newer one).
         if entry is None or type(self) is not cls or entry[0]() is not self or _class_patches.get(cls) is not patch:
             return original(self, *args, **kwargs)
-        pre, post = entry[1], entry[2]
-        if pre is not None:
-            pre(self, args, kwargs)
-        output = original(self, *args, **kwargs)
-        post(self, args, kwargs, output)
-        return output
+        return entry[1](self, original, args, kwargs)
 
     forward.__spectrace_call_wrapper__ = True  # type: ignore[attr-defined]
     return forward
@@ -96,13 +94,14 @@ class Handle:
             _release_class(type(module))
 
 
-def install(module: Any, pre: Pre | None, post: Post) -> Handle:
-    """Call ``pre`` before and ``post`` after every call of ``module`` until the handle is
-    removed (:func:`wrappable` must hold)."""
+def install(module: Any, around: Around, pre: Pre | None = None, post: Post | None = None) -> Handle:
+    """Hand every call of ``module`` to ``around(module, original, args, kwargs)`` until the
+    handle is removed (:func:`wrappable` must hold). ``pre`` and ``post``: the hooks it runs,
+    for :func:`hooks_of`."""
     with _lock:
         key = id(module)
         ref = weakref.ref(module, functools.partial(_forget, key, cls=type(module)))
-        _calls[key] = (ref, pre, post)
+        _calls[key] = (ref, around, pre, post)
         cls = type(module)
         patch = _class_patches.get(cls)
         if patch is not None:
@@ -115,22 +114,30 @@ def install(module: Any, pre: Pre | None, post: Post) -> Handle:
     return Handle(module)
 
 
-def hooks_of(module: Any) -> tuple[Pre | None, Post] | None:
+def hooks_of(module: Any) -> tuple[Pre | None, Post | None] | None:
     """The (pre-hook, post-hook) that ``module``'s calls go through, or None."""
     entry = _calls.get(id(module))
     if entry is None or entry[0]() is not module:
         return None
-    return entry[1], entry[2]
+    return entry[2], entry[3]
 
 
-def rewrap(module: Any, wrap: Callable[[Callable[..., None]], Callable[..., None]]) -> bool:
-    """Replace ``module``'s hooks by ``wrap(hook)`` (a benchmark's timers); False if none."""
+def retime(module: Any, timed: Callable[[Callable[..., Any]], Callable[..., Any]], excluded: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
+    """Put a benchmark's timer around ``module``'s calls: ``timed(fn)`` counts fn's time,
+    ``excluded(fn)`` takes it back (the original forward, run inside). False if untraced."""
     with _lock:
         entry = _calls.get(id(module))
         if entry is None or entry[0]() is not module:
             return False
-        pre, post = entry[1], entry[2]
-        _calls[id(module)] = (entry[0], wrap(pre) if pre is not None else None, wrap(post))
+        around, untimed = entry[1], {}
+
+        def run(mod: Any, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            inner = untimed.get(original)
+            if inner is None:
+                inner = untimed[original] = excluded(original)
+            return around(mod, inner, args, kwargs)
+
+        _calls[id(module)] = (entry[0], timed(run), entry[2], entry[3])
         return True
 
 

@@ -40,7 +40,7 @@ from .readback import Readback, StepStats
 from .roles import role_of
 from .selection import ModuleFilter, select
 from .tensor_stats import INDEX_DTYPES, stats_for, stats_supported
-from .tensors import collect
+from .tensors import MAX_TENSORS_PER_SIDE, collect, collect_kwargs
 from .values import values_capture
 from .worker import RecordWorker
 
@@ -319,7 +319,8 @@ class Tracer:
                 else hookdicts.mark(self._make_pre_hook(full, owner, type(module).__name__, role, view, compile_checked=wrapped))
             )
             if wrapped:
-                self._handles.append(callwrap.install(module, pre, post))
+                around = self._make_around(full, type(module).__name__, root_name, role, view, pre, post)
+                self._handles.append(callwrap.install(module, around, pre, post))
             else:
                 if pre is not None:
                     self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
@@ -791,6 +792,120 @@ class Tracer:
 
         return post_hook
 
+    def _make_around(
+        self,
+        name: str,
+        module_type: str,
+        root: str,
+        role: str | None,
+        view: ModuleView | None,
+        pre: Callable[..., None] | None,
+        post: Callable[..., None],
+    ) -> Callable[..., Any]:
+        """A class-wrapped module's call in one piece (callwrap). A call kept for a later read
+        (see PENDING_CALLS) is noted and kept here, with no hook called: in statistics mode
+        its first input's version before the call, then the call; shapes only keeps the call.
+        Any other call runs the pre-hook, the forward and the post-hook. Each hook costs
+        more here than in a loop (cold, between the model's kernels): one entry, not three."""
+        spec = (name, module_type, root, role)
+        keeps = view is None and self.sample == 1 and self.stats_mode != "full"
+        local_of = self._local
+
+        def keep(state: _ThreadSteps, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any, version: int | None) -> None:
+            pending = state.pending
+            if version is None:  # shapes only: no version to prove
+                pending.append((spec, args, kwargs, output, time.time(), None, None, 0))
+            elif type(output) is torch.Tensor and not output.is_inference():
+                pending.append((spec, args, kwargs, output, time.time(), version, output, output._version))
+            else:  # no output tensor whose version proves its values later: read now
+                pending.append((spec, args, kwargs, output, time.time(), version, None, 0))
+                self._read_pending(state)
+                return
+            if type(output) is torch.Tensor:
+                state.pending_bytes += output.nbytes
+            if len(pending) >= PENDING_CALLS or state.pending_bytes > PENDING_BYTES or _holds_mutable(args, kwargs):
+                self._read_pending(state)  # (a list or dict argument may change before a later read)
+
+        if not keeps:
+
+            def around_hooks(module: nn.Module, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+                if pre is not None:
+                    pre(module, args, kwargs)
+                output = original(module, *args, **kwargs)
+                post(module, args, kwargs, output)
+                return output
+
+            return around_hooks
+
+        if pre is None:  # shapes only: the inputs are read with the call, after it
+
+            def around_shapes(module: nn.Module, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+                output = original(module, *args, **kwargs)
+                try:
+                    local = local_of.__dict__
+                    state = local.get("steps")
+                    if state is not None and not state.capturing and not state.warming and local.get("depth", 0):
+                        keep(state, args, kwargs, output, None)
+                        return output
+                except Exception as exc:
+                    self.recorder.internal_error(f"post-hook {name}: {type(exc).__name__}: {exc}")
+                    return output
+                post(module, args, kwargs, output)
+                return output
+
+            return around_shapes
+
+        kept_stats = self.stats_mode == "basic"
+
+        def around_stats(module: nn.Module, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            state = None
+            try:
+                local = local_of.__dict__
+                state = local.get("steps")
+                x = args[0] if args else None
+                if not (
+                    kept_stats
+                    and state is not None
+                    and type(x) is torch.Tensor
+                    and state.stats.defer  # (the pre-hook's conditions for keeping a call)
+                    and self.defer_stats
+                    and not state.capturing
+                    and not state.warming
+                    and local.get("depth", 0)
+                    and x.dtype in _KEPT_DTYPES
+                    and x.layout is torch.strided
+                    and not x.is_inference()
+                    and name not in self._read_at_once
+                ):
+                    state = None
+            except Exception:
+                state = None
+            if state is None:
+                if pre is not None:
+                    pre(module, args, kwargs)
+                output = original(module, *args, **kwargs)
+                post(module, args, kwargs, output)
+                return output
+            version = x._version
+            output = original(module, *args, **kwargs)
+            try:
+                if state.capturing or state.warming or not local.get("depth", 0):
+                    # The call changed the step's state (rare): the post-hook decides, as it
+                    # would after the pre-hook kept the version.
+                    if not state.warming:
+                        stack = local.get("inputs")
+                        if stack is None:
+                            stack = local["inputs"] = []
+                        stack.append(version)
+                    post(module, args, kwargs, output)
+                else:
+                    keep(state, args, kwargs, output, version)
+            except Exception as exc:
+                self.recorder.internal_error(f"post-hook {name}: {type(exc).__name__}: {exc}")
+            return output
+
+        return around_stats
+
     def observe(self, name: str, module_type: str, role: str | None, items: list[ViewItem], root: str = "") -> None:
         """A call the engine did not see as a module call (a function an integration
         patched: SGLang's logits, its aux concat), recorded like one. Never raises."""
@@ -866,6 +981,12 @@ class Tracer:
     def _read_kept(self, state: _ThreadSteps, pending: list[_Pending], first: int) -> None:
         step, capturing, ctx, calls, note = state.step, state.capturing, state.context, state.calls, self._note
         seen: dict[int, Any] = {}  # (see _describe) every tensor here is held: ids are unique
+        # The keyword arguments' notes by the arguments' identities: the layers of a stack get
+        # the same objects (rotary cos/sin, position ids, mask), walked and noted once a pass.
+        # Only notes without statistics are kept: shapes only, or the positional arguments
+        # took the one statistic of the side ("basic").
+        kwarg_notes: dict[tuple[Any, ...], list[RawTensor]] = {}
+        shapes_only = self.stats_mode == "off"
         for n, (spec, args, kwargs, output, t_unix, in_version, out, out_version) in enumerate(pending):
             name, module_type, root, role = spec
             try:
@@ -875,7 +996,21 @@ class Tracer:
                     if args[0]._version != in_version:
                         # The module wrote its input in place: its calls are read at once from now on.
                         self._read_at_once.add(name)
-                inputs = note(collect(args, kwargs, side="input"), state, name, module_type, role, guard=guard, seen=seen)
+                if not kwargs:
+                    inputs = note(collect(args, None, side="input"), state, name, module_type, role, guard=guard, seen=seen)
+                else:
+                    found = collect(args, None, side="input")
+                    room = MAX_TENSORS_PER_SIDE - len(found)
+                    if shapes_only or (found and self._takes_stats(found[0][1], seen)):  # the side's statistic is taken
+                        inputs = note(found, state, name, module_type, role, guard=guard, seen=seen)
+                        key = (room, tuple(kwargs), tuple(map(id, kwargs.values())))
+                        rest = kwarg_notes.get(key)
+                        if rest is None:
+                            rest = kwarg_notes[key] = note(collect_kwargs(kwargs, room), state, name, module_type, role, budget=0, seen=seen)
+                        inputs = inputs + rest if inputs else rest
+                    else:
+                        found += collect_kwargs(kwargs, room)
+                        inputs = note(found, state, name, module_type, role, guard=guard, seen=seen)
                 guard = None
                 if out is not None:
                     guard = (out, out_version)
@@ -888,6 +1023,22 @@ class Tracer:
                 self.recorder.internal_error(f"post-hook {name}: {type(exc).__name__}: {exc}")
                 continue
             calls.append((step, first + n, name, module_type, root, inputs, outputs, t_unix, capturing, role, ctx))
+
+    @staticmethod
+    def _takes_stats(tensor: torch.Tensor, seen: dict[int, Any]) -> bool:
+        """Whether :meth:`_note` gives ``tensor``, first of its side, the side's statistic
+        ("basic"): its answers kept in ``seen`` as _note keeps them."""
+        hit = seen.get(id(tensor))
+        if hit is None or hit[0] is not tensor:
+            _describe(tensor, seen)
+            hit = seen[id(tensor)]
+        if hit[1][1] in INDEX_DTYPES:
+            return False
+        supported = hit[2]
+        if supported is None:
+            supported = stats_supported(tensor)
+            seen[id(tensor)] = (tensor, hit[1], supported)
+        return supported
 
     def _warm(self, items: list[ViewItem]) -> None:
         slots = self.graph_slots

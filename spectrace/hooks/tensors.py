@@ -53,6 +53,22 @@ def collect(args: tuple[Any, ...], kwargs: dict[str, Any] | None, output: Any = 
     return found
 
 
+def collect_kwargs(kwargs: dict[str, Any], room: int = MAX_TENSORS_PER_SIDE) -> list[tuple[str, torch.Tensor]]:
+    """The tensors of a call's keyword arguments, at most ``room`` of them (what
+    :func:`collect` adds after those of the positional arguments)."""
+    found: list[tuple[str, torch.Tensor]] = []
+    for key, item in kwargs.items():
+        if len(found) >= room:
+            break
+        if item is None:
+            continue
+        path = _KWARG_PATHS.get(key)
+        if path is None:
+            path = _kwarg_path(key)
+        _walk(item, path, 1, found, room)
+    return found
+
+
 # Argument names repeat on every call: built once.
 _INPUT_PATHS = tuple(f"input[{i}]" for i in range(MAX_TENSORS_PER_SIDE))
 _KWARG_PATHS: dict[str, str] = {}
