@@ -628,8 +628,9 @@ class Tracer:
         try:
             if not objects and not self.observers and _dumps is _dumps_core:
                 # Only the JSON is wanted: written piece by piece, the same text (see _call_text).
+                written: dict[int, str] = {}  # (see _call_text)
                 for n, raw in enumerate(item.calls, 1):
-                    texts.append(_call_text(raw, self._values))
+                    texts.append(_call_text(raw, self._values, written))
                     if on_worker and n % 4 == 0:
                         self._worker.pause_point()  # the host is awake again: step aside
                 self._emit_step(item.step, calls, item.start_ns, item.end_ns, texts)
@@ -1268,8 +1269,12 @@ def _piece(value: Any) -> str:
     return to_json(value, inf_nan_mode="null").decode()
 
 
-def _call_text(raw: RawCall, values: dict[int, list[list[float] | None]]) -> str:
-    """The JSON text of one :class:`Call` record from a hook's note (as _call_fields + _dumps)."""
+def _call_text(raw: RawCall, values: dict[int, list[list[float] | None]], written: dict[int, str] | None = None) -> str:
+    """The JSON text of one :class:`Call` record from a hook's note (as _call_fields + _dumps).
+
+    ``written``: tensor texts by the note's identity, for a pass over calls that are all
+    held (a note shared by calls, as the keyword arguments of a stack's layers, is written
+    once)."""
     step, seq, module, module_type, root, inputs, outputs, t_unix, capture, role, ctx = raw
     names = _module_pieces.get((module, module_type, root))
     if names is None:
@@ -1307,14 +1312,23 @@ def _call_text(raw: RawCall, values: dict[int, list[list[float] | None]]) -> str
             ",",
             names,
             ',"inputs":[',
-            ",".join([_meta_text(t, values) for t in inputs]),
+            ",".join([_meta_text(t, values) for t in inputs] if written is None else [_meta_once(t, values, written) for t in inputs]),
             '],"outputs":[',
             ",".join([_meta_text(t, values) for t in outputs]),
             '],"t_unix":',
-            _piece(t_unix),
+            # (a float's repr is its shortest round-trip digits, as pydantic-core writes them;
+            # in this range neither uses an exponent)
+            repr(t_unix) if type(t_unix) is float and 1e9 <= t_unix < 1e10 else _piece(t_unix),
             tail,
         )
     )
+
+
+def _meta_once(raw: RawTensor, values: dict[int, list[list[float] | None]], written: dict[int, str]) -> str:
+    text = written.get(id(raw))
+    if text is None:
+        text = written[id(raw)] = _meta_text(raw, values)
+    return text
 
 
 def _meta_text(raw: RawTensor, values: dict[int, list[list[float] | None]]) -> str:
