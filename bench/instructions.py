@@ -1,0 +1,161 @@
+"""Instructions spectrace adds per hooked call, counted by valgrind (callgrind), not timed.
+
+    python bench/instructions.py                     # this code: shapes only and statistics
+    python bench/instructions.py --base 5fb112d      # and a git revision beside it
+    python bench/instructions.py --base-dir DIR      # DIR holds spectrace_base/ (ab_versions --export)
+
+On a shared machine wall-clock differences of 10 % drown in the noise; an instruction
+count is the same from run to run, whatever else the machine does. Each measurement is
+a process under ``valgrind --tool=callgrind`` with counting off: it builds the tiny Llama
+of ``bench/host_cost.py`` (8 layers, hidden 64, 16 tokens, 11 hooked modules), warms up,
+and only the timed forwards are counted (switched on and off with ``callgrind_control``).
+The figure is (traced - bare) / (forwards x hooked modules): every instruction the
+hooks, the class wrappers, the step wrapper, the read pass and the record build add.
+Instructions are not seconds: cache misses and the cost of cold code (a hook between the
+model's kernels) are not in them, so pair this with ``bench/ab_versions.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+MODES = ("off", "basic")
+
+
+def child(mode: str, control: str, forwards: int, package: str) -> None:
+    """The measured process: ready, wait for "go", run the forwards, done, wait for "stop"."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import torch
+    from conftest import tiny_llama
+
+    spectrace = importlib.import_module(package)
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = tiny_llama(layers=8, hidden=64)
+    ids = torch.randint(0, 128, (1, 16))
+
+    def mark(name: str) -> None:
+        Path(control, name).touch()
+
+    def wait(name: str) -> None:
+        while not Path(control, name).exists():
+            time.sleep(0.05)
+
+    tracing = spectrace.trace(model, stats=mode) if mode != "bare" else contextlib.nullcontext()
+    with torch.no_grad(), tracing as t:
+        for _ in range(5):
+            model(ids)
+        if t is not None:
+            t.tracer.finish_step()
+        mark("ready")
+        wait("go")
+        for _ in range(forwards):
+            model(ids)
+        if t is not None:
+            t.tracer.finish_step(wait=True)
+        mark("done")
+        wait("stop")
+        Path(control, "hooked").write_text(str(len(t.hooked) if t is not None else 0))
+
+
+def _count(mode: str, forwards: int, package: str, pythonpath: str) -> tuple[int, int]:
+    """(instructions counted, hooked modules) of one measured process."""
+    with tempfile.TemporaryDirectory() as control:
+        out = Path(control, "callgrind.out")
+        env = dict(os.environ, PYTHONPATH=pythonpath)
+        cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
+        cmd += [sys.executable, __file__, "--child", mode, control, str(forwards), package]
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+        def wait(name: str) -> None:
+            while not Path(control, name).exists():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"the measured process ended early: {proc.stderr.read()[-2000:] if proc.stderr else ''}")
+                time.sleep(0.1)
+
+        def switch(on: bool) -> None:
+            subprocess.run(["callgrind_control", "-i", "on" if on else "off", str(proc.pid)], check=True, capture_output=True)
+
+        try:
+            wait("ready")
+            switch(True)
+            Path(control, "go").touch()
+            wait("done")
+            switch(False)
+            Path(control, "stop").touch()
+            proc.wait(timeout=600)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        total = 0
+        for part in Path(control).glob("callgrind.out*"):
+            # ("summary:" near the top holds what was counted before counting was on: 0)
+            counted = [int(line.split()[1]) for line in part.read_text(errors="replace").splitlines() if line.startswith(("summary:", "totals:"))]
+            total += max(counted, default=0)
+        return total, int(Path(control, "hooked").read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", help="a git revision to count beside this code")
+    parser.add_argument("--base-dir", help="a folder holding spectrace_base/ (ab_versions.py --export)")
+    parser.add_argument("--forwards", type=int, default=20)
+    parser.add_argument("--json", help="write the figures to this file as JSON")
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        mode, control, forwards, package = args.child
+        child(mode, control, int(forwards), package)
+        return
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        sys.exit("bench/instructions.py: needs valgrind (callgrind and callgrind_control)")
+    versions = {"working tree": ("spectrace", str(ROOT))}
+    tmp = None
+    if args.base or args.base_dir:
+        base_dir = args.base_dir
+        if base_dir is None:
+            sys.path.insert(0, str(ROOT / "bench"))
+            from ab_versions import export_base
+
+            tmp = tempfile.mkdtemp()
+            export_base(args.base, Path(tmp))
+            base_dir = tmp
+        versions = {f"base ({args.base or base_dir})": ("spectrace_base", f"{base_dir}{os.pathsep}{ROOT}"), **versions}
+    try:
+        # Two processes at a time (a count does not depend on what else runs).
+        jobs = [("bare", "bare", "spectrace", str(ROOT))]
+        jobs += [(label, mode, package, path) for label, (package, path) in versions.items() for mode in MODES]
+        with ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1))) as pool:
+            counts = list(pool.map(lambda job: _count(job[1], args.forwards, job[2], job[3]), jobs))
+        bare = counts[0][0]
+        result: dict[str, Any] = {"forwards": args.forwards, "bare_instructions_per_forward": bare // args.forwards, "per_hooked_call": {}}
+        for (label, mode, _package, _path), (total, hooked) in zip(jobs[1:], counts[1:]):
+            per_call = (total - bare) / args.forwards / hooked
+            result["per_hooked_call"].setdefault(label, {})[mode] = round(per_call)
+            print(f"{label:28s} {mode:6s} {per_call:10.0f} instructions per hooked call ({hooked} hooked)")
+        if len(versions) == 2:
+            (base_label, base), (_, tree) = result["per_hooked_call"].items()
+            result["ratio_tree_to_base"] = {m: round(tree[m] / base[m], 3) for m in MODES}
+            print("working tree / base: " + ", ".join(f"{m} {r:.3f}x" for m, r in result["ratio_tree_to_base"].items()))
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
