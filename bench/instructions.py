@@ -103,7 +103,9 @@ def _count(mode: str, forwards: int, package: str, pythonpath: str) -> tuple[int
         total = 0
         for part in Path(control).glob("callgrind.out*"):
             # ("summary:" near the top holds what was counted before counting was on: 0)
-            counted = [int(line.split()[1]) for line in part.read_text(errors="replace").splitlines() if line.startswith(("summary:", "totals:"))]
+            counted = [
+                int(line.split()[1]) for line in part.read_text(errors="replace").splitlines() if line.startswith(("summary:", "totals:"))
+            ]
             total += max(counted, default=0)
         return total, int(Path(control, "hooked").read_text())
 

@@ -294,9 +294,7 @@ def test_tmux_follow_a_running_writer_shows_the_collapse_live(tmp_path: Path, wi
             # The switch waits for a healthy window on screen (24 steps and more): a viewer slow
             # to start would otherwise first fill its window with collapsed steps, and a fall
             # it never saw from a healthy level is not a change to show.
-            screen = t.wait_for(
-                r"steps 0\.\.(2[4-9]|[3-9]\d|\d{3,}) .*accept now [3-5]\.\d\d / run [3-5]\.\d\d.*\n?.*steps/s", timeout=90
-            )
+            screen = t.wait_for(r"steps 0\.\.(2[4-9]|[3-9]\d|\d{3,}) .*accept now [3-5]\.\d\d / run [3-5]\.\d\d.*\n?.*steps/s", timeout=90)
             status = screen.splitlines()[0]
             assert re.match(r"^ open +steps 0\.\.\d+ \(\d+ traced\) +accept now [3-5]\.\d\d / run [3-5]\.\d\d", status), screen
             assert "dropped 0 so far" in screen.split("\n", 2)[0] + screen.split("\n", 2)[1]

@@ -122,7 +122,9 @@ def hooks_of(module: Any) -> tuple[Pre | None, Post | None] | None:
     return entry[2], entry[3]
 
 
-def retime(module: Any, timed: Callable[[Callable[..., Any]], Callable[..., Any]], excluded: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
+def retime(
+    module: Any, timed: Callable[[Callable[..., Any]], Callable[..., Any]], excluded: Callable[[Callable[..., Any]], Callable[..., Any]]
+) -> bool:
     """Put a benchmark's timer around ``module``'s calls: ``timed(fn)`` counts fn's time,
     ``excluded(fn)`` takes it back (the original forward, run inside). False if untraced."""
     with _lock:

@@ -35,7 +35,7 @@ import torch.nn as nn
 from ..recorder import Recorder
 from ..records import Call
 from . import callwrap, hookdicts, stepwrap
-from .privacy import TokenTensors
+from .privacy import EMBEDDING_TYPES, TOKEN_ROLES, TokenTensors
 from .readback import Readback, StepStats
 from .roles import role_of
 from .selection import ModuleFilter, select
@@ -1007,7 +1007,9 @@ class Tracer:
                         key = (room, tuple(kwargs), tuple(map(id, kwargs.values())))
                         rest = kwarg_notes.get(key)
                         if rest is None:
-                            rest = kwarg_notes[key] = note(collect_kwargs(kwargs, room), state, name, module_type, role, budget=0, seen=seen)
+                            rest = kwarg_notes[key] = note(
+                                collect_kwargs(kwargs, room), state, name, module_type, role, budget=0, seen=seen
+                            )
                         inputs = inputs + rest if inputs else rest
                     else:
                         found += collect_kwargs(kwargs, room)
@@ -1141,6 +1143,10 @@ class Tracer:
         # Rotary cos/sin, masks and ids repeat in every layer and would double the cost.
         if budget == -1:
             budget = None if self.stats_mode == "full" else 1
+        # Privacy (privacy.py): an embedding's outputs, and those same tensors seen again,
+        # get no statistics (asked here, without a call per tensor).
+        token_module = not self.token_stats and (role in TOKEN_ROLES or module_type in EMBEDDING_TYPES)
+        token_refs = None if self.token_stats else self._token_tensors.refs
         for arg, tensor in tensors:
             hit = seen.get(id(tensor)) if seen is not None else None
             matched = hit is not None and hit[0] is tensor
@@ -1158,8 +1164,10 @@ class Tracer:
                 if supported:
                     if budget is not None:
                         budget -= 1
-                    if self._token_private(tensor, role, module_type):
-                        pass  # a function of one token id: shape and dtype only (privacy.py)
+                    if token_module:
+                        self._token_tensors.remember(tensor)  # a function of one token id: shape and dtype only
+                    elif token_refs and (ref := token_refs.get(id(tensor))) is not None and ref() is tensor:
+                        pass  # an embedding output seen again
                     elif state.capturing:
                         # Nothing may be read back during capture; a slot in the graph instead.
                         self._graph_slot(tensor, state, name, module_type, role, arg)
@@ -1186,15 +1194,6 @@ class Tracer:
         """An integration's word that ``tensor`` is a function of one token id each row
         (an embedding output it saw outside a module call): it gets no statistics."""
         self._token_tensors.remember(tensor)
-
-    def _token_private(self, tensor: torch.Tensor, role: str | None, module_type: str) -> bool:
-        """An embedding output, or that same tensor seen again; never with SPECTRACE_TOKEN_STATS=1."""
-        if self.token_stats:
-            return False
-        if TokenTensors.is_token_module(role, module_type):
-            self._token_tensors.remember(tensor)
-            return True
-        return self._token_tensors.holds(tensor)
 
 
 def _dumps_json(fields: dict[str, Any]) -> str:
@@ -1316,9 +1315,7 @@ def _call_text(raw: RawCall, values: dict[int, list[list[float] | None]], writte
             '],"outputs":[',
             ",".join([_meta_text(t, values) for t in outputs]),
             '],"t_unix":',
-            # (a float's repr is its shortest round-trip digits, as pydantic-core writes them;
-            # in this range neither uses an exponent)
-            repr(t_unix) if type(t_unix) is float and 1e9 <= t_unix < 1e10 else _piece(t_unix),
+            _piece(t_unix),  # (pydantic-core writes a float in 40 % of repr()'s time)
             tail,
         )
     )

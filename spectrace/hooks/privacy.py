@@ -45,6 +45,11 @@ class TokenTensors:
         self._order: list[int] = []
         self._lock = threading.Lock()
 
+    @property
+    def refs(self) -> dict[int, Any]:
+        """id -> weak reference of each remembered tensor (read-only; :meth:`holds` per tensor)."""
+        return self._refs
+
     @staticmethod
     def is_token_module(role: str | None, module_type: str) -> bool:
         """Whether a module's outputs are a function of one token id each."""

@@ -217,18 +217,14 @@ def stats_fields(row: Sequence[float], numel: int) -> dict[str, Any]:
     var = max(sumsq / numel - mean * mean, 0.0) if numel > 0 else 0.0
     std = math.sqrt(var) if math.isfinite(var) else var
     return {
-        "mean": _finite_or_none(mean),
-        "std": _finite_or_none(std),
+        # (JSON has no NaN; a NaN mean says nothing the nan count does not say better)
+        "mean": mean if math.isfinite(mean) else None,
+        "std": std if math.isfinite(std) else None,
         "absmax": absmax if not math.isnan(absmax) and nan == 0 else None,
         "nan": int(nan),
         "inf": int(inf),
         "numel": numel,
     }
-
-
-def _finite_or_none(value: float) -> float | None:
-    # JSON has no NaN; a NaN mean says nothing the nan count does not say better.
-    return value if math.isfinite(value) else None
 
 
 def stats_for(values: list[float], numel: int, dtype: str) -> dict[str, Any] | None:
