@@ -255,6 +255,7 @@ class Tracer:
         # tensor's version, so a held tensor could be read after the write unnoticed.
         self.defer_stats = True
         self._token_tensors = TokenTensors()
+        self._token_refs = self._token_tensors.refs  # (the same dict for the tracer's life)
         # Modules whose calls are read at their hooks (PENDING_CALLS): seen writing their input
         # or output in place, or a held tensor of theirs written before its batched launch.
         self._read_at_once: set[str] = set()
@@ -997,10 +998,11 @@ class Tracer:
                     if args[0]._version != in_version:
                         # The module wrote its input in place: its calls are read at once from now on.
                         self._read_at_once.add(name)
+                # (one tensor argument, one tensor output: most calls; collect's answer without the call)
+                found = [("input[0]", args[0])] if len(args) == 1 and type(args[0]) is torch.Tensor else collect(args, None, side="input")
                 if not kwargs:
-                    inputs = note(collect(args, None, side="input"), state, name, module_type, role, guard=guard, seen=seen)
+                    inputs = note(found, state, name, module_type, role, guard=guard, seen=seen)
                 else:
-                    found = collect(args, None, side="input")
                     room = MAX_TENSORS_PER_SIDE - len(found)
                     if shapes_only or (found and self._takes_stats(found[0][1], seen)):  # the side's statistic is taken
                         inputs = note(found, state, name, module_type, role, guard=guard, seen=seen)
@@ -1019,9 +1021,8 @@ class Tracer:
                     guard = (out, out_version)
                     if out._version != out_version:
                         self._read_at_once.add(name)  # its output is written in place after the call
-                outputs = note(
-                    collect((), None, output, side="output"), state, name, module_type, role, reuse=False, guard=guard, seen=seen
-                )
+                found = [("output", output)] if type(output) is torch.Tensor else collect((), None, output, side="output")
+                outputs = note(found, state, name, module_type, role, reuse=False, guard=guard, seen=seen)
             except Exception as exc:
                 self.recorder.internal_error(f"post-hook {name}: {type(exc).__name__}: {exc}")
                 continue
@@ -1146,7 +1147,7 @@ class Tracer:
         # Privacy (privacy.py): an embedding's outputs, and those same tensors seen again,
         # get no statistics (asked here, without a call per tensor).
         token_module = not self.token_stats and (role in TOKEN_ROLES or module_type in EMBEDDING_TYPES)
-        token_refs = None if self.token_stats else self._token_tensors.refs
+        token_refs = None if self.token_stats else self._token_refs
         for arg, tensor in tensors:
             hit = seen.get(id(tensor)) if seen is not None else None
             matched = hit is not None and hit[0] is tensor
