@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -103,3 +104,18 @@ def test_two_versions_side_by_side_trace_the_same_model(tmp_path):
     versions = [k for k in res if k.endswith(("shapes only", "statistics"))]
     assert len(versions) == 4 and any(k.startswith("base (") for k in versions)
     assert all(res[k]["us_per_hooked_call_accounting_median"] > 0 for k in versions)
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None or shutil.which("callgrind_control") is None, reason="needs valgrind")
+def test_instruction_counts_see_statistics_cost_more_than_shapes(tmp_path):
+    """bench/instructions.py: each mode counted under callgrind, only the measured forwards."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECTRACE")}
+    out = tmp_path / "instructions.json"
+    cmd = [sys.executable, os.path.join(ROOT, "bench", "instructions.py"), "--forwards", "2", "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    res = json.loads(out.read_text())
+    per_call = res["per_hooked_call"]["working tree"]
+    # a bare forward is millions of instructions; a hooked call tens of thousands more, statistics more still
+    assert res["bare_instructions_per_forward"] > 10**6
+    assert 0 < per_call["off"] < per_call["basic"] < res["bare_instructions_per_forward"]
