@@ -91,18 +91,12 @@ class HookClock:
         self.clock = clock
 
     def timed(self, fn: Any) -> Any:
-        clock = self.clock
-
-        def wrapper(*a: Any, **k: Any) -> Any:
-            t0 = clock()
-            try:
-                return fn(*a, **k)
-            finally:
-                self.spent += clock() - t0
-
-        return wrapper
+        return self._wrap(fn, 1.0)
 
     def excluded(self, fn: Any) -> Any:
+        return self._wrap(fn, -1.0)
+
+    def _wrap(self, fn: Any, sign: float) -> Any:
         clock = self.clock
 
         def wrapper(*a: Any, **k: Any) -> Any:
@@ -110,7 +104,7 @@ class HookClock:
             try:
                 return fn(*a, **k)
             finally:
-                self.spent -= clock() - t0
+                self.spent += sign * (clock() - t0)
 
         return wrapper
 

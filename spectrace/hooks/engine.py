@@ -753,19 +753,7 @@ class Tracer:
                     and not state.warming
                     and local.get("depth", 0)
                 ):
-                    pending = state.pending
-                    if inputs_after:  # shapes only: no version to prove
-                        pending.append((spec, args, kwargs, output, time.time(), None, None, 0))
-                    elif type(output) is torch.Tensor and not output.is_inference():
-                        pending.append((spec, args, kwargs, output, time.time(), entry, output, output._version))
-                    else:  # no output tensor whose version proves its values later: read now
-                        pending.append((spec, args, kwargs, output, time.time(), entry, None, 0))
-                        self._read_pending(state)
-                        return None
-                    if type(output) is torch.Tensor:
-                        state.pending_bytes += output.nbytes
-                    if len(pending) >= PENDING_CALLS or state.pending_bytes > PENDING_BYTES or _holds_mutable(args, kwargs):
-                        self._read_pending(state)  # (a list or dict argument may change before a later read)
+                    self._keep(state, spec, args, kwargs, output, None if inputs_after else entry)
                     return None
                 if not state.warming and self.sample > 1 and not self._sampled(state):
                     state.seen += 1  # an unsampled step: counted, nothing collected
@@ -813,20 +801,7 @@ class Tracer:
         keeps = view is None and self.sample == 1 and self.stats_mode != "full"
         local_of = self._local
 
-        def keep(state: _ThreadSteps, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any, version: int | None) -> None:
-            pending = state.pending
-            if version is None:  # shapes only: no version to prove
-                pending.append((spec, args, kwargs, output, time.time(), None, None, 0))
-            elif type(output) is torch.Tensor and not output.is_inference():
-                pending.append((spec, args, kwargs, output, time.time(), version, output, output._version))
-            else:  # no output tensor whose version proves its values later: read now
-                pending.append((spec, args, kwargs, output, time.time(), version, None, 0))
-                self._read_pending(state)
-                return
-            if type(output) is torch.Tensor:
-                state.pending_bytes += output.nbytes
-            if len(pending) >= PENDING_CALLS or state.pending_bytes > PENDING_BYTES or _holds_mutable(args, kwargs):
-                self._read_pending(state)  # (a list or dict argument may change before a later read)
+        keep = self._keep
 
         if not keeps:
 
@@ -847,7 +822,7 @@ class Tracer:
                     local = local_of.__dict__
                     state = local.get("steps")
                     if state is not None and not state.capturing and not state.warming and local.get("depth", 0):
-                        keep(state, args, kwargs, output, None)
+                        keep(state, spec, args, kwargs, output, None)
                         return output
                 except Exception as exc:
                     self.recorder.internal_error(f"post-hook {name}: {type(exc).__name__}: {exc}")
@@ -901,12 +876,31 @@ class Tracer:
                         stack.append(version)
                     post(module, args, kwargs, output)
                 else:
-                    keep(state, args, kwargs, output, version)
+                    keep(state, spec, args, kwargs, output, version)
             except Exception as exc:
                 self.recorder.internal_error(f"post-hook {name}: {type(exc).__name__}: {exc}")
             return output
 
         return around_stats
+
+    def _keep(
+        self, state: _ThreadSteps, spec: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any, version: int | None
+    ) -> None:
+        """Keep a call for the step's read (see PENDING_CALLS); ``version``: its first input's
+        before the call, None in shapes-only mode (no version to prove)."""
+        pending = state.pending
+        if version is None:
+            pending.append((spec, args, kwargs, output, time.time(), None, None, 0))
+        elif type(output) is torch.Tensor and not output.is_inference():
+            pending.append((spec, args, kwargs, output, time.time(), version, output, output._version))
+        else:  # no output tensor whose version proves its values later: read now
+            pending.append((spec, args, kwargs, output, time.time(), version, None, 0))
+            self._read_pending(state)
+            return
+        if type(output) is torch.Tensor:
+            state.pending_bytes += output.nbytes
+        if len(pending) >= PENDING_CALLS or state.pending_bytes > PENDING_BYTES or _holds_mutable(args, kwargs):
+            self._read_pending(state)  # (a list or dict argument may change before a later read)
 
     def observe(self, name: str, module_type: str, role: str | None, items: list[ViewItem], root: str = "") -> None:
         """A call the engine did not see as a module call (a function an integration
