@@ -51,6 +51,11 @@ class Pane:
             self.sock + ["new-session", "-d", "-s", self.name, "-x", str(self.width), "-y", str(self.height)], check=True, env=env
         )
         subprocess.run(self.sock + ["set-option", "-t", self.name, "history-limit", "5000"], check=True)
+        # Keys typed before the shell shows its prompt are run with the prompt written in
+        # front of their first output line (a loaded machine starts a shell slowly).
+        deadline = time.monotonic() + 30
+        while not self.capture(history=False).strip() and time.monotonic() < deadline:
+            time.sleep(0.05)
         return self
 
     def run(self, command: str, timeout: float = 120.0) -> str:
