@@ -51,11 +51,6 @@ class Pane:
             self.sock + ["new-session", "-d", "-s", self.name, "-x", str(self.width), "-y", str(self.height)], check=True, env=env
         )
         subprocess.run(self.sock + ["set-option", "-t", self.name, "history-limit", "5000"], check=True)
-        # Keys typed before the shell shows its prompt are run with the prompt written in
-        # front of their first output line (a loaded machine starts a shell slowly).
-        deadline = time.monotonic() + 30
-        while not self.capture(history=False).strip() and time.monotonic() < deadline:
-            time.sleep(0.05)
         return self
 
     def run(self, command: str, timeout: float = 120.0) -> str:
@@ -71,9 +66,13 @@ class Pane:
         else:
             raise AssertionError(f"{command!r} did not finish:\n{self.capture()}")
         lines = self.capture().splitlines()
-        # The markers on lines of their own: the typed command line holds them too, after "echo".
-        # The last run's markers: the pane's history holds the earlier runs too.
-        start = max(i for i, line in enumerate(lines) if line.rstrip() == START) + 1
+        # The markers end their lines: the typed command line holds them too, after "echo".
+        # A typed line that fills the pane's width exactly is joined (-J) to the next one, so
+        # START may end the command line rather than stand alone. The last run's markers:
+        # the pane's history holds the earlier runs too.
+        starts = [i for i, line in enumerate(lines) if line.rstrip().endswith(START)]
+        assert starts, f"no {START} line in the pane:\n" + "\n".join(lines[:40]) + "\n...\n" + "\n".join(lines[-20:])
+        start = starts[-1] + 1
         end = next(i for i, line in enumerate(lines) if i >= start and re.match(rf"^{DONE}=\d+", line))
         return "\n".join(line.rstrip() for line in lines[start:end]).strip("\n") + f"\n[exit {lines[end].split('=')[1]}]\n"
 
