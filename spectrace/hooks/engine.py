@@ -35,7 +35,7 @@ import torch.nn as nn
 from ..recorder import Recorder
 from ..records import Call
 from . import callwrap, hookdicts, stepwrap
-from .privacy import EMBEDDING_TYPES, TOKEN_ROLES, TokenTensors
+from .privacy import TokenTensors
 from .readback import Readback, StepStats
 from .roles import role_of
 from .selection import ModuleFilter, select
@@ -803,15 +803,14 @@ class Tracer:
 
         keep = self._keep
 
+        def around_hooks(module: nn.Module, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            if pre is not None:
+                pre(module, args, kwargs)
+            output = original(module, *args, **kwargs)
+            post(module, args, kwargs, output)
+            return output
+
         if not keeps:
-
-            def around_hooks(module: nn.Module, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-                if pre is not None:
-                    pre(module, args, kwargs)
-                output = original(module, *args, **kwargs)
-                post(module, args, kwargs, output)
-                return output
-
             return around_hooks
 
         if pre is None:  # shapes only: the inputs are read with the call, after it
@@ -832,7 +831,7 @@ class Tracer:
 
             return around_shapes
 
-        kept_stats = self.stats_mode == "basic"
+        # (here the mode is "basic": "full" keeps no call, shapes only has no pre-hook)
 
         def around_stats(module: nn.Module, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             state = None
@@ -841,8 +840,7 @@ class Tracer:
                 state = local.get("steps")
                 x = args[0] if args else None
                 if not (
-                    kept_stats
-                    and state is not None
+                    state is not None
                     and type(x) is torch.Tensor
                     and state.stats.defer  # (the pre-hook's conditions for keeping a call)
                     and self.defer_stats
@@ -858,11 +856,7 @@ class Tracer:
             except Exception:
                 state = None
             if state is None:
-                if pre is not None:
-                    pre(module, args, kwargs)
-                output = original(module, *args, **kwargs)
-                post(module, args, kwargs, output)
-                return output
+                return around_hooks(module, original, args, kwargs)
             version = x._version
             output = original(module, *args, **kwargs)
             try:
@@ -1140,8 +1134,8 @@ class Tracer:
             budget = None if self.stats_mode == "full" else 1
         # Privacy (privacy.py): an embedding's outputs, and those same tensors seen again,
         # get no statistics (asked here, without a call per tensor).
-        token_module = not self.token_stats and (role in TOKEN_ROLES or module_type in EMBEDDING_TYPES)
-        token_refs = None if self.token_stats else self._token_refs
+        token_module = not self.token_stats and TokenTensors.is_token_module(role, module_type)
+        token_refs = None if self.token_stats else self._token_refs  # (empty: nothing to ask per tensor)
         for arg, tensor in tensors:
             hit = seen.get(id(tensor)) if seen is not None else None
             matched = hit is not None and hit[0] is tensor
@@ -1161,7 +1155,7 @@ class Tracer:
                         budget -= 1
                     if token_module:
                         self._token_tensors.remember(tensor)  # a function of one token id: shape and dtype only
-                    elif token_refs and (ref := token_refs.get(id(tensor))) is not None and ref() is tensor:
+                    elif token_refs and self._token_tensors.holds(tensor):
                         pass  # an embedding output seen again
                     elif state.capturing:
                         # Nothing may be read back during capture; a slot in the graph instead.

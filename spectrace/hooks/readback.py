@@ -37,12 +37,12 @@ from .tensor_stats import (
     ABSMAX,
     ROW,
     ROWS_BATCH_MIN,
-    ROWS_BATCH_NUMEL,
     cpu_row,
     cpu_rows,
     cpu_stats,
     reduce_partials,
     reduce_rows,
+    rows_batchable,
     torch_stats,
 )
 
@@ -208,11 +208,10 @@ class StepStats:
         entry: tuple[Any, ...]
         way = _route(x)
         if way is None:
-            # (tensor_stats.rows_batchable and _remember, inline: the hot path of a kept CPU pass)
-            if self.batch_rows and not inference and x.dtype is torch.float32 and x.is_contiguous() and x.numel() <= ROWS_BATCH_NUMEL:
+            if self.batch_rows and not inference and rows_batchable(x):
                 self.entries.append(("host", None))  # filled by take_rows, at the pass's end
                 self._rows_held.append((x, index))
-                self._seen[key] = (weakref.ref(tensor), tensor._version, index)
+                self._remember(tensor, index)
                 return index
             entry = ("host", cpu_row(x))
         else:
