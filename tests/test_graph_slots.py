@@ -394,6 +394,9 @@ def test_cuda_graph_replays_mask_padding_and_read_back_without_a_sync():
         gs.end_capture()
     assert gs.unwarmed == 0 and gs.dropped_slots == 0
     assert all(len(gs.tables[k].slots) == 3 for k in graphs)
+    # Begun inside the capture: the kernels on the side branch; begun before it: inline.
+    assert gs.tables["inside"].branch is gs.branch and gs.tables["before"].branch is None
+    assert gs.branch.forks == 3
 
     refs, landed = [], []
     for n, (key, real_bs) in enumerate([("before", 3), ("inside", 5), ("before", 8), ("inside", 1), ("before", 6)]):
@@ -419,3 +422,52 @@ def test_cuda_graph_replays_mask_padding_and_read_back_without_a_sync():
         for slot in r.table.slots:
             assert_stats(gs.stats_of(r, slot), want[slot.index], rel=1e-5)
     assert gs.sampled == 5 and gs.dropped_ring == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("overlap", [True, False], ids=["side_branch", "inline"])
+def test_cuda_graph_side_branch_reads_each_tensor_before_its_memory_is_reused(overlap):
+    """Each layer's output is dropped at once; the graph's pool would hand its block to the
+    next layers while a side-branch kernel still has to read it. Every replay's statistics
+    must be those of the values the layer wrote."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    gs = G.GraphSlots(dev, capacity=16, ring=8, overlap=overlap)
+    assert gs.fused, "the kernel failed its self-check on this GPU"
+    bs, hidden, layers = 4, 2048, 8
+    x = torch.randn(bs, hidden, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(hidden, hidden, device=dev, dtype=torch.bfloat16) * (1.0 / hidden**0.5)
+
+    def step(record: bool) -> list[torch.Tensor]:
+        h, outs = x, []
+        for i in range(layers):
+            y = h @ w + (i + 1)
+            if record:
+                gs.record(y, name=f"layers.{i}", role="hidden", module_type="Layer", arg="output")
+            else:
+                outs.append(y)
+            h = torch.tanh(y) * 3  # y's block is free from the next layer on
+        return outs
+
+    gs.warm(x @ w)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step(record=False)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gs.begin_capture("decode", capture_bs=bs, label="decode")
+        step(record=True)
+        table = gs.end_capture()
+    assert table is not None and len(table.slots) == layers
+    assert gs.branch.forks == (layers if overlap else 0)
+    for n in range(3):
+        x.copy_(torch.randn_like(x) * (n + 1))
+        assert gs.before_replay("decode", bs)
+        graph.replay()
+        assert gs.after_replay("decode", {"n": n})
+        torch.cuda.synchronize()
+        (readout,) = gs.poll()
+        want = step(record=False)  # the same kernels, eagerly: the same values
+        for slot in readout.table.slots:
+            assert_stats(gs.stats_of(readout, slot), ref(want[slot.index]), rel=1e-5)

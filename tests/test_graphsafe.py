@@ -197,7 +197,8 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
 @cuda
-def test_graph_capture_refreshes_stats_on_replay():
+@pytest.mark.parametrize("overlap", [False, True], ids=["inline", "side_branch"])
+def test_graph_capture_refreshes_stats_on_replay(overlap):
     dev = torch.device("cuda")
     w = torch.randn(256, 256, device=dev, dtype=torch.bfloat16) * 0.05
     x = torch.randn(8, 256, device=dev, dtype=torch.bfloat16)
@@ -217,7 +218,12 @@ def test_graph_capture_refreshes_stats_on_replay():
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        out = step()
+        if overlap:
+            with gs.overlapped():  # joined before the capture ends
+                out = step()
+        else:
+            out = step()
+    assert gs._branch.forks == (2 if overlap else 0)
     for scale in (1.0, 3.0):
         x.mul_(scale)
         g.replay()
@@ -291,3 +297,24 @@ def test_a_torch_path_record_clears_rows_a_fused_launch_left_in_its_slot():
     gs.record("x", x)
     _assert_close(gs.read()["x"], _ref(x))
     assert gs._written[0] == 1
+
+
+@cuda
+def test_the_compiled_kernel_launched_directly_writes_what_the_regular_launch_writes():
+    dev = torch.device("cuda", torch.cuda.current_device())
+    assert F.prepare(dev)
+    assert F._triton_state[("direct", dev.index, "single")], "the direct launch failed its check on this GPU"
+    rows = F.programs_for(dev)
+    base = (torch.randn(300_001, device=dev, dtype=torch.float32) * 3).to(torch.bfloat16)
+    base[77] = math.nan
+    # aligned; one element off (not 16-byte aligned: the regular launch); aligned again
+    for x in (base, base[1:], base[8:]):
+        regular = torch.full((2, rows, T.ROW), 3.0, device=dev, dtype=torch.float64)
+        direct = torch.full_like(regular, 3.0)
+        F.launch_partials(x, regular, 1, direct=False)
+        F.launch_partials(x, direct, 1, direct=True)
+        assert torch.equal(direct.nan_to_num(nan=-1.0), regular.nan_to_num(nan=-1.0))
+        row = T.reduce_rows([direct[1]])[0].tolist()
+        r = x.double().cpu()
+        finite = r[~torch.isnan(r)]
+        assert row[T.NAN] == 1 and row[T.ABSMAX] == float(finite.abs().max())

@@ -90,7 +90,7 @@ def forget_programs() -> None:
         del _triton_state[key]
 
 
-def launch_partials(x: torch.Tensor, out: torch.Tensor, slot: int = 0, written: list[int] | None = None) -> int:
+def launch_partials(x: torch.Tensor, out: torch.Tensor, slot: int = 0, written: list[int] | None = None, direct: bool | None = None) -> int:
     """Enqueue the fused kernel: contiguous float ``x`` -> float64 ``out[slot]``; returns
     how many leading rows of the slot hold partials (the programs launched; the rest are zero).
 
@@ -98,9 +98,9 @@ def launch_partials(x: torch.Tensor, out: torch.Tensor, slot: int = 0, written: 
     whole buffer and a slot number saves a slicing op per tensor. ``written[slot]``, when
     given, is how many leading rows of the slot may hold values (the rest are known to be
     zero): the kernel then zeroes only if this launch writes fewer rows, and the count is
-    updated. Without it every launch zeroes the rows it does not write.
+    updated. Without it every launch zeroes the rows it does not write. ``direct``:
+    through the compiled kernel (None: where :func:`check_fused` allowed it).
     """
-    kernel = load_triton()
     rows = out.shape[-2]
     n = x.numel()
     full = n // BLOCK
@@ -111,10 +111,37 @@ def launch_partials(x: torch.Tensor, out: torch.Tensor, slot: int = 0, written: 
     # (a small tensor keeps its programs: a tile each would leave one program reading it all)
     grid = max(1, min(grid, -(-full // per))) if full else 1
     zero_rest = written is None or grid < written[slot]
-    kernel[(grid,)](x, out, n, per, slot, rows, BLOCK=BLOCK, TILE=TILE, ZERO_REST=zero_rest, num_warps=WARPS)
+    # The compiled variant assumes what Triton specialised it on: both addresses 16-byte
+    # aligned and every integer argument a 32-bit one.
+    plain = n <= _INT32_MAX and x.data_ptr() % 16 == 0 and out.data_ptr() % 16 == 0
+    key = (out.get_device(), x.dtype, zero_rest)
+    if direct is None:
+        direct = bool(_triton_state.get(("direct", key[0], "single")))
+    compiled = _compiled_single.get(key) if direct and plain else None
+    launched = False
+    if compiled is not None:
+        try:
+            _launch_compiled(compiled, (grid, 1, 1), (x, out, n, per, slot, rows, BLOCK, TILE, zero_rest))
+            launched = True
+        except Exception:  # an unforeseen Triton: the regular launch from now on
+            _triton_state[("direct", key[0], "single")] = False
+    if not launched:
+        kernel = load_triton()
+        compiled = kernel[(grid,)](x, out, n, per, slot, rows, BLOCK=BLOCK, TILE=TILE, ZERO_REST=zero_rest, num_warps=WARPS)
+        if plain and compiled is not None and hasattr(compiled, "function"):  # (Triton's interpreter returns none)
+            _compiled_single.setdefault(key, compiled)
     if written is not None:
         written[slot] = grid
     return grid
+
+
+# The single-tensor kernel as compiled, per (device index, x dtype, ZERO_REST): a prefill
+# launches one per tensor above the batched launch's size, and Triton's per-launch argument
+# binding and cache lookup cost several times what the launch itself does on a slow host.
+# Used only for aligned tensors of fewer than 2**31 elements (what the variant was compiled
+# for), and only on a device where check_fused saw it write what the regular launch writes.
+_compiled_single: dict[tuple[int, torch.dtype, bool], Any] = {}
+_INT32_MAX = 2**31 - 1
 
 
 _TL_DTYPES: dict[torch.dtype, Any] = {}
@@ -280,6 +307,7 @@ def check_fused(device: torch.device | str) -> bool:
                     return False
             # The batched launch: the same partial rows as one launch per tensor.
             _triton_state[("multi", device.index)] = check_multi(device)
+            _triton_state[("direct", device.index, "single")] = _direct_single_agrees(device, gen)
             # A finite tensor: sums against float64.
             x = (torch.randn(5 * BLOCK + 3, generator=gen, dtype=torch.float64) + 0.5).to(device=device, dtype=torch.float32)
             out = torch.zeros(3, programs_for(device), ROW, device=device, dtype=torch.float64)
@@ -334,6 +362,30 @@ def _direct_agrees(xs: list[torch.Tensor], regular: torch.Tensor) -> bool:
         launch_multi(xs[1:], direct, 2, direct=True)  # other slots and counts than the regular launch
         launch_multi(xs[:1], direct, 1, direct=True)
         return bool(torch.equal(direct.nan_to_num(nan=-1.0), regular.nan_to_num(nan=-1.0)))
+    except Exception:
+        return False
+
+
+def _direct_single_agrees(device: torch.device, gen: torch.Generator) -> bool:
+    """Whether a launch through the compiled single-tensor kernel writes what the regular
+    launch writes: every dtype, both ZERO_REST variants, sizes below and above a tile."""
+    try:
+        rows = programs_for(device)
+        for dtype in TRITON_DTYPES:
+            for n in (BLOCK // 2 + 3, 70 * BLOCK + 5):
+                x = (torch.randn(n, generator=gen, dtype=torch.float64) * 2).to(device=device, dtype=dtype)
+                x[n // 3] = math.nan
+                regular = torch.full((3, rows, ROW), 3.0, device=device, dtype=torch.float64)
+                launch_partials(x, regular, 1, direct=False)  # zeroes the rows it does not write
+                launch_partials(x, regular, 2, [0, 0, 0], direct=False)  # leaves them alone
+                if any(_compiled_single.get((regular.get_device(), dtype, z)) is None for z in (True, False)):
+                    return False
+                direct = torch.full_like(regular, 3.0)
+                launch_partials(x, direct, 1, direct=True)
+                launch_partials(x, direct, 2, [0, 0, 0], direct=True)
+                if not torch.equal(direct.nan_to_num(nan=-1.0), regular.nan_to_num(nan=-1.0)):
+                    return False
+        return True
     except Exception:
         return False
 

@@ -18,6 +18,10 @@ replay reduces exactly the rows that are real for it. Around a replay:
     >>> for readout in slots.poll():            # later, never waits
     ...     slots.stats_of(readout, readout.table.slots[0])
 
+A table begun inside the capture gets its kernels on a side branch of the graph
+(:mod:`.graph_branch`), beside the model's next kernels; ``end_capture`` joins the branch,
+so it must then be called before the capture ends (as above). A table begun before the
+capture keeps its kernels inline.
 Nothing here reads the device from the host while a stream is capturing, and nothing
 allocates pinned memory then. No engine is imported: an integration calls this API.
 
@@ -37,6 +41,7 @@ from typing import Any
 import torch
 
 from .fused_stats import BLOCK, MIN_BLOCKS_PER_PROGRAM, TRITON_DTYPES, WARPS, programs_for  # the bench sweeps this name
+from .graph_branch import GraphBranch
 from .tensor_stats import ROW, stats_fields, stats_supported
 
 _kernel_state: dict[Any, Any] = {}
@@ -212,6 +217,7 @@ class SlotTable:
     zeroed: bool = False  # the capture holds the memset of `rows` (enqueued by the first record)
     armed: int | None = None  # real_bs of a sampled replay whose after_replay is due
     paused: bool = False  # SPECTRACE_CONTROL paused per-step work: real_bs was set to 0 once
+    branch: GraphBranch | None = None  # the side branch its kernels are captured on (begun inside the capture)
 
     def memory_bytes(self) -> int:
         """Device memory held by this table."""
@@ -252,11 +258,20 @@ class GraphSlots:
 
     ``capacity``: slots per table; ``ring``: read-backs in flight; ``sample``: one replay in
     ``sample`` per key is read back; ``fused``: use the Triton kernel (None: when available
-    and its self-check passes; the check syncs, so build this object outside any capture).
+    and its self-check passes; the check syncs, so build this object outside any capture);
+    ``overlap``: capture the kernels on a side branch (:mod:`.graph_branch`), joined by
+    :meth:`end_capture`.
     """
 
     def __init__(
-        self, device: torch.device | str, *, capacity: int = 64, ring: int = 32, sample: int = 1, fused: bool | None = None
+        self,
+        device: torch.device | str,
+        *,
+        capacity: int = 64,
+        ring: int = 32,
+        sample: int = 1,
+        fused: bool | None = None,
+        overlap: bool = True,
     ) -> None:
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
@@ -268,6 +283,7 @@ class GraphSlots:
         if fused is None:
             fused = usable and not _capturing() and check_kernel(self.device)
         self.fused = bool(fused and usable)
+        self.branch = GraphBranch(self.device, enabled=overlap)
         self.tables: dict[Any, SlotTable] = {}
         self._owners: set[Any] = set()
         self._local = threading.local()
@@ -284,8 +300,12 @@ class GraphSlots:
 
     # ------------------------------------------------------------------ capture
     def begin_capture(self, key: Any, *, capture_bs: int, label: str, meta: dict[str, Any] | None = None) -> None:
-        """Start the table of ``key`` (replacing any earlier one); this thread's records go to it."""
-        if _capturing():
+        """Start the table of ``key`` (replacing any earlier one); this thread's records go to it.
+
+        Begun inside a capture, the table's kernels go on a side branch that
+        :meth:`end_capture` joins: then call it before the capture ends."""
+        capturing = _capturing()
+        if capturing:
             # No fill kernels: they would become graph nodes and overwrite, on every
             # replay, the real_bs written just before it. `rows` is zeroed by the first
             # record's memset; an unwritten real_bs only reaches clamped garbage.
@@ -295,14 +315,18 @@ class GraphSlots:
             rows = torch.zeros(self.capacity, ROW, dtype=torch.float64, device=self.device)
             real_bs = torch.full((1,), capture_bs, dtype=torch.int64, device=self.device)
         table = SlotTable(key=key, label=label, capture_bs=capture_bs, rows=rows, real_bs=real_bs, meta=dict(meta or {}))
+        if capturing and self.branch.stream is not None:
+            table.branch = self.branch
         self.tables[key] = table  # the old graph is gone with its recapture: drop its table
         if isinstance(key, tuple) and key:
             self._owners.add(key[0])
         self._local.table = table
 
     def end_capture(self) -> SlotTable | None:
-        """End this thread's capture; returns its table."""
+        """End this thread's capture (joining the statistics' branch); returns its table."""
         table = self.capturing_table()
+        if table is not None and table.branch is not None:
+            table.branch.join()
         self._local.table = None
         return table
 
@@ -347,12 +371,18 @@ class GraphSlots:
     def _variant(self, p: _Prepared) -> tuple[str, torch.dtype, torch.dtype | None]:
         return (str(self.device), p.base.dtype, p.add.dtype if p.add is not None else None)
 
-    def _enqueue(self, rows: torch.Tensor, real_bs: torch.Tensor, slot: int, p: _Prepared, rows_per_seq: int) -> None:
-        """The slot's reduction into ``rows[slot]``: the kernel (accumulates; rows zeroed) or the torch path."""
+    def _enqueue(
+        self, rows: torch.Tensor, real_bs: torch.Tensor, slot: int, p: _Prepared, rows_per_seq: int, branch: GraphBranch | None = None
+    ) -> None:
+        """The slot's reduction into ``rows[slot]``: the kernel (accumulates; rows zeroed; on
+        ``branch`` if given) or the torch path (inline)."""
         if self._kernel_ok(p):
             if not _capturing() or self._variant(p) in _warmed:
                 try:
-                    _launch(rows, real_bs, slot, p.base, p.add, p.col_start, p.width, rows_per_seq)
+                    if branch is None:
+                        _launch(rows, real_bs, slot, p.base, p.add, p.col_start, p.width, rows_per_seq)
+                    else:
+                        branch.run(lambda: _launch(rows, real_bs, slot, p.base, p.add, p.col_start, p.width, rows_per_seq), p.base, p.add)
                     return
                 except Exception:
                     pass  # the torch path below gives the same numbers
@@ -406,7 +436,7 @@ class GraphSlots:
             table.zeroed = True
         index = len(table.slots)
         try:
-            self._enqueue(table.rows, table.real_bs, index, p, rows_per_seq)
+            self._enqueue(table.rows, table.real_bs, index, p, rows_per_seq, table.branch)
         except Exception:
             self.dropped_slots += 1
             return None

@@ -14,6 +14,12 @@ copies it once.
     >>> gs.read()["lm_head"].absmax         # refreshed by the replay
     >>> gs.remove()
 
+Inside ``gs.overlapped()`` (entered within the capture, left before it ends) the kernels
+run on a side branch of the graph, beside the model's next kernels (:mod:`.graph_branch`):
+
+    >>> with torch.cuda.graph(graph), gs.overlapped():
+    ...     out = model(static_ids)
+
 Per tensor, the graph gains one kernel (the fused Triton reduction, ``P`` partial rows
 per slot) or, without Triton, a few torch reductions writing row 0 of the slot. No
 buffer is allocated during replay and nothing is read back until :meth:`read`.
@@ -22,7 +28,8 @@ On the CPU (no graphs) the same object works eagerly, which is how its logic is 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -30,6 +37,7 @@ import torch.nn as nn
 
 from ..records import TensorStats
 from .fused_stats import TRITON_DTYPES, launch_partials, prepare, programs_for
+from .graph_branch import GraphBranch
 from .selection import ModuleFilter, select
 from .tensor_stats import INDEX_DTYPES, ROW, cpu_stats, reduce_partials, stats_supported, to_stats, torch_stats
 
@@ -76,8 +84,24 @@ class GraphStats:
         self.numel: list[int] = []
         self.shapes: list[list[int]] = []
         self._handles: list[Any] = []
+        # The side stream for overlapped() blocks, made now: none can be made during a capture.
+        self._branch = GraphBranch(self.device, enabled=self.fused)
+        self._active: GraphBranch | None = None  # the branch while an overlapped() block runs
 
     # ------------------------------------------------------------------ capture
+    @contextmanager
+    def overlapped(self) -> Iterator[None]:
+        """Within it, fused statistics kernels are captured on a side branch of the graph,
+        joined when the block ends. Enter it inside ``torch.cuda.graph(...)`` (or after it
+        in the same ``with``), so that the join comes before the capture's end. Outside a
+        capture, and on the CPU, launches stay inline."""
+        self._active = self._branch
+        try:
+            yield
+        finally:
+            self._active = None
+            self._branch.join()
+
     def slot(self, name: str) -> int:
         """The slot of ``name``, assigned on first use."""
         index = self.slots.get(name)
@@ -108,7 +132,11 @@ class GraphStats:
         if x.device != self.device:
             raise ValueError(f"{name}: tensor on {x.device}, GraphStats on {self.device}")
         if self.fused and x.dtype in TRITON_DTYPES and x.is_contiguous():
-            launch_partials(x, self.buffer, index, self._written)
+            branch = self._active
+            if branch is None:
+                launch_partials(x, self.buffer, index, self._written)
+            else:
+                branch.run(lambda: launch_partials(x, self.buffer, index, self._written), x)
             return True
         if self._written[index] > 1:
             self.buffer[index, 1:].zero_()  # an earlier fused launch filled more rows

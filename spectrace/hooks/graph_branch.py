@@ -1,0 +1,94 @@
+"""In-graph statistics kernels on a branch of their own, beside the model's kernels.
+
+Captured inline, each statistics kernel sits between two of the model's kernels, and a
+replay waits for it: a few microseconds per recorded tensor, most of it the kernel's
+start-up (32 layers at batch 1 cost a replay about 4 %). Captured on a side stream that
+forks from the capturing stream after the tensor is written, the kernel becomes a parallel
+branch of the graph: it reads its few kilobytes while the next layer runs, and the replay
+waits for the branch only once, at the join.
+
+    >>> branch = GraphBranch(device)             # outside any capture (creates the stream)
+    >>> with torch.cuda.graph(graph):
+    ...     out = layer(x)
+    ...     branch.run(launch_stats, out)        # forks, enqueues on the side stream
+    ...     branch.join()                        # before the capture ends: required
+
+A forked capture must be joined before it ends, or CUDA fails the capture: callers fork
+only where they own the capture's end (:class:`.graph_slots.GraphSlots` joins in
+``end_capture``, :class:`.graphsafe.GraphStats` in its ``overlapped()`` block).
+
+Memory: the tensors read on the branch are marked as used by the side stream, so the
+caching allocator does not hand their blocks to a later kernel of the same capture (it
+defers those frees until no capture is under way). A capture holds at most the tensors it
+recorded, until it ends; the graph's pool keeps none of them after that.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def _capturing() -> bool:
+    try:
+        return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    except Exception:  # a torch build without CUDA
+        return False
+
+
+class GraphBranch:
+    """One side stream of ``device`` for the statistics kernels of a capture.
+
+    ``enabled=False`` (or a device that is not CUDA, or one built during a capture, when
+    no stream can be made) runs every launch inline, as before."""
+
+    def __init__(self, device: torch.device, *, enabled: bool = True) -> None:
+        self.stream: Any = None
+        if enabled and device.type == "cuda" and not _capturing():
+            try:
+                self.stream = torch.cuda.Stream(device)
+            except Exception:
+                self.stream = None
+        self.device = device
+        self.forks = 0  # launches captured on the branch (a figure for tests and benches)
+        self._owner: int | None = None  # the thread whose capture is forked, until it joins
+        self._lock = threading.Lock()
+
+    def run(self, launch: Callable[[], None], *read: torch.Tensor | None) -> None:
+        """``launch()`` on the side stream of the capture under way (inline otherwise).
+
+        ``read``: the tensors the launch reads. They are marked as used by the side stream,
+        so their memory is not reused before the branch has read it."""
+        side = self.stream
+        if side is None or not _capturing():
+            launch()
+            return
+        main = torch.cuda.current_stream(self.device)
+        me = threading.get_ident()
+        with self._lock:
+            if self._owner not in (None, me) or side == main:
+                side = None  # another thread's capture holds the branch: inline
+            else:
+                self._owner = me
+        if side is None:
+            launch()
+            return
+        side.wait_stream(main)  # the fork: after the kernels that wrote the tensors
+        with torch.cuda.stream(side):
+            launch()
+        for tensor in read:
+            if tensor is not None:
+                tensor.record_stream(side)
+        self.forks += 1
+
+    def join(self) -> None:
+        """Make the current (capturing) stream wait for the branch; a no-op unless this
+        thread forked it. Call it before the capture ends."""
+        if self.stream is None or self._owner != threading.get_ident():
+            return
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+        with self._lock:
+            self._owner = None
