@@ -9,7 +9,9 @@ The base revision's ``spectrace`` package is copied out of git as ``spectrace_ba
 tiny Llama (8 layers, hidden 64, 16 tokens, 11 hooked modules) with each version in
 shapes-only and statistics mode, in an order that alternates between rounds, and takes
 the hooks' own accounting (every spectrace hook and the step end wrapped in a timer, as
-``bench/host_cost.py`` does) and the wall time per forward. Machine drift hits both
+``bench/host_cost.py`` does) and the wall time per forward, beside the bare forward's.
+``--size llama8b --shape 4x512`` (or ``64x1``, ``1x1``) runs ``bench/overhead.py``'s
+step instead: the Llama-8B-shaped target and its EAGLE-3-shaped draft, traced together. Machine drift hits both
 versions alike, which sequential runs of ``host_cost.py`` on two checkouts cannot promise
 on a shared host.
 """
@@ -27,6 +29,8 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +43,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from conftest import tiny_llama  # noqa: E402
-from host_cost import _accounted, _per_forward  # noqa: E402
+from host_cost import HookClock  # noqa: E402
 
 BASE = "spectrace_base"
 
@@ -59,12 +63,47 @@ def export_base(rev: str, dest: Path) -> Path:
     return package
 
 
-def accounted(pkg: Any, model: torch.nn.Module, ids: torch.Tensor, mode: str, iters: int) -> tuple[float, float]:
-    """(us of spectrace host time per hooked call, ms of wall time per forward)."""
-    with pkg.trace(model, stats=mode) as t:
-        wall = _per_forward(model, ids, iters)
-        hooked = len(t.hooked)
-        return _accounted(t, model, ids, iters) / hooked * 1e6, wall * 1e3
+def per_step(step: Callable[[], Any], iters: int, cuda: bool) -> float:
+    """Seconds of wall time per step, after a warm-up, the device's queue drained."""
+    for _ in range(3):
+        step()
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        step()
+    if cuda:
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / iters
+
+
+def accounted(pkg: Any, models: Any, step: Callable[[], Any], mode: str, iters: int, cuda: bool) -> tuple[float, float, float]:
+    """(us of spectrace host time per hooked call, ms of wall time per step, ms of
+    spectrace host time per step)."""
+    roots = list(models.values()) if isinstance(models, dict) else [models]
+    with pkg.trace(models, stats=mode) as t:
+        wall = per_step(step, iters, cuda)
+        clock = HookClock()
+        clock.install(t.tracer, [m for root in roots for m in root.modules()])
+        step()
+        clock.spent = 0.0
+        for _ in range(iters):
+            step()
+        per = clock.spent / iters
+        return per / len(t.hooked) * 1e6, wall * 1e3, per * 1e3
+
+
+def workload(size: str, shape: str | None, device: str) -> tuple[Any, Callable[[], Any], str]:
+    """(what to trace, one step, a description)."""
+    if size == "tiny":
+        model = tiny_llama(layers=8, hidden=64).to(device)
+        ids = torch.randint(0, 128, (1, 16), device=device)
+        return model, lambda: model(ids), "tiny Llama, 8 layers, hidden 64, 1x16 tokens"
+    from overhead import build, make_step
+
+    dims = tuple(int(v) for v in shape.split("x")) if shape else None
+    target, draft, ids, aux, info = build(size, device, dims)  # type: ignore[arg-type]
+    return {"target": target, "draft": draft}, make_step(target, draft, ids, aux), json.dumps(info)
 
 
 def main() -> None:
@@ -76,6 +115,10 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--iters", type=int, default=60)
+    parser.add_argument(
+        "--size", default="tiny", choices=("tiny", "medium", "llama8b"), help="tiny: a tiny Llama; else bench/overhead.py's pair"
+    )
+    parser.add_argument("--shape", help="BATCHxTOKENS of the pair's input (default: the size's)")
     parser.add_argument("--json", help="write the figures to this file as JSON")
     args = parser.parse_args()
     if args.export:
@@ -91,36 +134,49 @@ def main() -> None:
 
     versions = {"working tree": spectrace, f"base ({args.base or args.base_dir})": importlib.import_module(BASE)}
     torch.set_num_threads(1)
-    model = tiny_llama(layers=8, hidden=64).to(args.device)
-    ids = torch.randint(0, 128, (1, 16), device=args.device)
-    if args.device == "cuda":
+    cuda = args.device == "cuda"
+    models, step, described = workload(args.size, args.shape, args.device)
+    if cuda:
         for pkg in versions.values():
             importlib.import_module(pkg.__name__ + ".hooks.fused_stats").prepare("cuda")
-    samples: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    samples: dict[tuple[str, str], list[tuple[float, float, float, float]]] = {}
     with torch.no_grad():
         for rnd in range(args.rounds):
+            bare = per_step(step, args.iters, cuda) * 1e3
             order = list(versions.items())
             for name, pkg in order if rnd % 2 else order[::-1]:
                 for mode in ("off", "basic"):
-                    samples.setdefault((name, mode), []).append(accounted(pkg, model, ids, mode, args.iters))
+                    per_call, wall, host = accounted(pkg, models, step, mode, args.iters, cuda)
+                    samples.setdefault((name, mode), []).append((per_call, wall, host, wall / bare))
     result: dict[str, Any] = {
         "device": args.device,
+        "workload": described,
         "rounds": args.rounds,
         "iters": args.iters,
         "command": "python " + " ".join([os.path.relpath(__file__, ROOT), *sys.argv[1:]]),
     }
+
+    def spread(values: list[float], digits: int) -> tuple[float, list[float]]:
+        ordered = sorted(values)
+        q = len(ordered) // 4
+        return round(statistics.median(ordered), digits), [round(ordered[q], digits), round(ordered[-1 - q], digits)]
+
     for (name, mode), values in samples.items():
-        per_call = sorted(v[0] for v in values)
-        q = len(per_call) // 4
+        per_call, iqr = spread([v[0] for v in values], 2)
+        ratio, ratio_iqr = spread([v[3] for v in values], 4)
         entry = {
-            "us_per_hooked_call_accounting_median": round(statistics.median(per_call), 2),
-            "iqr": [round(per_call[q], 2), round(per_call[-1 - q], 2)],
-            "min": round(per_call[0], 2),
+            "us_per_hooked_call_accounting_median": per_call,
+            "iqr": iqr,
+            "min": round(min(v[0] for v in values), 2),
+            "host_ms_per_step_accounting_median": round(statistics.median(v[2] for v in values), 3),
             "wall_ms_per_forward_median": round(statistics.median(v[1] for v in values), 3),
+            "wall_ratio_to_bare_median": ratio,
+            "wall_ratio_iqr": ratio_iqr,
         }
         result[f"{name}, {'shapes only' if mode == 'off' else 'statistics'}"] = entry
-        print(f"{name:24s} {mode:6s} accounting per call: median {entry['us_per_hooked_call_accounting_median']:7.2f} us "
-              f"(IQR {entry['iqr'][0]}-{entry['iqr'][1]}, min {entry['min']}); wall per forward {entry['wall_ms_per_forward_median']} ms")  # fmt: skip
+        print(f"{name:24s} {mode:6s} accounting per call: median {per_call:7.2f} us (IQR {iqr[0]}-{iqr[1]}), "
+              f"{entry['host_ms_per_step_accounting_median']} ms a step; wall per step {entry['wall_ms_per_forward_median']} ms, "
+              f"{ratio}x of bare (IQR {ratio_iqr[0]}-{ratio_iqr[1]})")  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
 
