@@ -316,13 +316,13 @@ def eager_section(args: argparse.Namespace, out: dict[str, Any], shape: tuple[in
     bare_min = min(t for r in samples["bare"] for t in r)
     for name in variants:
         meds = [statistics.median(r) for r in samples[name]]
-        ratios = sorted(m / b for m, b in zip(meds, bare_rounds))
-        q = len(ratios) // 4
+        ratios = [m / b for m, b in zip(meds, bare_rounds)]
+        q1, q3 = quartiles(ratios)
         table[name] = {
             "ms": round(statistics.median([t for r in samples[name] for t in r]), 3),
             "ratio": round(statistics.median(ratios), 4),
-            "ratio_q1": round(ratios[q], 4),
-            "ratio_q3": round(ratios[-1 - q], 4),
+            "ratio_q1": q1,
+            "ratio_q3": q3,
             "ratio_of_mins": round(min(t for r in samples[name] for t in r) / bare_min, 4),
             "samples": sum(len(r) for r in samples[name]),
         }
@@ -499,6 +499,7 @@ def graph_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
 
         graphs = {
             "bare": capture(None, "bare"),
+            "bare_control": capture(None, "bare_control"),  # the same graph again: the run's noise floor
             "stats_fused": capture(stores["fused"], "stats_fused"),
             "stats_fused_overlap": capture(stores["fused_overlap"], "stats_fused_overlap", overlap=True),
             "stats_torch": capture(stores["torch"], "stats_torch"),
@@ -562,6 +563,7 @@ def graph_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
         entry: dict[str, Any] = {
             "replay_ms": {k: round(statistics.median(v), 4) for k, v in rows.items()},
             "ratio": {k: round(statistics.median([a / b for a, b in zip(v, rows["bare"])]), 4) for k, v in rows.items()},
+            "ratio_iqr": {k: quartiles([a / b for a, b in zip(v, rows["bare"])]) for k, v in rows.items()},
         }
         # Refresh and validation, per store: replay, read, compare with float64 of the graph's own tensors.
         checked = [("fused", "stats_fused"), ("fused_overlap", "stats_fused_overlap"), ("torch", "stats_torch")] + [
@@ -595,6 +597,13 @@ def graph_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
         del graphs, kept
         torch.cuda.synchronize()
     out["graph"] = res
+
+
+def quartiles(values: list[float]) -> list[float]:
+    """[first, third] quartile of ``values`` (rounded), as the eager tables report them."""
+    ordered = sorted(values)
+    q = len(ordered) // 4
+    return [round(ordered[q], 4), round(ordered[-1 - q], 4)]
 
 
 def validate(got: dict[str, Any], tensors: list[torch.Tensor]) -> dict[str, float]:
@@ -830,11 +839,14 @@ def markdown(res: dict[str, Any]) -> str:
         for b in (1, 64):
             e = g.get(f"batch_{b}")
             if e:
-                lines += [f"| {b} | {k} | {e['replay_ms'][k]} | {e['ratio'][k]:.3f}x |" for k in e["replay_ms"]]
+                lines += [
+                    f"| {b} | {k} | {e['replay_ms'][k]} | {e['ratio'][k]:.3f}x (IQR {e['ratio_iqr'][k][0]:.3f}-{e['ratio_iqr'][k][1]:.3f}) |"
+                    for k in e["replay_ms"]
+                ]
         for b in (1, 64):
             e = g.get(f"batch_{b}")
             if e:
-                checks = {k: v for k, v in e.items() if k not in ("replay_ms", "ratio")}
+                checks = {k: v for k, v in e.items() if k not in ("replay_ms", "ratio", "ratio_iqr")}
                 lines.append(f"\nbatch {b}: refresh and worst errors against float64: {json.dumps(checks)}")
     if "bootstrap" in res:
         lines += ["", "## .pth bootstrap, SPECTRACE unset", "", "```", json.dumps(res["bootstrap"], indent=1), "```"]
