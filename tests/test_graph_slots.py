@@ -394,9 +394,9 @@ def test_cuda_graph_replays_mask_padding_and_read_back_without_a_sync():
         gs.end_capture()
     assert gs.unwarmed == 0 and gs.dropped_slots == 0
     assert all(len(gs.tables[k].slots) == 3 for k in graphs)
-    # Begun inside the capture: the kernels on the side branch; begun before it: inline.
-    assert gs.tables["inside"].branch is gs.branch and gs.tables["before"].branch is None
-    assert gs.branch.forks == 3
+    # The default: every kernel inline (a side branch is opt-in).
+    assert gs.tables["inside"].branch is None and gs.tables["before"].branch is None
+    assert gs.branch.forks == 0
 
     refs, landed = [], []
     for n, (key, real_bs) in enumerate([("before", 3), ("inside", 5), ("before", 8), ("inside", 1), ("before", 6)]):
@@ -469,5 +469,51 @@ def test_cuda_graph_side_branch_reads_each_tensor_before_its_memory_is_reused(ov
         torch.cuda.synchronize()
         (readout,) = gs.poll()
         want = step(record=False)  # the same kernels, eagerly: the same values
+        for slot in readout.table.slots:
+            assert_stats(gs.stats_of(readout, slot), ref(want[slot.index]), rel=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graph_inline_kernels_read_a_tensor_before_a_later_kernel_rewrites_it_in_place():
+    """An engine's fused add + RMSNorm rewrites the residual stream it is handed. The default
+    (inline) kernels must see each tensor as its module left it, whatever runs after."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    gs = G.GraphSlots(dev, capacity=16, ring=8)
+    assert gs.fused and gs.branch.stream is None
+    bs, hidden, layers = 4, 2048, 6
+    x = torch.randn(bs, hidden, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(hidden, hidden, device=dev, dtype=torch.bfloat16) * (1.0 / hidden**0.5)
+    residual = torch.zeros(bs, hidden, device=dev, dtype=torch.bfloat16)
+
+    def step(record: bool) -> list[torch.Tensor]:
+        residual.copy_(x)
+        seen = []
+        for i in range(layers):
+            if record:
+                gs.record(residual, name=f"layers.{i}", role="hidden", module_type="Layer", arg="input[1]")
+            else:
+                seen.append(residual.clone())
+            residual.add_(torch.tanh(residual @ w))  # the next kernel writes the recorded tensor in place
+        return seen
+
+    gs.warm(residual)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step(record=False)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gs.begin_capture("decode", capture_bs=bs, label="decode")
+        step(record=True)
+        gs.end_capture()
+    for n in range(3):
+        x.copy_(torch.randn_like(x) * (n + 1))
+        assert gs.before_replay("decode", bs)
+        graph.replay()
+        assert gs.after_replay("decode", {"n": n})
+        torch.cuda.synchronize()
+        (readout,) = gs.poll()
+        want = step(record=False)
         for slot in readout.table.slots:
             assert_stats(gs.stats_of(readout, slot), ref(want[slot.index]), rel=1e-5)

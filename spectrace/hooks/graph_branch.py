@@ -13,6 +13,12 @@ waits for the branch only once, at the join.
     ...     branch.run(launch_stats, out)        # forks, enqueues on the side stream
     ...     branch.join()                        # before the capture ends: required
 
+Only for tensors that no later kernel of the graph writes in place: the branch reads a
+tensor while the model runs on, so a kernel that rewrites it (an engine's fused add +
+RMSNorm updates the residual stream it is handed, without a version bump) races with the
+read. Marking the tensor as used by the side stream keeps its memory from being handed to
+a new tensor; it cannot stop an in-place write. Callers opt in.
+
 A forked capture must be joined before it ends, or CUDA fails the capture: callers fork
 only where they own the capture's end (:class:`.graph_slots.GraphSlots` joins in
 ``end_capture``, :class:`.graphsafe.GraphStats` in its ``overlapped()`` block).

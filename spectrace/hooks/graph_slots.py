@@ -18,10 +18,13 @@ replay reduces exactly the rows that are real for it. Around a replay:
     >>> for readout in slots.poll():            # later, never waits
     ...     slots.stats_of(readout, readout.table.slots[0])
 
-A table begun inside the capture gets its kernels on a side branch of the graph
-(:mod:`.graph_branch`), beside the model's next kernels; ``end_capture`` joins the branch,
-so it must then be called before the capture ends (as above). A table begun before the
-capture keeps its kernels inline.
+With ``overlap=True``, a table begun inside the capture gets its kernels on a side branch
+of the graph (:mod:`.graph_branch`), beside the model's next kernels; ``end_capture`` joins
+the branch, so it must then be called before the capture ends (as above). Only for graphs
+where no later kernel writes a recorded tensor in place: a branch reads the tensor while the
+model runs on, and an engine's fused add + RMSNorm rewrites the residual stream it was
+handed (a live SGLang server read residual statistics up to 89x off that way). The default
+keeps every kernel inline, where it reads the tensor before the next kernel starts.
 Nothing here reads the device from the host while a stream is capturing, and nothing
 allocates pinned memory then. No engine is imported: an integration calls this API.
 
@@ -260,7 +263,8 @@ class GraphSlots:
     ``sample`` per key is read back; ``fused``: use the Triton kernel (None: when available
     and its self-check passes; the check syncs, so build this object outside any capture);
     ``overlap``: capture the kernels on a side branch (:mod:`.graph_branch`), joined by
-    :meth:`end_capture`.
+    :meth:`end_capture`: only where nothing writes a recorded tensor in place later in the
+    graph (see the module's docstring).
     """
 
     def __init__(
@@ -271,7 +275,7 @@ class GraphSlots:
         ring: int = 32,
         sample: int = 1,
         fused: bool | None = None,
-        overlap: bool = True,
+        overlap: bool = False,
     ) -> None:
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
@@ -302,8 +306,8 @@ class GraphSlots:
     def begin_capture(self, key: Any, *, capture_bs: int, label: str, meta: dict[str, Any] | None = None) -> None:
         """Start the table of ``key`` (replacing any earlier one); this thread's records go to it.
 
-        Begun inside a capture, the table's kernels go on a side branch that
-        :meth:`end_capture` joins: then call it before the capture ends."""
+        Begun inside a capture with ``overlap``, the table's kernels go on a side branch
+        that :meth:`end_capture` joins: then call it before the capture ends."""
         capturing = _capturing()
         if capturing:
             # No fill kernels: they would become graph nodes and overwrite, on every

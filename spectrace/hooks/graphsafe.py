@@ -15,7 +15,9 @@ copies it once.
     >>> gs.remove()
 
 Inside ``gs.overlapped()`` (entered within the capture, left before it ends) the kernels
-run on a side branch of the graph, beside the model's next kernels (:mod:`.graph_branch`):
+run on a side branch of the graph, beside the model's next kernels (:mod:`.graph_branch`).
+Only for a model that writes none of the recorded tensors in place later in the step (an
+engine's fused add + RMSNorm does: leave those inline):
 
     >>> with torch.cuda.graph(graph), gs.overlapped():
     ...     out = model(static_ids)
