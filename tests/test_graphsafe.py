@@ -223,7 +223,7 @@ def test_graph_capture_refreshes_stats_on_replay(overlap):
                 out = step()
         else:
             out = step()
-    assert gs._branch.forks == (2 if overlap else 0)
+    assert gs._branch.forks == (2 if overlap else 0) and not gs.written_in_place
     for scale in (1.0, 3.0):
         x.mul_(scale)
         g.replay()
@@ -297,6 +297,36 @@ def test_a_torch_path_record_clears_rows_a_fused_launch_left_in_its_slot():
     gs.record("x", x)
     _assert_close(gs.read()["x"], _ref(x))
     assert gs._written[0] == 1
+
+
+@cuda
+def test_an_overlapped_capture_gives_no_statistics_for_a_tensor_a_torch_op_wrote_in_place_later():
+    dev = torch.device("cuda")
+    w = torch.randn(256, 256, device=dev, dtype=torch.bfloat16) * 0.05
+    x = torch.randn(8, 256, device=dev, dtype=torch.bfloat16)
+    gs = GraphStats(capacity=4, device=dev)
+
+    def step():
+        h = x @ w
+        gs.record("h", h)
+        h.relu_()  # in place, after the fork: the branch may read either value
+        o = h @ w
+        gs.record("o", o)
+        return o
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g), gs.overlapped():
+        out = step()
+    g.replay()
+    got = gs.read()
+    assert gs.written_in_place == {gs.slots["h"]}
+    assert got["h"] is None
+    _assert_close(got["o"], _ref(out))
 
 
 @cuda

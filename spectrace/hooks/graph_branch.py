@@ -17,7 +17,11 @@ Only for tensors that no later kernel of the graph writes in place: the branch r
 tensor while the model runs on, so a kernel that rewrites it (an engine's fused add +
 RMSNorm updates the residual stream it is handed, without a version bump) races with the
 read. Marking the tensor as used by the side stream keeps its memory from being handed to
-a new tensor; it cannot stop an in-place write. Callers opt in.
+a new tensor; it cannot stop an in-place write. Callers opt in. What this module can see, it
+reports: a torch op that writes a tensor in place bumps its version, and :meth:`GraphBranch.join`
+returns the launches whose tensors moved between the fork and the join (their statistics
+may hold the later values). A tensor without a version counter (made in inference mode)
+cannot be watched: its launch stays inline.
 
 A forked capture must be joined before it ends, or CUDA fails the capture: callers fork
 only where they own the capture's end (:class:`.graph_slots.GraphSlots` joins in
@@ -62,14 +66,19 @@ class GraphBranch:
         self.forks = 0  # launches captured on the branch (a figure for tests and benches)
         self._owner: int | None = None  # the thread whose capture is forked, until it joins
         self._lock = threading.Lock()
+        # (tensor, its version at the fork, the caller's tag) of each launch on the branch
+        # since the last join: held for the capture only.
+        self._watched: list[tuple[torch.Tensor, int, Any]] = []
 
-    def run(self, launch: Callable[[], None], *read: torch.Tensor | None) -> None:
+    def run(self, launch: Callable[[], None], *read: torch.Tensor | None, tag: Any = None) -> None:
         """``launch()`` on the side stream of the capture under way (inline otherwise).
 
         ``read``: the tensors the launch reads. They are marked as used by the side stream,
-        so their memory is not reused before the branch has read it."""
+        so their memory is not reused before the branch has read it, and their versions are
+        compared at :meth:`join` (``tag`` names the launch there)."""
         side = self.stream
-        if side is None or not _capturing():
+        tensors = [t for t in read if t is not None]
+        if side is None or not _capturing() or any(t.is_inference() for t in tensors):
             launch()
             return
         main = torch.cuda.current_stream(self.device)
@@ -85,16 +94,19 @@ class GraphBranch:
         side.wait_stream(main)  # the fork: after the kernels that wrote the tensors
         with torch.cuda.stream(side):
             launch()
-        for tensor in read:
-            if tensor is not None:
-                tensor.record_stream(side)
+        for tensor in tensors:
+            tensor.record_stream(side)
+            self._watched.append((tensor, tensor._version, tag))
         self.forks += 1
 
-    def join(self) -> None:
+    def join(self) -> set[Any]:
         """Make the current (capturing) stream wait for the branch; a no-op unless this
-        thread forked it. Call it before the capture ends."""
+        thread forked it. Call it before the capture ends. Returns the tags of the launches
+        whose tensors a torch op wrote in place since the fork."""
         if self.stream is None or self._owner != threading.get_ident():
-            return
+            return set()
         torch.cuda.current_stream(self.device).wait_stream(self.stream)
+        watched, self._watched = self._watched, []
         with self._lock:
             self._owner = None
+        return {tag for tensor, version, tag in watched if tensor._version != version}

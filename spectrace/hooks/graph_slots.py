@@ -301,6 +301,7 @@ class GraphSlots:
         self.dropped_ring = 0
         self.dropped_slots = 0
         self.unwarmed = 0  # slots captured on the torch path because their kernel variant was never warmed
+        self.written_in_place = 0  # side-branch slots whose tensor a torch op wrote in place before the join
 
     # ------------------------------------------------------------------ capture
     def begin_capture(self, key: Any, *, capture_bs: int, label: str, meta: dict[str, Any] | None = None) -> None:
@@ -330,7 +331,10 @@ class GraphSlots:
         """End this thread's capture (joining the statistics' branch); returns its table."""
         table = self.capturing_table()
         if table is not None and table.branch is not None:
-            table.branch.join()
+            for index in table.branch.join():
+                # Written in place after the fork: the branch may have read the later values.
+                table.slots[index].meta["written_in_place"] = True
+                self.written_in_place += 1
         self._local.table = None
         return table
 
@@ -386,7 +390,9 @@ class GraphSlots:
                     if branch is None:
                         _launch(rows, real_bs, slot, p.base, p.add, p.col_start, p.width, rows_per_seq)
                     else:
-                        branch.run(lambda: _launch(rows, real_bs, slot, p.base, p.add, p.col_start, p.width, rows_per_seq), p.base, p.add)
+                        branch.run(
+                            lambda: _launch(rows, real_bs, slot, p.base, p.add, p.col_start, p.width, rows_per_seq), p.base, p.add, tag=slot
+                        )
                     return
                 except Exception:
                     pass  # the torch path below gives the same numbers
@@ -590,6 +596,6 @@ class GraphSlots:
         """:class:`~spectrace.records.TensorStats` fields of one slot of a read-back (the real rows only)."""
         info = readout.table.slots[slot] if isinstance(slot, int) else slot
         numel = info.real_rows(readout.real_bs) * info.row_elems
-        if numel == 0:
+        if numel == 0 or info.meta.get("written_in_place"):
             return {"mean": None, "std": None, "absmax": None, "nan": 0, "inf": 0, "numel": 0}
         return stats_fields(readout.values[info.index], numel)

@@ -89,6 +89,9 @@ class GraphStats:
         # The side stream for overlapped() blocks, made now: none can be made during a capture.
         self._branch = GraphBranch(self.device, enabled=self.fused)
         self._active: GraphBranch | None = None  # the branch while an overlapped() block runs
+        # Slots whose tensor a torch op wrote in place between the fork and the join of an
+        # overlapped() block: their statistics may hold the later values, so read() gives None.
+        self.written_in_place: set[int] = set()
 
     # ------------------------------------------------------------------ capture
     @contextmanager
@@ -102,7 +105,7 @@ class GraphStats:
             yield
         finally:
             self._active = None
-            self._branch.join()
+            self.written_in_place |= self._branch.join()
 
     def slot(self, name: str) -> int:
         """The slot of ``name``, assigned on first use."""
@@ -128,6 +131,7 @@ class GraphStats:
         if str(tensor.dtype).replace("torch.", "") in INDEX_DTYPES:
             return False  # token ids: a mean of ids would leak them (one-token decode steps)
         index = self.slot(name)
+        self.written_in_place.discard(index)  # recorded anew: judged again at its block's join
         self.numel[index] = tensor.numel()
         self.shapes[index] = list(tensor.shape)
         x = tensor.detach()
@@ -138,7 +142,7 @@ class GraphStats:
             if branch is None:
                 launch_partials(x, self.buffer, index, self._written)
             else:
-                branch.run(lambda: launch_partials(x, self.buffer, index, self._written), x)
+                branch.run(lambda: launch_partials(x, self.buffer, index, self._written), x, tag=index)
             return True
         if self._written[index] > 1:
             self.buffer[index, 1:].zero_()  # an earlier fused launch filled more rows
@@ -198,7 +202,9 @@ class GraphStats:
     def read(self, names: Iterable[str] | None = None) -> dict[str, TensorStats | None]:
         """Statistics per slot name after a replay (one reduction and one host copy).
 
-        A slot that was never recorded (its module did not run during capture) is None.
+        A slot that was never recorded (its module did not run during capture) is None, and
+        so is one whose tensor was written in place inside an ``overlapped()`` block
+        (:attr:`written_in_place`).
         """
         rows = self.reduced().cpu().tolist()
         wanted = set(names) if names is not None else None
@@ -207,7 +213,7 @@ class GraphStats:
             if wanted is not None and name not in wanted:
                 continue
             numel = self.numel[index]
-            out[name] = to_stats(rows[index], numel) if numel else None
+            out[name] = to_stats(rows[index], numel) if numel and index not in self.written_in_place else None
         return out
 
     def __len__(self) -> int:
