@@ -14,6 +14,7 @@ import math
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -424,6 +425,32 @@ def test_cuda_graph_replays_mask_padding_and_read_back_without_a_sync():
     assert gs.sampled == 5 and gs.dropped_ring == 0
 
 
+def capture_and_replay(
+    gs: G.GraphSlots, x: torch.Tensor, bs: int, step: Any, replays: int = 3
+) -> Iterator[tuple[G.Readout, list[torch.Tensor]]]:
+    """Warm ``step(record=False)`` on a side stream, capture ``step(record=True)`` into one
+    table, then replay on new inputs in ``x``: yields each replay's read-back and the
+    tensors ``step(record=False)`` gives eagerly on the same inputs (the same kernels)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step(record=False)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gs.begin_capture("decode", capture_bs=bs, label="decode")
+        step(record=True)
+        gs.end_capture()
+    for n in range(replays):
+        x.copy_(torch.randn_like(x) * (n + 1))
+        assert gs.before_replay("decode", bs)
+        graph.replay()
+        assert gs.after_replay("decode", {"n": n})
+        torch.cuda.synchronize()
+        (readout,) = gs.poll()
+        yield readout, step(record=False)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("overlap", [True, False], ids=["side_branch", "inline"])
 def test_cuda_graph_side_branch_reads_each_tensor_before_its_memory_is_reused(overlap):
@@ -449,26 +476,8 @@ def test_cuda_graph_side_branch_reads_each_tensor_before_its_memory_is_reused(ov
         return outs
 
     gs.warm(x @ w)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step(record=False)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        gs.begin_capture("decode", capture_bs=bs, label="decode")
-        step(record=True)
-        table = gs.end_capture()
-    assert table is not None and len(table.slots) == layers
-    assert gs.branch.forks == (layers if overlap else 0)
-    for n in range(3):
-        x.copy_(torch.randn_like(x) * (n + 1))
-        assert gs.before_replay("decode", bs)
-        graph.replay()
-        assert gs.after_replay("decode", {"n": n})
-        torch.cuda.synchronize()
-        (readout,) = gs.poll()
-        want = step(record=False)  # the same kernels, eagerly: the same values
+    for readout, want in capture_and_replay(gs, x, bs, step):
+        assert len(readout.table.slots) == layers and gs.branch.forks == (layers if overlap else 0)
         for slot in readout.table.slots:
             assert_stats(gs.stats_of(readout, slot), ref(want[slot.index]), rel=1e-5)
 
@@ -499,24 +508,7 @@ def test_cuda_graph_a_tensor_rewritten_in_place_later_is_read_as_written_or_flag
         return seen
 
     gs.warm(residual)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step(record=False)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        gs.begin_capture("decode", capture_bs=bs, label="decode")
-        step(record=True)
-        gs.end_capture()
-    for n in range(3):
-        x.copy_(torch.randn_like(x) * (n + 1))
-        assert gs.before_replay("decode", bs)
-        graph.replay()
-        assert gs.after_replay("decode", {"n": n})
-        torch.cuda.synchronize()
-        (readout,) = gs.poll()
-        want = step(record=False)
+    for readout, want in capture_and_replay(gs, x, bs, step):
         for slot in readout.table.slots:
             if overlap:
                 assert slot.meta["written_in_place"]
