@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 
 import pytest
 import torch
@@ -233,7 +234,17 @@ def test_graph_capture_refreshes_stats_on_replay(overlap, in_place):
         gs.record("o", o)
         return o
 
-    g, out = _capture(step, gs if overlap else None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        g, out = _capture(step, gs if overlap else None)
+    said = [str(w.message) for w in caught if "written in place" in str(w.message)]
+    assert said == (
+        [
+            "spectrace GraphStats: 1 slot(s) written in place after their statistics kernel was forked (h): they read None; record them outside overlapped()"
+        ]
+        if in_place
+        else []
+    )
     assert gs._branch.forks == (2 if overlap else 0)
     assert gs.written_in_place == ({gs.slots["h"]} if in_place else set())
     for scale in (1.0, 3.0):

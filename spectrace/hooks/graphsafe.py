@@ -30,6 +30,7 @@ On the CPU (no graphs) the same object works eagerly, which is how its logic is 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -105,7 +106,17 @@ class GraphStats:
             yield
         finally:
             self._active = None
-            self.written_in_place |= self._branch.join()
+            moved = self._branch.join()
+            self.written_in_place |= moved
+            if moved:
+                names = sorted(name for name, index in self.slots.items() if index in moved)
+                warnings.warn(
+                    f"spectrace GraphStats: {len(names)} slot(s) written in place after their statistics kernel was "
+                    f"forked ({', '.join(names[:5])}{', ...' if len(names) > 5 else ''}): they read None; "
+                    "record them outside overlapped()",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
 
     def slot(self, name: str) -> int:
         """The slot of ``name``, assigned on first use."""
