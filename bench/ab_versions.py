@@ -29,7 +29,6 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,7 +42,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from conftest import tiny_llama  # noqa: E402
-from host_cost import HookClock  # noqa: E402
+from host_cost import accounted_per_step, per_step  # noqa: E402
 
 BASE = "spectrace_base"
 
@@ -63,33 +62,13 @@ def export_base(rev: str, dest: Path) -> Path:
     return package
 
 
-def per_step(step: Callable[[], Any], iters: int, cuda: bool) -> float:
-    """Seconds of wall time per step, after a warm-up, the device's queue drained."""
-    for _ in range(3):
-        step()
-    if cuda:
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        step()
-    if cuda:
-        torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / iters
-
-
 def accounted(pkg: Any, models: Any, step: Callable[[], Any], mode: str, iters: int, cuda: bool) -> tuple[float, float, float]:
     """(us of spectrace host time per hooked call, ms of wall time per step, ms of
     spectrace host time per step)."""
     roots = list(models.values()) if isinstance(models, dict) else [models]
     with pkg.trace(models, stats=mode) as t:
         wall = per_step(step, iters, cuda)
-        clock = HookClock()
-        clock.install(t.tracer, [m for root in roots for m in root.modules()])
-        step()
-        clock.spent = 0.0
-        for _ in range(iters):
-            step()
-        per = clock.spent / iters
+        per = accounted_per_step(t, roots, step, iters)
         return per / len(t.hooked) * 1e6, wall * 1e3, per * 1e3
 
 

@@ -24,6 +24,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -41,19 +42,17 @@ MODES = ("off", "basic", "off_at_once", "basic_at_once")
 LABELS = {"off": "shapes only", "basic": "statistics", "off_at_once": "shapes only, at once", "basic_at_once": "statistics, at once"}
 
 
-def _sync(ids: torch.Tensor) -> None:
-    if ids.is_cuda:
+def per_step(step: Callable[[], Any], iters: int, cuda: bool) -> float:
+    """Seconds of wall time per step, after a warm-up, the device's queue drained."""
+    for _ in range(3):
+        step()
+    if cuda:
         torch.cuda.synchronize()
-
-
-def _per_forward(model: torch.nn.Module, ids: torch.Tensor, iters: int) -> float:
-    for _ in range(3):  # warm-up
-        model(ids)
-    _sync(ids)
     t0 = time.perf_counter()
     for _ in range(iters):
-        model(ids)
-    _sync(ids)  # the tiny model's kernels finish long before the host is done queueing them
+        step()
+    if cuda:
+        torch.cuda.synchronize()  # the tiny model's kernels finish long before the host is done queueing them
     return (time.perf_counter() - t0) / iters
 
 
@@ -114,15 +113,15 @@ class HookClock:
         tracer.finish_step = self.timed(tracer.finish_step)
 
 
-def _accounted(t: Any, model: torch.nn.Module, ids: torch.Tensor, iters: int) -> float:
-    """Seconds per forward spent inside spectrace's hooks and its step end (the hooks' own
+def accounted_per_step(t: Any, roots: list[torch.nn.Module], step: Callable[[], Any], iters: int) -> float:
+    """Seconds per step spent inside spectrace's hooks and its step end (the hooks' own
     accounting: each wrapped in a perf_counter timer, as bench/overhead.py does)."""
     clock = HookClock()
-    clock.install(t.tracer, model.modules())
-    model(ids)
+    clock.install(t.tracer, [m for root in roots for m in root.modules()])
+    step()
     clock.spent = 0.0
     for _ in range(iters):
-        model(ids)
+        step()
     return clock.spent / iters
 
 
@@ -130,17 +129,22 @@ def one(iters: int = 50, device: str = "cpu") -> dict[str, Any]:
     """One round: bare, shapes only and statistics on the same model, seconds per forward."""
     model = tiny_llama(layers=8, hidden=64).to(device)
     ids = torch.randint(0, 128, (1, 16), device=device)
+    cuda = ids.is_cuda
+
+    def forward() -> Any:
+        return model(ids)
+
     out: dict[str, Any] = {}
     with torch.no_grad():
-        out["bare"] = _per_forward(model, ids, iters)
+        out["bare"] = per_step(forward, iters, cuda)
         for mode in MODES:
             kept = engine.PENDING_CALLS
             engine.PENDING_CALLS = 1 if mode.endswith("_at_once") else kept
             try:
                 with spectrace.trace(model, stats=mode.split("_")[0]) as t:
-                    out[mode] = _per_forward(model, ids, iters)
+                    out[mode] = per_step(forward, iters, cuda)
                     out["hooked"] = len(t.hooked)
-                    out[f"{mode}_accounted"] = _accounted(t, model, ids, iters)
+                    out[f"{mode}_accounted"] = accounted_per_step(t, [model], forward, iters)
             finally:
                 engine.PENDING_CALLS = kept
     return out

@@ -35,6 +35,7 @@ import torch.nn as nn
 from ..recorder import Recorder
 from ..records import Call
 from . import callwrap, hookdicts, stepwrap
+from .graph_branch import capturing as _capturing
 from .privacy import TokenTensors
 from .readback import Readback, StepStats
 from .roles import role_of
@@ -118,14 +119,6 @@ def _engine_loaded() -> bool:
     import sys
 
     return "sglang" in sys.modules or "vllm" in sys.modules
-
-
-def _capturing() -> bool:
-    """True while a CUDA graph is being captured (no new work may be queued then)."""
-    try:
-        return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-    except Exception:
-        return False
 
 
 def _device_busy(on_device: bool, capturing: bool, readback: Readback | None) -> Callable[[], bool] | None:

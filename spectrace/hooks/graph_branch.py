@@ -42,7 +42,9 @@ from typing import Any
 import torch
 
 
-def _capturing() -> bool:
+def capturing() -> bool:
+    """True while this thread's current CUDA stream is capturing a graph (no host read,
+    sync or pinned allocation may happen then)."""
     try:
         return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
     except Exception:  # a torch build without CUDA
@@ -57,7 +59,7 @@ class GraphBranch:
 
     def __init__(self, device: torch.device, *, enabled: bool = True) -> None:
         self.stream: Any = None
-        if enabled and device.type == "cuda" and not _capturing():
+        if enabled and device.type == "cuda" and not capturing():
             try:
                 self.stream = torch.cuda.Stream(device)
             except Exception:
@@ -78,16 +80,16 @@ class GraphBranch:
         compared at :meth:`join` (``tag`` names the launch there)."""
         side = self.stream
         tensors = [t for t in read if t is not None]
-        if side is None or not _capturing() or any(t.is_inference() for t in tensors):
-            launch()
-            return
-        main = torch.cuda.current_stream(self.device)
-        me = threading.get_ident()
-        with self._lock:
-            if self._owner not in (None, me) or side == main:
-                side = None  # another thread's capture holds the branch: inline
-            else:
-                self._owner = me
+        if side is not None and capturing() and not any(t.is_inference() for t in tensors):
+            main = torch.cuda.current_stream(self.device)
+            me = threading.get_ident()
+            with self._lock:
+                if self._owner not in (None, me) or side == main:
+                    side = None  # another thread's capture holds the branch
+                else:
+                    self._owner = me
+        else:
+            side = None
         if side is None:
             launch()
             return

@@ -45,6 +45,7 @@ import torch
 
 from .fused_stats import BLOCK, MIN_BLOCKS_PER_PROGRAM, TRITON_DTYPES, WARPS, programs_for  # the bench sweeps this name
 from .graph_branch import GraphBranch
+from .graph_branch import capturing as _capturing
 from .tensor_stats import ROW, stats_fields, stats_supported
 
 _kernel_state: dict[Any, Any] = {}
@@ -74,13 +75,6 @@ def kernel_available(device: torch.device) -> bool:
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         return False
     return load_kernel() is not None
-
-
-def _capturing() -> bool:
-    try:
-        return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-    except Exception:  # a torch build without CUDA
-        return False
 
 
 def _launch(

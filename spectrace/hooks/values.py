@@ -47,6 +47,7 @@ import torch
 
 from ..records import Capture, Values
 from ..values_file import ValuesMeta, ValuesStep, ValuesStepData, encode, values_name, write_private
+from .graph_branch import capturing as _capturing
 
 MAX_STEPS = 4  # forwards kept per process: enough to compare, few enough to stay off the hot path
 _INDEX = (torch.int32, torch.int64, torch.int16, torch.uint8, torch.int8)
@@ -125,13 +126,6 @@ def step_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> StepInputs | N
     if positions is not None and positions.dim() != 1:
         positions = None
     return StepInputs(ids, positions, int(ids.shape[0]), None)
-
-
-def _capturing() -> bool:
-    try:
-        return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-    except Exception:
-        return False
 
 
 def _host_copy(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.device | None]:
