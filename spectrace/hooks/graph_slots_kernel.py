@@ -36,18 +36,21 @@ def masked_stats(
     HAS_Y: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    # Work items are (row, column block) pairs of the *valid* rows, taken grid-stride:
-    # the grid is fixed at capture (sized for the padded rows), the number of items is
-    # read from the device scalar at every replay. A block is BLOCK contiguous elements
-    # of one row, so loads stay coalesced whatever the row stride.
+    # Work items are (row, column block) pairs of the *padded* rows, taken grid-stride:
+    # the grid and the items are fixed at capture. Every padded row is memory of the
+    # tensor, so the loads never wait for ``real_bs``: the device scalar's read overlaps
+    # them, and the rows past the real ones are dropped by a select afterwards (a load
+    # masked by it would stall every replay's kernel on one more round trip to memory).
+    # A block is BLOCK contiguous elements of one row, so loads stay coalesced whatever
+    # the row stride.
     pid = tl.program_id(0).to(tl.int64)
     grid = tl.num_programs(0)
     lanes = tl.arange(0, BLOCK)
     real = tl.load(real_bs_ptr).to(tl.int64)
     # Clamped both ways: a real_bs never written (a table allocated during capture) is
-    # garbage, and must still keep the reads inside the padded tensor.
+    # garbage, and must still keep the statistics to rows of the padded tensor.
     valid = tl.maximum(tl.minimum(real * rows_per_seq, padded_rows), 0)
-    total = valid * col_blocks
+    total = padded_rows * col_blocks
     acc_s = tl.zeros([BLOCK], dtype=tl.float64)
     acc_q = tl.zeros([BLOCK], dtype=tl.float64)
     acc_m = tl.zeros([BLOCK], dtype=tl.float32)
@@ -61,6 +64,8 @@ def masked_stats(
         if HAS_Y:
             # The sum is taken in float32, not rounded to the tensors' dtype.
             v += tl.load(y_ptr + (row * y_stride + col_start + col), mask=mask, other=0.0).to(tl.float32)
+        # Padding may hold NaN or inf (stale or never written): selected away, never multiplied.
+        v = tl.where(row < valid, v, 0.0)
         is_nan = v != v
         a = tl.abs(v)
         w = v.to(tl.float64)
