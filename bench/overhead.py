@@ -532,9 +532,10 @@ def graph_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
         # Launch shapes to compare (--graph-blocks): the fewest blocks per program, fixed
         # at capture, in the same interleaved rounds.
         swept: dict[str, GraphSlots] = {}
-        default_blocks = S.MIN_BLOCKS_PER_PROGRAM
+        # (each module has its own default; a swept value equal to both is the default run)
+        default_blocks = (S.MIN_BLOCKS_PER_PROGRAM, GS.MIN_BLOCKS_PER_PROGRAM)
         for blocks in args.graph_blocks:
-            if blocks == default_blocks:
+            if blocks == default_blocks[0] == default_blocks[1]:
                 continue
             S.MIN_BLOCKS_PER_PROGRAM = GS.MIN_BLOCKS_PER_PROGRAM = blocks
             try:
@@ -542,7 +543,7 @@ def graph_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
                 graphs[f"stats_fused_b{blocks}"] = capture(stores[f"fused_b{blocks}"], f"stats_fused_b{blocks}")
                 swept[f"slots_b{blocks}"] = capture_slots(f"slots_b{blocks}")
             finally:
-                S.MIN_BLOCKS_PER_PROGRAM = GS.MIN_BLOCKS_PER_PROGRAM = default_blocks
+                S.MIN_BLOCKS_PER_PROGRAM, GS.MIN_BLOCKS_PER_PROGRAM = default_blocks
 
         def time_graph(g: torch.cuda.CUDAGraph, n: int) -> float:
             for _ in range(5):

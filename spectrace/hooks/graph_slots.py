@@ -43,11 +43,18 @@ from typing import Any
 
 import torch
 
-from .fused_stats import BLOCK, MIN_BLOCKS_PER_PROGRAM, TRITON_DTYPES, WARPS, programs_for  # the bench sweeps this name
+from .fused_stats import BLOCK, TRITON_DTYPES, WARPS, programs_for
 from .graph_branch import GraphBranch
 from .graph_branch import capturing as _capturing
 from .tensor_stats import ROW, stats_fields, stats_supported
 
+# The fewest BLOCK-wide pieces of the padded tensor per program (fixed at capture). Two,
+# not fused_stats' four: a decode step's hidden state (batch 1 x 4096) is then read by two
+# programs instead of one program's four loads in a row, and a replay of a Llama-8B-shaped
+# step cost 0.7 % less at batch 1 and the same at batch 64 (H200, bench/overhead.py
+# --graph-blocks; bench/results/graph-slots-h200-2026-12-02.json). bench/overhead.py
+# sweeps this name.
+MIN_BLOCKS_PER_PROGRAM = 2
 _kernel_state: dict[Any, Any] = {}
 _state_lock = threading.Lock()
 # Kernel variants compiled so far: (device, x dtype, y dtype or None). The Triton cache is
