@@ -3,6 +3,7 @@
     python bench/instructions.py                     # this code: shapes only and statistics
     python bench/instructions.py --base 5fb112d      # and a git revision beside it
     python bench/instructions.py --base-dir DIR      # DIR holds spectrace_base/ (ab_versions --export)
+    python bench/instructions.py --split             # and where this code's instructions go
 
 On a shared machine wall-clock differences of 10 % drown in the noise; an instruction
 count is the same from run to run, whatever else the machine does. Each measurement is
@@ -11,6 +12,14 @@ of ``bench/host_cost.py`` (8 layers, hidden 64, 16 tokens, 11 hooked modules), w
 and only the timed forwards are counted (switched on and off with ``callgrind_control``).
 The figure is (traced - bare) / (forwards x hooked modules): every instruction the
 hooks, the class wrappers, the step wrapper, the read pass and the record build add.
+``--split`` counts this code again with its later phases taken out, one process each, to
+say where a hooked call's instructions go: ``floor`` (every class-wrapped module's call
+handed straight to its forward, nothing kept or read: the class and step wrappers and the
+step's end with nothing to do; the few modules on torch's own hooks, here the final norm
+and ``lm_head``, still note their calls there), ``keep`` (the
+hooks keeping each call), ``read`` (the pass that notes the kept calls: descriptions,
+statistics) and ``build`` (the records' text). The phases are taken out by replacing
+engine methods in the measured process only.
 Instructions are not seconds: cache misses and the cost of cold code (a hook between the
 model's kernels) are not in them, so pair this with ``bench/ab_versions.py``.
 """
@@ -35,13 +44,39 @@ ROOT = Path(__file__).resolve().parent.parent
 MODES = ("off", "basic")
 
 
+# --split: the phases a hooked call's instructions are split into, each counted as the
+# difference between two processes (the one with the phase and the one without it)
+PHASES = ("floor", "keep", "read", "build")
+
+
+def _without(package: str, upto: str) -> None:
+    """Take out the phases after ``upto`` ("floor", "keep" or "read") in this process."""
+    engine = importlib.import_module(f"{package}.hooks.engine")
+    engine.Tracer._build_step = lambda self, item, on_worker=True: None
+    if upto in ("floor", "keep"):
+        engine.Tracer._read_kept = lambda self, state, pending, first: None
+    if upto == "floor":
+
+        def _make_around(self: Any, *args: Any, **kwargs: Any) -> Any:
+            def around(module: Any, original: Any, call_args: tuple[Any, ...], call_kwargs: dict[str, Any]) -> Any:
+                return original(module, *call_args, **call_kwargs)
+
+            return around
+
+        engine.Tracer._make_around = _make_around
+
+
 def child(mode: str, control: str, forwards: int, package: str) -> None:
-    """The measured process: ready, wait for "go", run the forwards, done, wait for "stop"."""
+    """The measured process: ready, wait for "go", run the forwards, done, wait for "stop".
+    ``mode``: "bare", a stats mode, or a stats mode and the phase to stop after ("off:read")."""
     sys.path.insert(0, str(ROOT / "tests"))
     import torch
     from conftest import tiny_llama
 
+    mode, _, upto = mode.partition(":")
     spectrace = importlib.import_module(package)
+    if upto:
+        _without(package, upto)
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = tiny_llama(layers=8, hidden=64)
@@ -115,6 +150,7 @@ def main() -> None:
     parser.add_argument("--base", help="a git revision to count beside this code")
     parser.add_argument("--base-dir", help="a folder holding spectrace_base/ (ab_versions.py --export)")
     parser.add_argument("--forwards", type=int, default=20)
+    parser.add_argument("--split", action="store_true", help="also count this code with its later phases taken out")
     parser.add_argument("--json", help="write the figures to this file as JSON")
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -140,6 +176,8 @@ def main() -> None:
         # Two processes at a time (a count does not depend on what else runs).
         jobs = [("bare", "bare", "spectrace", str(ROOT))]
         jobs += [(label, mode, package, path) for label, (package, path) in versions.items() for mode in MODES]
+        if args.split:
+            jobs += [("split", f"{mode}:{upto}", "spectrace", str(ROOT)) for mode in MODES for upto in PHASES[:-1]]
         with ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1))) as pool:
             counts = list(pool.map(lambda job: _count(job[1], args.forwards, job[2], job[3]), jobs))
         bare = counts[0][0]
@@ -147,7 +185,14 @@ def main() -> None:
         for (label, mode, _package, _path), (total, hooked) in zip(jobs[1:], counts[1:]):
             per_call = (total - bare) / args.forwards / hooked
             result["per_hooked_call"].setdefault(label, {})[mode] = round(per_call)
-            print(f"{label:28s} {mode:6s} {per_call:10.0f} instructions per hooked call ({hooked} hooked)")
+            print(f"{label:28s} {mode:10s} {per_call:10.0f} instructions per hooked call ({hooked} hooked)")
+        if args.split:
+            cumulative = result["per_hooked_call"].pop("split")
+            result["split"] = {}
+            for mode in MODES:
+                upto = [cumulative[f"{mode}:{phase}"] for phase in PHASES[:-1]] + [result["per_hooked_call"]["working tree"][mode]]
+                result["split"][mode] = {phase: upto[0] if n == 0 else upto[n] - upto[n - 1] for n, phase in enumerate(PHASES)}
+                print(f"split {mode:6s} " + ", ".join(f"{phase} {v}" for phase, v in result["split"][mode].items()))
         if len(versions) == 2:
             (base_label, base), (_, tree) = result["per_hooked_call"].items()
             result["ratio_tree_to_base"] = {m: round(tree[m] / base[m], 3) for m in MODES}
