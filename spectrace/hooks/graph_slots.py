@@ -50,10 +50,11 @@ from .tensor_stats import ROW, stats_fields, stats_supported
 
 # The fewest BLOCK-wide pieces of the padded tensor per program (fixed at capture). Two,
 # not fused_stats' four: a decode step's hidden state (batch 1 x 4096) is then read by two
-# programs instead of one program's four loads in a row, and a replay of a Llama-8B-shaped
-# step cost 0.7 % less at batch 1 and the same at batch 64 (H200, bench/overhead.py
-# --graph-blocks; bench/results/graph-slots-h200-2026-12-02.json). bench/overhead.py
-# sweeps this name.
+# programs instead of one program's four loads in a row. A replay of a Llama-8B-shaped
+# step cost 0.7-1.2 % less at batch 1 and 0-0.4 % less at batch 64 on two H200 machines
+# (bench/overhead.py --graph-blocks; bench/results/graph-slots-h200-2026-12-02.json); not
+# measured above batch 64, where twice the programs add their atomics to one row.
+# bench/overhead.py sweeps this name.
 MIN_BLOCKS_PER_PROGRAM = 2
 _kernel_state: dict[Any, Any] = {}
 _state_lock = threading.Lock()
