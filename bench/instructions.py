@@ -52,6 +52,10 @@ PHASES = ("floor", "keep", "read", "build")
 def _without(package: str, upto: str) -> None:
     """Take out the phases after ``upto`` ("floor", "keep" or "read") in this process."""
     engine = importlib.import_module(f"{package}.hooks.engine")
+    for name in ("_build_step", "_read_kept", "_make_around"):
+        if not callable(getattr(engine.Tracer, name, None)):
+            # (a renamed method would otherwise be added beside it, and its phase counted as 0)
+            raise RuntimeError(f"--split: Tracer.{name} is gone from {package}; update _without")
     engine.Tracer._build_step = lambda self, item, on_worker=True: None
     if upto in ("floor", "keep"):
         engine.Tracer._read_kept = lambda self, state, pending, first: None
