@@ -194,8 +194,9 @@ def main() -> None:
             cumulative = result["per_hooked_call"].pop("split")
             result["split"] = {}
             for mode in MODES:
-                upto = [cumulative[f"{mode}:{phase}"] for phase in PHASES[:-1]] + [result["per_hooked_call"]["working tree"][mode]]
-                result["split"][mode] = {phase: upto[0] if n == 0 else upto[n] - upto[n - 1] for n, phase in enumerate(PHASES)}
+                # counts with the phases up to each one: the last is the whole code's
+                counts = [cumulative[f"{mode}:{phase}"] for phase in PHASES[:-1]] + [result["per_hooked_call"]["working tree"][mode]]
+                result["split"][mode] = {phase: counts[n] - (counts[n - 1] if n else 0) for n, phase in enumerate(PHASES)}
                 print(f"split {mode:6s} " + ", ".join(f"{phase} {v}" for phase, v in result["split"][mode].items()))
         if len(versions) == 2:
             (base_label, base), (_, tree) = result["per_hooked_call"].items()
