@@ -15,14 +15,14 @@ import torch
 from conftest import tiny_llama
 
 import spectrace
-from spectrace.hooks import engine
+from spectrace.hooks import call_text
 from spectrace.records import Call
 
-pytestmark = pytest.mark.skipif(engine._dumps is not engine._dumps_core, reason="pydantic-core without inf_nan_mode")
+pytestmark = pytest.mark.skipif(call_text.dumps is not call_text.dumps_core, reason="pydantic-core without inf_nan_mode")
 
 
 def _whole(raw: Any, values: Any) -> str:
-    return engine._dumps(engine._call_fields(raw, values))
+    return call_text.dumps(call_text.call_fields(raw, values))
 
 
 @pytest.mark.parametrize("stats", ["off", "basic", "full"])
@@ -43,9 +43,9 @@ def test_a_traced_model_writes_the_same_text_both_ways(stats: str) -> None:
     raws = [(raw, values) for calls, values in seen for raw in calls]
     assert len(raws) == 2 * 5
     for raw, values in raws:
-        assert engine._call_text(raw, values) == _whole(raw, values)
+        assert call_text.call_text(raw, values) == _whole(raw, values)
     # What the trace kept is that text, and it reads back as the same record.
-    assert [Call.model_validate_json(engine._call_text(r, v)).model_dump_json() for r, v in raws] == texts
+    assert [Call.model_validate_json(call_text.call_text(r, v)).model_dump_json() for r, v in raws] == texts
     if stats != "off":
         assert any(m.stats is not None for c in t.calls() for m in c.outputs)
 
@@ -64,4 +64,4 @@ def test_odd_notes_write_the_same_text_both_ways() -> None:
         for capture in (False, True):
             for role in (None, "target.layer[0]", "draft.ü"):
                 raw = (3, 41, "model.layers.0", 'Llama"Layer', "", tensors, tensors[::-1], 1796143932.050365, capture, role, ctx)
-                assert engine._call_text(raw, values) == _whole(raw, values)  # type: ignore[arg-type]
+                assert call_text.call_text(raw, values) == _whole(raw, values)  # type: ignore[arg-type]

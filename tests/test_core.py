@@ -459,7 +459,7 @@ def test_records_built_on_the_worker_thread_equal_those_built_inline():
 def test_call_json_of_both_encoders_matches_the_schema():
     """The worker's JSON (pydantic-core's encoder, or the standard library's on an older
     pydantic-core) parses into the same Call as the pydantic model writes."""
-    from spectrace.hooks import engine
+    from spectrace.hooks import call_text
     from spectrace.records import Call
 
     fields = {
@@ -483,6 +483,6 @@ def test_call_json_of_both_encoders_matches_the_schema():
         "graph_capture": False,
     }
     reference = Call.model_validate(fields)
-    for dumps in (engine._dumps_core, engine._dumps_json):
+    for dumps in (call_text.dumps_core, call_text.dumps_json):
         assert Call.model_validate_json(dumps(fields)) == reference
-    assert "NaN" in engine._dumps_core(fields)  # names keep their text; only floats become null
+    assert "NaN" in call_text.dumps_core(fields)  # names keep their text; only floats become null

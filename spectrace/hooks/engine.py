@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import json
 import threading
 import time
 import weakref
@@ -35,25 +34,17 @@ import torch.nn as nn
 from ..recorder import Recorder
 from ..records import Call
 from . import callwrap, hookdicts, stepwrap
+from .call_text import RawCall, RawTensor, StepContext, call_fields, call_texts, dumps, dumps_core
 from .graph_branch import capturing as _capturing
 from .privacy import TokenTensors
 from .readback import Readback, StepStats
 from .roles import role_of
 from .selection import ModuleFilter, select
-from .tensor_stats import INDEX_DTYPES, stats_for, stats_supported
+from .tensor_stats import INDEX_DTYPES, stats_supported
 from .tensors import MAX_TENSORS_PER_SIDE, collect, collect_kwargs
 from .values import values_capture
 from .worker import RecordWorker
 
-# One tensor as a hook notes it: (arg, shape, dtype, device, statistics generation,
-# statistics index or -1, numel).
-RawTensor = tuple[str, tuple[int, ...], str, str, int, int, int]
-# The engine's view of a step, when an integration supplies one (Tracer.context_of):
-# (forward mode, real token rows, draft-step index).
-StepContext = tuple[str | None, int | None, int | None]
-# One call: (step, seq, module, module_type, root, inputs, outputs, t_unix, graph_capture,
-# role, context).
-RawCall = tuple[int, int, str, str, str, list[RawTensor], list[RawTensor], float, bool, str | None, StepContext | None]
 # What a module's output view yields: (arg, tensor, tensor to add or None, column range or None).
 # A decoder layer that returns (mlp_out, residual) is seen as their sum, the residual
 # stream; a fused input as its chunks.
@@ -571,7 +562,7 @@ class Tracer:
                     self._seq += len(fields)
                 texts = []
                 for i, f in enumerate(fields, 1):
-                    texts.append(_dumps(f))
+                    texts.append(dumps(f))
                     if i % 4 == 0:
                         self._worker.pause_point()  # the host is awake again: step aside
                 self._graph_readouts += 1
@@ -620,18 +611,14 @@ class Tracer:
         calls: list[Call] = []
         texts: list[str] = []
         try:
-            if not objects and not self.observers and _dumps is _dumps_core:
-                # Only the JSON is wanted: written piece by piece, the same text (see _call_text).
-                written: dict[int, str] = {}  # (see _call_text)
-                for n, raw in enumerate(item.calls, 1):
-                    texts.append(_call_text(raw, self._values, written))
-                    if on_worker and n % 4 == 0:
-                        self._worker.pause_point()  # the host is awake again: step aside
-                self._emit_step(item.step, calls, item.start_ns, item.end_ns, texts)
+            if not objects and not self.observers and dumps is dumps_core:
+                # Only the JSON is wanted: written piece by piece, the same text (call_text.py).
+                pause = self._worker.pause_point if on_worker else None  # the host is awake again: step aside
+                self._emit_step(item.step, calls, item.start_ns, item.end_ns, call_texts(item.calls, self._values, pause))
                 return
             for n, raw in enumerate(item.calls, 1):
-                fields = _call_fields(raw, self._values)
-                texts.append(_dumps(fields))
+                fields = call_fields(raw, self._values)
+                texts.append(dumps(fields))
                 if self.observers:
                     self._observe(fields)
                 if objects:
@@ -1176,167 +1163,3 @@ class Tracer:
         """An integration's word that ``tensor`` is a function of one token id each row
         (an embedding output it saw outside a module call): it gets no statistics."""
         self._token_tensors.remember(tensor)
-
-
-def _dumps_json(fields: dict[str, Any]) -> str:
-    # The standard library's encoder: 9 us for a decoder-layer call, against 2.4 us for
-    # pydantic-core's. A non-finite float (statistics never hold one) goes through the
-    # schema, which writes it as null.
-    try:
-        return json.dumps(fields, separators=(",", ":"), allow_nan=False)
-    except ValueError:
-        return Call.model_validate(fields).model_dump_json()
-
-
-def _dumps_core(fields: dict[str, Any]) -> str:
-    return to_json(fields, inf_nan_mode="null").decode()
-
-
-try:
-    from pydantic_core import to_json
-
-    to_json({"x": float("nan")}, inf_nan_mode="null")
-    _dumps = _dumps_core
-except Exception:  # an older pydantic-core without inf_nan_mode
-    _dumps = _dumps_json
-
-
-def _call_fields(raw: RawCall, values: dict[int, list[list[float] | None]]) -> dict[str, Any]:
-    """The fields of one :class:`Call` record from a hook's note (on the worker thread)."""
-    step, seq, module, module_type, root, inputs, outputs, t_unix, capture, role, ctx = raw
-    fields = {
-        "type": "call",
-        "step": step,
-        "seq": seq,
-        "module": module,
-        "module_type": module_type,
-        "root": root,
-        "inputs": [_meta_fields(t, values) for t in inputs],
-        "outputs": [_meta_fields(t, values) for t in outputs],
-        "t_unix": t_unix,
-        "graph_capture": capture,
-        "role": role,
-    }
-    fields["forward_mode"], fields["tokens"], fields["draft_step"] = ctx if ctx is not None else (None, None, None)
-    fields["graph_replay"], fields["graph"] = False, None
-    return fields
-
-
-def _meta_fields(raw: RawTensor, values: dict[int, list[list[float] | None]]) -> dict[str, Any]:
-    arg, shape, dtype, device, generation, index, numel = raw
-    rows = values.get(generation) if index >= 0 else None
-    row = rows[index] if rows is not None and index < len(rows) else None
-    try:
-        dims = [int(s) for s in shape]
-    except Exception:  # a symbolic (jagged) size has no single value
-        dims = []
-    return {"arg": arg, "shape": dims, "dtype": dtype, "device": device, "stats": stats_for(row, numel, dtype) if row is not None else None}
-
-
-# ------------------------------------------------------------ JSON, piece by piece
-# A call's JSON is mostly the same from step to step: the module's names, and the
-# descriptions of tensors without statistics. Built from pieces that pydantic-core wrote,
-# joined in the field order of _call_fields, it is the text _dumps(_call_fields(...))
-# gives (tests/test_call_text.py compares the two), at a third of the cost.
-_PIECES_MAX = 4096  # cached pieces per table: the tables are cleared when full (bounded memory)
-_module_pieces: dict[tuple[str, str, str], str] = {}
-_meta_pieces: dict[tuple[Any, ...], str] = {}  # a tensor description up to its statistics
-_tail_pieces: dict[tuple[Any, ...], str] = {}  # from graph_capture to the end: (capture, role, context)
-_stats_texts: dict[tuple[int, int], str] = {}  # (generation, index) -> the statistics' text
-_NO_STATS = "null}"
-
-
-def _piece(value: Any) -> str:
-    return to_json(value, inf_nan_mode="null").decode()
-
-
-def _call_text(raw: RawCall, values: dict[int, list[list[float] | None]], written: dict[int, str] | None = None) -> str:
-    """The JSON text of one :class:`Call` record from a hook's note (as _call_fields + _dumps).
-
-    ``written``: tensor texts by the note's identity, for a pass over calls that are all
-    held (a note shared by calls, as the keyword arguments of a stack's layers, is written
-    once)."""
-    step, seq, module, module_type, root, inputs, outputs, t_unix, capture, role, ctx = raw
-    names = _module_pieces.get((module, module_type, root))
-    if names is None:
-        names = f'"module":{_piece(module)},"module_type":{_piece(module_type)},"root":{_piece(root)}'
-        if len(_module_pieces) >= _PIECES_MAX:
-            _module_pieces.clear()
-        _module_pieces[(module, module_type, root)] = names
-    tail = _tail_pieces.get((capture, role, ctx))
-    if tail is None:
-        mode, tokens, draft = ctx if ctx is not None else (None, None, None)
-        tail = "".join(
-            (
-                ',"graph_capture":',
-                "true" if capture is True else "false" if capture is False else _piece(capture),
-                ',"role":',
-                _piece(role),
-                ',"forward_mode":',
-                _piece(mode),
-                ',"tokens":',
-                _piece(tokens),
-                ',"draft_step":',
-                _piece(draft),
-                ',"graph_replay":false,"graph":null}',
-            )
-        )
-        if len(_tail_pieces) >= _PIECES_MAX:
-            _tail_pieces.clear()
-        _tail_pieces[(capture, role, ctx)] = tail
-    return "".join(
-        (
-            '{"type":"call","step":',
-            str(step) if type(step) is int else _piece(step),  # an int's JSON is its str()
-            ',"seq":',
-            str(seq) if type(seq) is int else _piece(seq),
-            ",",
-            names,
-            ',"inputs":[',
-            ",".join([_meta_text(t, values) for t in inputs] if written is None else [_meta_once(t, values, written) for t in inputs]),
-            '],"outputs":[',
-            ",".join([_meta_text(t, values) for t in outputs]),
-            '],"t_unix":',
-            _piece(t_unix),  # (pydantic-core writes a float in 40 % of repr()'s time)
-            tail,
-        )
-    )
-
-
-def _meta_once(raw: RawTensor, values: dict[int, list[list[float] | None]], written: dict[int, str]) -> str:
-    text = written.get(id(raw))
-    if text is None:
-        text = written[id(raw)] = _meta_text(raw, values)
-    return text
-
-
-def _meta_text(raw: RawTensor, values: dict[int, list[list[float] | None]]) -> str:
-    # The description up to its statistics is the same every time this tensor kind is seen.
-    key = raw[:4]
-    try:
-        head = _meta_pieces.get(key)
-    except TypeError:  # a symbolic size does not hash
-        return _piece(_meta_fields(raw, values))
-    if head is None:
-        text = _piece(_meta_fields((*key, 0, -1, 0), values))
-        if not text.endswith(_NO_STATS):
-            return _piece(_meta_fields(raw, values))
-        head = text[: -len(_NO_STATS)]
-        if len(_meta_pieces) >= _PIECES_MAX:
-            _meta_pieces.clear()
-        _meta_pieces[key] = head
-    index = raw[5]
-    if index >= 0:
-        rows = values.get(raw[4])
-        row = rows[index] if rows is not None and index < len(rows) else None
-        if row is not None:
-            # A tensor seen twice in a step (layer i's output, layer i+1's input) has one row:
-            # its text is written once. Generations are never reused, so keys never go stale.
-            key = (raw[4], index)
-            text = _stats_texts.get(key)
-            if text is None:
-                if len(_stats_texts) >= _PIECES_MAX:
-                    _stats_texts.clear()
-                text = _stats_texts[key] = _piece(stats_for(row, raw[6], raw[2]))
-            return f"{head}{text}}}"
-    return head + _NO_STATS
