@@ -441,9 +441,9 @@ def _copy_slots(buffer: SlotBuffer, order: list[int]) -> _Copy:
         stage = None
         if not rows_on_device.is_contiguous():
             # A slot's leading rows are a strided piece of the buffer. Copied to the host as
-            # they are, they cost the host about 100 us a step on an H200 while the device is
-            # still busy; gathered on the device first, then copied whole, about 23 us
-            # (bench/results/readback-copy-h200-2026-12-02.json).
+            # they are, while the device is still busy, they cost the host 20 us (median) to
+            # 98 us on two H200 hosts; gathered on the device first, then copied whole, 16 to
+            # 23 us (bench/readback_copy.py; bench/results/readback-copy-h200-2026-12-02.json).
             if buffer.stage is None:
                 buffer.stage = torch.empty(buffer.tensor.shape[0] * RAW_ROWS_MAX * ROW, dtype=torch.float64, device=buffer.tensor.device)
             stage = buffer.stage[:need].view(used, rows, ROW)
