@@ -6,7 +6,9 @@
     python bench/instructions.py --split             # and where this code's instructions go
 
 On a shared machine wall-clock differences of 10 % drown in the noise; an instruction
-count is the same from run to run, whatever else the machine does. Each measurement is
+count is nearly the same from run to run, whatever else the machine does (each measured
+process gets one fixed ``PYTHONHASHSEED``; the record worker's waits still move it by a
+few percent). Each measurement is
 a process under ``valgrind --tool=callgrind`` with counting off: it builds the tiny Llama
 of ``bench/host_cost.py`` (8 layers, hidden 64, 16 tokens, 11 hooked modules), warms up,
 and only the timed forwards are counted (switched on and off with ``callgrind_control``).
@@ -114,7 +116,9 @@ def _count(mode: str, forwards: int, package: str, pythonpath: str) -> tuple[int
     """(instructions counted, hooked modules) of one measured process."""
     with tempfile.TemporaryDirectory() as control:
         out = Path(control, "callgrind.out")
-        env = dict(os.environ, PYTHONPATH=pythonpath)
+        # A fixed hash seed: string hashes decide dict probe sequences and collisions, and
+        # with a random seed per process the same code counted 78 K and 89 K a call.
+        env = dict(os.environ, PYTHONPATH=pythonpath, PYTHONHASHSEED="0")
         cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
         cmd += [sys.executable, __file__, "--child", mode, control, str(forwards), package]
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
