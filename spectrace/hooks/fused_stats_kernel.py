@@ -88,8 +88,10 @@ def stats_partials(x_ptr, out_ptr, n, per, slot, rows, BLOCK: tl.constexpr, TILE
 # Up to MULTI tensors per launch, passed as (address, numel) integer pairs: one launch for
 # a batch of a step's tensors, where one each cost a launch of ~26 us of host time (the
 # driver's share alone is 21 us on the H200 host). Addresses are integers, not pointers,
-# so that Triton compiles one variant per dtype and not one per alignment pattern.
-MULTI = 16
+# so that Triton compiles one variant per dtype and not one per alignment pattern. 64: a
+# decode step's 40 to 60 small tensors in one launch (16 took four); the launch's extra
+# arguments cost the host less than one more launch does.
+MULTI = 64
 
 
 @triton.jit
@@ -113,11 +115,34 @@ def _pick(t, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a1
     return v
 
 
-@triton.jit(do_not_specialize=[f"{k}{i}" for k in ("p", "n") for i in range(16)] + ["slot0", "rows"])
+@triton.jit
+def _pick64(
+    t,
+    a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15,
+    a16, a17, a18, a19, a20, a21, a22, a23, a24, a25, a26, a27, a28, a29, a30, a31,
+    a32, a33, a34, a35, a36, a37, a38, a39, a40, a41, a42, a43, a44, a45, a46, a47,
+    a48, a49, a50, a51, a52, a53, a54, a55, a56, a57, a58, a59, a60, a61, a62, a63,
+):  # fmt: skip
+    # The t-th of 64 scalars: the t-th of each group of 16, then the group's.
+    v0 = _pick(t - 0, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15)
+    v1 = _pick(t - 16, a16, a17, a18, a19, a20, a21, a22, a23, a24, a25, a26, a27, a28, a29, a30, a31)
+    v2 = _pick(t - 32, a32, a33, a34, a35, a36, a37, a38, a39, a40, a41, a42, a43, a44, a45, a46, a47)
+    v3 = _pick(t - 48, a48, a49, a50, a51, a52, a53, a54, a55, a56, a57, a58, a59, a60, a61, a62, a63)
+    v = tl.where(t < 16, v0, tl.where(t < 32, v1, tl.where(t < 48, v2, v3)))
+    return v
+
+
+@triton.jit(do_not_specialize=[f"{k}{i}" for k in ("p", "n") for i in range(64)] + ["slot0", "rows"])
 def stats_partials_multi(
     out_ptr, slot0, rows,
     p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15,
+    p16, p17, p18, p19, p20, p21, p22, p23, p24, p25, p26, p27, p28, p29, p30, p31,
+    p32, p33, p34, p35, p36, p37, p38, p39, p40, p41, p42, p43, p44, p45, p46, p47,
+    p48, p49, p50, p51, p52, p53, p54, p55, p56, p57, p58, p59, p60, p61, p62, p63,
     n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13, n14, n15,
+    n16, n17, n18, n19, n20, n21, n22, n23, n24, n25, n26, n27, n28, n29, n30, n31,
+    n32, n33, n34, n35, n36, n37, n38, n39, n40, n41, n42, n43, n44, n45, n46, n47,
+    n48, n49, n50, n51, n52, n53, n54, n55, n56, n57, n58, n59, n60, n61, n62, n63,
     DTYPE: tl.constexpr, BLOCK: tl.constexpr, TILE: tl.constexpr,
 ):  # fmt: skip
     # Grid (tensors, programs): program `pid` of tensor `t` reads its share of whole
@@ -127,8 +152,20 @@ def stats_partials_multi(
     t = tl.program_id(0)
     pid = tl.program_id(1)
     grid = tl.num_programs(1)
-    addr = _pick(t, p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15)
-    n = _pick(t, n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13, n14, n15).to(tl.int64)
+    addr = _pick64(
+        t,
+        p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15,
+        p16, p17, p18, p19, p20, p21, p22, p23, p24, p25, p26, p27, p28, p29, p30, p31,
+        p32, p33, p34, p35, p36, p37, p38, p39, p40, p41, p42, p43, p44, p45, p46, p47,
+        p48, p49, p50, p51, p52, p53, p54, p55, p56, p57, p58, p59, p60, p61, p62, p63,
+    )  # fmt: skip
+    n = _pick64(
+        t,
+        n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13, n14, n15,
+        n16, n17, n18, n19, n20, n21, n22, n23, n24, n25, n26, n27, n28, n29, n30, n31,
+        n32, n33, n34, n35, n36, n37, n38, n39, n40, n41, n42, n43, n44, n45, n46, n47,
+        n48, n49, n50, n51, n52, n53, n54, n55, n56, n57, n58, n59, n60, n61, n62, n63,
+    ).to(tl.int64)  # fmt: skip
     x_ptr = addr.to(tl.pointer_type(DTYPE))
     full = n // BLOCK
     per = (full + grid - 1) // grid
