@@ -76,9 +76,10 @@ class SlotBuffer:
     costs a caching-allocator call per hook.
     """
 
-    __slots__ = ("tensor", "used", "rows", "host", "stage", "reduced", "event", "views")
+    __slots__ = ("device", "tensor", "used", "rows", "host", "stage", "reduced", "event", "views")
 
     def __init__(self, device: torch.device, capacity: int) -> None:
+        self.device = device  # (a tensor's .device builds a new object on every access)
         self.tensor = torch.empty(capacity, programs_for(device), ROW, device=device, dtype=torch.float64)
         self.used = 0
         self.rows = 0  # leading rows of a slot that hold partials, the most of any launch (the rest are zero)
@@ -109,7 +110,7 @@ class _BufferPool:
         return SlotBuffer(device, capacity)
 
     def give_back(self, buffer: SlotBuffer, wanted: int) -> None:
-        device = buffer.tensor.device
+        device = buffer.device
         with self._lock:
             if wanted > buffer.tensor.shape[0]:
                 # The step needed more slots than the buffer had (the rest took the slow
@@ -223,8 +224,10 @@ class StepStats:
                     nbytes = x.nbytes
                     if nbytes <= DEFER_TENSOR_BYTES:
                         self.entries.append(("held",))
-                        self._hold(x, device, index, tensor._version if version is None else version, owner, nbytes)
-                        self._remember(tensor, index)
+                        # (the version whose values the row will hold is the one a reuse must match)
+                        current = tensor._version if version is None else version
+                        self._hold(x, device, index, current, owner, nbytes)
+                        self._remember(tensor, index, current)
                         return index
                 entry = self._fused(x, device)
             else:
@@ -234,9 +237,9 @@ class StepStats:
             self._remember(tensor, index)
         return index
 
-    def _remember(self, tensor: torch.Tensor, index: int) -> None:
+    def _remember(self, tensor: torch.Tensor, index: int, version: int | None = None) -> None:
         try:
-            self._seen[id(tensor)] = (weakref.ref(tensor), tensor._version, index)
+            self._seen[id(tensor)] = (weakref.ref(tensor), tensor._version if version is None else version, index)
         except TypeError:
             pass
 
@@ -353,7 +356,7 @@ class StepStats:
             if entry[0] == "host":
                 host.append(index)
                 continue
-            device = entry[1].tensor.device if entry[0] == "slot" else entry[1].device
+            device = entry[1].device  # a slot's buffer, or a row tensor
             by_device.setdefault(device, []).append(index)
         copies: list[_Copy] = []
         error: BaseException | None = None
@@ -445,7 +448,7 @@ def _copy_slots(buffer: SlotBuffer, order: list[int]) -> _Copy:
             # 98 us on two H200 hosts; gathered on the device first, then copied whole, 16 to
             # 23 us (bench/readback_copy.py; bench/results/readback-copy-h200-2026-12-02.json).
             if buffer.stage is None:
-                buffer.stage = torch.empty(buffer.tensor.shape[0] * RAW_ROWS_MAX * ROW, dtype=torch.float64, device=buffer.tensor.device)
+                buffer.stage = torch.empty(buffer.tensor.shape[0] * RAW_ROWS_MAX * ROW, dtype=torch.float64, device=buffer.device)
             stage = buffer.stage[:need].view(used, rows, ROW)
         # (the pinned rows are contiguous: the copy stays asynchronous)
         views = buffer.views[(used, rows)] = (buffer.host[:need].view(used, rows, ROW), rows_on_device, stage)
