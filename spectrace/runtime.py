@@ -20,6 +20,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from .hooks.identity import ByIdentity
 from .importhook import set_error_handler, when_imported
 from .settings import Settings, warn
 
@@ -71,10 +72,11 @@ def adopt(model: Any) -> None:
     """Trace ``model`` from its first outermost forward on (idempotent)."""
     try:
         with _lock:
-            seen: set[int] = _state.setdefault("adopted", set())
-            if id(model) in seen:
+            # By the object, not its id: a model built after another was freed may reuse its id.
+            seen: ByIdentity[bool] = _state.setdefault("adopted", ByIdentity())
+            if model in seen:
                 return
-            seen.add(id(model))
+            seen[model] = True
             counts: dict[str, int] = _state.setdefault("names", {})
             base = type(model).__name__
             counts[base] = counts.get(base, 0) + 1

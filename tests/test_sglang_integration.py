@@ -605,7 +605,7 @@ def _backend_with_graph(runner, key):
     backend = object.__new__(FullCudaGraphBackend)
     graph = _Graph()
     backend._graphs, backend._outputs = {key: graph}, {key: ("out", key)}
-    graph_stats._runners[id(backend)] = weakref.ref(runner)
+    graph_stats._runners[backend] = weakref.ref(runner)
     return backend, graph
 
 
@@ -641,7 +641,7 @@ def test_replays_through_the_backend_are_counted_by_the_gate_and_the_runner_hook
         graph_stats._flush_cost()
         assert sums not in graph_stats._sums  # handed over and gone: nothing is kept for it
     finally:
-        graph_stats._runners.pop(id(backend), None)
+        graph_stats._runners.pop(backend, None)
     assert out == [("out", "bs=4")] * n and graph.replays == n  # the engine's own result, every replay run
     assert graph.resets == 1
     (cov,) = [r for r in _of(rec, Coverage) if r.kind == "graph_replay"]
@@ -686,7 +686,7 @@ def test_a_traced_graph_reads_back_one_replay_in_its_period_with_the_real_rows(r
         gate = graph_stats.wrap_graph(backend, key, table, slots)
         FullCudaGraphBackend.replay(backend, key, None)
     finally:
-        graph_stats._runners.pop(id(backend), None)
+        graph_stats._runners.pop(backend, None)
     assert graph.replays == 9 and gate.graph is new_graph and new_graph.replays == 1
     assert [r.real_bs for r in readouts] == [3, 3, 5]
     # The CPU has no graph to replay the reduction (the H200 live run checks the values):
@@ -932,7 +932,7 @@ def test_capture_one_puts_the_captured_graph_behind_its_gate(rec):
         graph_stats.around_capture_one(capture_one, backend, "bs=2", lambda: ran.append(1))
         FullCudaGraphBackend.replay(backend, "bs=2", None)
     finally:
-        graph_stats._runners.pop(id(backend), None)
+        graph_stats._runners.pop(backend, None)
     gate = backend._graphs["bs=2"]
     assert isinstance(gate, graph_stats.ReplayGate) and gate.graph is captured and gate.table is None
     assert ran == [1] and captured.replays == 1 and rec.counters.graph_replay_steps == 1

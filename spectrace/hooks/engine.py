@@ -36,6 +36,7 @@ from ..records import Call
 from . import callwrap, hookdicts, stepwrap
 from .call_text import RawCall, RawTensor, StepContext, call_fields, call_texts, dumps, dumps_core
 from .graph_branch import capturing as _capturing
+from .identity import ByIdentity
 from .privacy import TokenTensors
 from .readback import Readback, StepStats
 from .roles import role_of
@@ -209,14 +210,15 @@ class Tracer:
         self.step = -1
         self.auto_step = True
         self._handles: list[Any] = []
-        self._wrapped: dict[int, stepwrap.Handle] = {}
+        # By the object, not its id (identity.py): a model built after one was freed may reuse its id.
+        self._wrapped: ByIdentity[stepwrap.Handle] = ByIdentity()
         self._active = True
         self._local = threading.local()
         self._seq = 0
         self._counter_lock = threading.Lock()
-        self._hooked: dict[int, str] = {}
+        self._hooked: ByIdentity[str] = ByIdentity()
         self.roles: dict[str, str] = {}  # hooked name -> its role, for those that have one (kept after detach)
-        self._adopted: dict[int, tuple[Any, ...]] = {}
+        self._adopted: ByIdentity[tuple[Any, ...]] = ByIdentity()
         # Integrations (SGLang) plug in here; the engine itself knows no engine.
         self.context_of: Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], StepContext | None] | None = None
         self.views: Callable[[str, nn.Module], ModuleView | None] | None = None  # per hooked module, at attach
@@ -273,10 +275,10 @@ class Tracer:
         instances = collections.Counter(type(m) for m in root.modules())
         traced = collections.Counter(type(m) for _name, m in chosen)
         for name, module in chosen:
-            if id(module) in self._hooked:
+            if module in self._hooked:
                 continue
             full = f"{prefix}.{name}" if prefix else name
-            self._hooked[id(module)] = full
+            self._hooked[module] = full
             # Through the class's forward where it can be (callwrap: torch's hook path costs
             # more than our hooks); a root, or a module with a forward of its own, gets
             # torch's hooks.
@@ -353,11 +355,11 @@ class Tracer:
         (a Hugging Face backbone inside its LM head class) is first called at depth > 0
         and so is traced as part of the outer one, not twice.
         """
-        self._adopted[id(root)] = (prefix, modules, profile)
+        self._adopted[root] = (prefix, modules, profile)
         self.wrap_forward(root)
 
     def _attach_adopted(self, root: nn.Module) -> None:
-        spec = self._adopted.pop(id(root), None)
+        spec = self._adopted.pop(root, None)
         if spec is None:
             return
         prefix, modules, profile = spec
@@ -372,9 +374,9 @@ class Tracer:
         The wrapper lives on the class, not the instance (:mod:`.stepwrap`): a deep copy
         or a pickle of ``root`` is untraced and runs its own weights.
         """
-        if id(root) in self._wrapped:
+        if root in self._wrapped:
             return
-        self._wrapped[id(root)] = stepwrap.install(root, self._step)
+        self._wrapped[root] = stepwrap.install(root, self._step)
 
     def _compiled(self) -> None:
         self.recorder.coverage(

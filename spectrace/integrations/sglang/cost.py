@@ -13,6 +13,7 @@ server's hook time; the split tells the two apart in the trace.
 
 from __future__ import annotations
 
+from ...hooks.identity import ByIdentity
 from . import state
 
 FLUSH_EVERY = 256
@@ -59,7 +60,7 @@ class FeatureCost:
 
 
 _features: dict[str, FeatureCost] = {}
-_drained: set[int] = set()
+_drained: ByIdentity[bool] = ByIdentity()  # the recorders drained (not by id: a new one may reuse it)
 
 
 def of(feature: str) -> FeatureCost:
@@ -77,6 +78,6 @@ def flush_all() -> None:
 
 def _drain_on(rec: object) -> None:
     # The sums reach the file at close and before anything reads the counters.
-    if id(rec) not in _drained:
-        _drained.add(id(rec))
+    if rec not in _drained:
+        _drained[rec] = True
         rec.add_drain(flush_all)  # type: ignore[attr-defined]

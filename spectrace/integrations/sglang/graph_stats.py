@@ -30,9 +30,10 @@ import weakref
 from typing import Any
 
 from ... import control
+from ...hooks.identity import ByIdentity
 from . import cost, graphs, modules, state
 
-_runners: dict[int, Any] = {}  # id(backend) -> weakref to its runner
+_runners: ByIdentity[Any] = ByIdentity()  # backend -> weakref to its runner
 _clock = time.perf_counter
 _slots: list[Any] = []  # the process's GraphSlots, once a graph was captured on a device
 FEATURE = "graph_stats"
@@ -44,14 +45,14 @@ def after_backend_init(result: Any, *args: Any, **kwargs: Any) -> None:
         backend = args[0]
         runner = args[1] if len(args) > 1 else kwargs.get("cuda_graph_runner")
         if runner is not None:
-            _runners[id(backend)] = weakref.ref(runner)
+            _runners[backend] = weakref.ref(runner)
     except Exception as exc:
         state.internal_error("graph backend init", exc)
     return None
 
 
 def _runner(backend: Any) -> Any:
-    ref = _runners.get(id(backend))
+    ref = _runners.get(backend)
     return ref() if ref is not None else None
 
 
@@ -153,7 +154,7 @@ def _units(runner: Any, shape_key: Any) -> int | None:
     return int(raw_bs) if isinstance(raw_bs, int) else None
 
 
-_drains: set[int] = set()
+_drains: ByIdentity[bool] = ByIdentity()  # the recorders drained (not by id: a new one may reuse it)
 _hand_lock = threading.Lock()
 HAND_OVER_EVERY = 256  # replays of a graph whose counts and host time are handed over at once
 
@@ -327,8 +328,8 @@ def wrap_graph(backend: Any, shape_key: Any, table: Any = None, slots: Any = Non
 
 
 def _drain_on(rec: Any) -> None:
-    if id(rec) not in _drains:  # replay costs and read-back counts reach the file at close
-        _drains.add(id(rec))
+    if rec not in _drains:  # replay costs and read-back counts reach the file at close
+        _drains[rec] = True
         rec.add_drain(_flush_cost)
 
 

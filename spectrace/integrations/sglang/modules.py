@@ -32,13 +32,14 @@ import weakref
 from typing import Any
 
 from ...hooks import roles as R
+from ...hooks.identity import ByIdentity
 from ...hooks.values import forward_batch_of
 from . import state
 
 DRAFT_CLASSES = ("LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM")
 _lock = threading.Lock()
 _adopted: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()  # model -> prefix
-_processors: dict[int, tuple[str, str]] = {}  # id(LogitsProcessor) -> (name, side)
+_processors: ByIdentity[tuple[str, str]] = ByIdentity()  # LogitsProcessor -> (name, side)
 _loop = threading.local()  # the multi-step draft in progress on this thread
 
 
@@ -105,7 +106,7 @@ def adopt(model: Any, side: str | None = None) -> None:
 def _remember_processors(model: Any, prefix: str, side: str) -> None:
     for name, module in model.named_modules():
         if type(module).__name__ == "LogitsProcessor":
-            _processors[id(module)] = (f"{prefix}.{name}", side)
+            _processors[module] = (f"{prefix}.{name}", side)
 
 
 # ------------------------------------------------------------------ which modules
@@ -242,7 +243,7 @@ def layer_output(output: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
 def after_compute_lm_head(result: Any, *args: Any, **kwargs: Any) -> None:
     """AFTER ``LogitsProcessor._compute_lm_head(self, hidden_states, lm_head, ...)``: the logits."""
     try:
-        owner = _processors.get(id(args[0])) if args else None
+        owner = _processors.get(args[0]) if args else None
         if owner is None or not hasattr(result, "shape"):
             return None
         name, side = owner
@@ -260,7 +261,7 @@ def after_compute_lm_head(result: Any, *args: Any, **kwargs: Any) -> None:
 def after_hidden_to_store(result: Any, *args: Any, **kwargs: Any) -> None:
     """AFTER ``LogitsProcessor._get_hidden_states_to_store``: the fused draft input, by chunk."""
     try:
-        owner = _processors.get(id(args[0])) if args else None
+        owner = _processors.get(args[0]) if args else None
         if owner is None or owner[1] != "target" or not hasattr(result, "shape") or result.dim() != 2:
             return None
         aux = kwargs.get("aux_hidden_states", args[3] if len(args) > 3 else None)
