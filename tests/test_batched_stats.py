@@ -243,6 +243,26 @@ def test_no_batching_under_a_serving_engine():
     assert _engine_loaded() is ("sglang" in sys.modules or "vllm" in sys.modules)
 
 
+def test_the_buffers_a_worker_backlog_holds_come_back_and_serve_the_next_steps():
+    """A host-bound decode loop has about ten steps' buffers out at once (the record worker
+    lets eight wait): back in the pool, they serve the next ten steps with none built (each
+    new one costs a pinned host allocation at its first read-back)."""
+    pool, device = R._BufferPool(), torch.device("cpu")
+    for _round in range(3):
+        out = [pool.take(device) for _ in range(10)]
+        assert len({id(b) for b in out}) == 10
+        for buffer in out:
+            buffer.used = 3
+            pool.give_back(buffer, 3)
+    assert pool.made == 10
+    assert all(b.used == 0 and b.rows == 0 for b in out)
+    # Beyond what it keeps, a burst's extra buffers are dropped, not hoarded.
+    many = [pool.take(device) for _ in range(R.RETAINED + 4)]
+    for buffer in many:
+        pool.give_back(buffer, 1)
+    assert len(pool._free[device]) == R.RETAINED
+
+
 def test_reduce_rows_of_held_slots_matches_entry_order_without_a_kernel():
     # The bookkeeping alone: slots filled out of entry order read back in entry order.
     step = R.StepStats()
