@@ -119,3 +119,21 @@ def test_instruction_counts_see_statistics_cost_more_than_shapes(tmp_path):
     # a bare forward is millions of instructions; a hooked call tens of thousands more, statistics more still
     assert res["bare_instructions_per_forward"] > 10**6
     assert 0 < per_call["off"] < per_call["basic"] < res["bare_instructions_per_forward"]
+
+
+def test_step_split_times_each_part_of_a_traced_step(tmp_path):
+    """bench/step_split.py: every part it names exists, and the statistics mode's parts show."""
+    out = tmp_path / "split.json"
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "step_split.py"), "--device", "cpu", "--steps", "3", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    split = json.loads(out.read_text())["split"]
+    assert split["shapes"]["hooks_ms_per_step"] > 0 and "add" not in split["shapes"]["calls_per_step"]
+    stats = split["stats"]
+    assert stats["calls_per_step"]["add"] > 0 and stats["calls_per_step"]["finish_step"] >= 2
+    assert stats["parts_ms_per_step"]["finish_step"] >= stats["parts_ms_per_step"]["_read_pending"] > 0
