@@ -259,6 +259,27 @@ def test_the_first_forward_is_the_truth_for_the_aux_count(rec, tmp_path) -> None
     assert len(_findings(rec, "short_capture")) == 1
 
 
+def test_each_target_built_after_a_freed_one_records_its_capture(rec, tmp_path) -> None:
+    """A target built after another was freed (a notebook rebuilding it) may reuse its id:
+    each one's capture is recorded and its first forward checked, not taken for the dead one's."""
+    import gc
+
+    vc = vh.engine_config(tmp_path, vh.draft_config())
+    rounds, freed, reused = 6, set(), 0
+    for _ in range(rounds):
+        target = vh.build_target(vc)
+        reused += id(target) in freed
+        target.set_aux_hidden_state_layers((0, 2, 4))
+        target.model.aux_hidden_state_layers = (0, 2)  # what the first-forward check finds
+        vh.forward_target(vc, target)
+        freed.add(id(target))
+        del target
+        gc.collect()
+    assert len(_captures(rec)) == rounds, reused  # (keyed by id, a reused one was skipped)
+    assert len(st_state.STATE.captures_of) == 0  # the dead ones' entries went with them
+    assert _findings(rec, "short_capture")
+
+
 # ------------------------------------------------------------------------------ fc
 def test_use_aux_hidden_state_false_is_fc_bypass(rec, tmp_path) -> None:
     cfg = vh.draft_config()

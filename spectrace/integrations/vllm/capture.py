@@ -96,10 +96,14 @@ def after_set_layers(result: Any, *args: Any, **kwargs: Any) -> None:
     layers = kwargs.get("layers", args[1] if len(args) > 1 else None)
     record = capture_of(model, layers)
     with state.lock():
-        key = ("capture", id(_holder(model)), record.model_dump_json(exclude={"target_class"}))
-        if key in state.STATE.checked:
+        holder, text = _holder(model), record.model_dump_json(exclude={"target_class"})
+        seen = state.STATE.captures_of.get(holder)
+        if seen is None:
+            seen = set()
+            state.STATE.captures_of[holder] = seen
+        if text in seen:
             return None  # an override delegating to SupportsEagle3's method: recorded once
-        state.STATE.checked.add(key)
+        seen.add(text)
         state.STATE.capture = record
     state.emit(record)
     _watch_first_forward(_holder(model), record)

@@ -15,6 +15,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...hooks.identity import ByIdentity
 from ...records import Capture
 
 _lock = threading.RLock()
@@ -28,6 +29,9 @@ class State:
     draft_config: dict[str, Any] | None = None
     draft_config_source: str = ""
     checked: set[tuple[Any, ...]] = field(default_factory=set)
+    # The captures recorded per model, by the model itself: one built after another was freed
+    # may reuse its id, and keyed by id its capture (and its first-forward check) went unrecorded.
+    captures_of: ByIdentity[set[str]] = field(default_factory=ByIdentity)
     emitted: set[tuple[Any, ...]] = field(default_factory=set)
     # Acceptance: vLLM builds one SpecDecodingStats per scheduler step and observes each
     # request's draft on it; a step is complete when the next step's object arrives.
