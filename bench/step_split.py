@@ -7,7 +7,8 @@ Runs ``bench/overhead.py``'s pair (a Llama target and its EAGLE-3-shaped draft) 
 shapes-only and statistics mode, and wraps the tracer's and the read-back's functions in
 perf_counter timers (host thread only; the record worker is left alone). Each figure is the
 median over steps of the milliseconds spent inside that function per step, its callees
-included: the parts overlap (``finish_step`` holds ``_read_pending``, which holds ``_note``).
+included (``not_running``: the part of it the thread's CPU clock did not count, a wait for the
+GIL or the device): the parts overlap (``finish_step`` holds ``_read_pending``, which holds ``_note``).
 The timers add their own cost, so the sum exceeds what ``bench/overhead.py`` accounts.
 ``buffers_made``: statistics buffers built so far (a steady loop builds none after its first
 step). ``--profile``: the CUDA runtime calls of five steps (``cudaHostAlloc`` in a steady loop
@@ -48,7 +49,7 @@ PARTS = [
 ]
 
 
-def instrument(spent: dict[str, float], counts: collections.Counter[str]) -> None:
+def instrument(spent: dict[str, float], waited: dict[str, float], counts: collections.Counter[str]) -> None:
     main = threading.main_thread()
     for owner, names in PARTS:
         for name in names:
@@ -59,11 +60,14 @@ def instrument(spent: dict[str, float], counts: collections.Counter[str]) -> Non
             def timed(*a: Any, __fn: Any = fn, __name: str = name, **k: Any) -> Any:
                 if threading.current_thread() is not main:
                     return __fn(*a, **k)
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 try:
                     return __fn(*a, **k)
                 finally:
                     spent[__name] += time.perf_counter() - t0
+                    # The same span on the thread's CPU clock: what it did not spend running
+                    # (waiting for the GIL while the record worker held it, or for the device).
+                    waited[__name] += (time.perf_counter() - t0) - (time.thread_time() - c0)
                     counts[__name] += 1
 
             setattr(owner, name, timed)
@@ -71,19 +75,21 @@ def instrument(spent: dict[str, float], counts: collections.Counter[str]) -> Non
 
 def split(models: dict[str, Any], step: Any, dev: str, steps: int) -> dict[str, Any]:
     spent: dict[str, float] = collections.defaultdict(float)
+    waited: dict[str, float] = collections.defaultdict(float)
     counts: collections.Counter[str] = collections.Counter()
-    instrument(spent, counts)
+    instrument(spent, waited, counts)
     out: dict[str, Any] = {}
     for mode in ("off", "basic"):
         with spectrace.trace(models, settings=Settings(), stats=mode) as t:
             clock = HookClock()
             clock.install(t.tracer, (m for root in models.values() for m in root.modules()))
-            per, parts = [], []
+            per, parts, waits = [], [], []
             for i in range(steps + 5):
                 t.tracer.finish_step()
                 if dev == "cuda":
                     torch.cuda.synchronize()
                 spent.clear()
+                waited.clear()
                 counts.clear()
                 clock.spent = 0.0
                 step()
@@ -92,12 +98,16 @@ def split(models: dict[str, Any], step: Any, dev: str, steps: int) -> dict[str, 
                 if i >= 5:  # (the first steps compile, allocate and warm)
                     per.append(clock.spent * 1e3)
                     parts.append({k: v * 1e3 for k, v in spent.items()})
+                    waits.append({k: v * 1e3 for k, v in waited.items()})
             t.tracer.finish_step()
         names = set().union(*parts)
         med = {k: round(statistics.median(p.get(k, 0.0) for p in parts), 4) for k in names}
         out["shapes" if mode == "off" else "stats"] = {
             "hooks_ms_per_step": round(statistics.median(per), 3),
             "parts_ms_per_step": dict(sorted(med.items(), key=lambda kv: -kv[1])),
+            "not_running_ms_per_step": {
+                k: round(statistics.median(w.get(k, 0.0) for w in waits), 4) for k in sorted(med, key=lambda k: -med[k])
+            },
             "calls_per_step": dict(counts),
             "buffers_made": readback._pool.made,
         }
