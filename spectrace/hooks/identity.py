@@ -66,8 +66,15 @@ class ByIdentity(Generic[V]):
             del self._entries[id(key)]
             return entry[1]
 
+    def _snapshot(self) -> list[tuple[Any, V]]:
+        while True:
+            try:
+                return list(self._entries.values())
+            except RuntimeError:  # a collection while copying removed a dead key's entry: again
+                continue
+
     def values(self) -> list[V]:
-        return [value for ref, value in list(self._entries.values()) if ref() is not None]
+        return [value for ref, value in self._snapshot() if ref() is not None]
 
     def clear(self) -> None:
         with self._lock:
@@ -77,7 +84,7 @@ class ByIdentity(Generic[V]):
         return len(self._entries)
 
     def __iter__(self) -> Iterator[Any]:
-        for ref, _value in list(self._entries.values()):
+        for ref, _value in self._snapshot():
             obj = ref()
             if obj is not None:
                 yield obj
