@@ -100,7 +100,9 @@ def test_spectrace_1_traces_each_model_a_notebook_rebuilds(tmp_path):
     env.update(SPECTRACE="1", SPECTRACE_DIR=str(traces), SPECTRACE_QUIET="1")
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    (trace,) = traces.glob("trace-*.jsonl")
+    found = list(traces.glob("trace-*.jsonl"))
+    assert len(found) == 1, f"{found}: SPECTRACE=1 needs the installed .pth bootstrap (scripts/setup-venv.sh)"
+    (trace,) = found
     calls = [json.loads(line) for line in trace.read_text().splitlines()]
     calls = [r for r in calls if r["type"] == "call"]
     by_model: dict[str, list[str]] = {}
