@@ -456,6 +456,45 @@ def test_records_built_on_the_worker_thread_equal_those_built_inline():
     assert strip(results["auto"]) == strip(results["always"])
 
 
+def test_a_device_step_whose_statistics_landed_is_built_by_the_host_not_the_worker(monkeypatch):
+    """A host that runs ahead of its device builds its landed steps itself at its step's end
+    (RecordWorker.build_landed_here): the worker would build them while the host runs, and
+    the two would take turns at the GIL. The meta device stands in for an accelerator
+    here: its steps are device steps whose statistics need no read-back."""
+    import threading
+
+    from spectrace.hooks import engine
+
+    model = tiny_llama().to("meta")
+    ids = torch.randint(0, 128, (2, 7), device="meta")
+    original = engine.Tracer._build_step
+    threads: list[str] = []
+
+    def spy(self, item, **kwargs):
+        threads.append(threading.current_thread().name)
+        return original(self, item, **kwargs)
+
+    monkeypatch.setattr(engine.Tracer, "_build_step", spy)
+    results = {}
+    for case in ("auto", "always", "serving"):
+        threads.clear()
+        with monkeypatch.context() as m:
+            if case == "serving":
+                m.setattr(engine, "_engine_loaded", lambda: True)  # under an engine: the worker, as measured live
+            with torch.no_grad(), spectrace.trace(model, stats="basic") as t:
+                t.tracer.offload = "always" if case == "always" else "auto"
+                for _ in range(3):
+                    model(ids)
+                queued = t.tracer._worker.pending
+            results[case] = [c.model_dump(exclude={"t_unix", "seq"}) for c in t.calls()]
+        if case == "auto":
+            assert queued == 0 and threads == ["MainThread"] * 3
+        else:
+            assert threads and set(threads) == {"spectrace-records"}, (case, threads)
+    assert results["auto"] and results["auto"][0]["outputs"][0]["device"] == "meta"
+    assert results["auto"] == results["always"] == results["serving"]
+
+
 def test_call_json_of_both_encoders_matches_the_schema():
     """The worker's JSON (pydantic-core's encoder, or the standard library's on an older
     pydantic-core) parses into the same Call as the pydantic model writes."""

@@ -166,3 +166,69 @@ def test_a_forked_child_never_builds_the_parents_queued_steps(tmp_path) -> None:
     gate.set()
     assert worker.flush(10)
     assert built == [["parent", i] for i in range(5)]  # the parent built all of its own
+
+
+def test_a_host_builds_the_landed_steps_at_the_queues_head_itself_in_order():
+    built: list[tuple[int, str]] = []
+    worker = RecordWorker(lambda item: built.append((item, threading.current_thread().name)), lambda item: None, lag_seconds=60)
+    landed = {1, 2, 4}  # step 3's statistics are still on the device
+    for i in (1, 2, 3, 4):
+        worker.submit(i, busy=lambda: False)
+    assert worker.build_landed_here(lambda item: item in landed) == 2
+    # Steps 1 and 2, on this thread; step 4 waits behind step 3 (the order holds).
+    assert built == [(1, threading.current_thread().name), (2, threading.current_thread().name)]
+    assert worker.pending == 2 and not worker.idle()
+    landed.add(3)
+    assert worker.build_landed_here(lambda item: item in landed) == 2
+    assert [i for i, _ in built] == [1, 2, 3, 4] and worker.idle()
+    assert worker.flush(timeout=10)
+    worker.close()
+
+
+def test_a_host_builds_nothing_while_the_thread_builds_and_the_thread_waits_while_the_host_builds():
+    order: list[int] = []
+    release = threading.Event()
+    started = threading.Event()
+
+    def build(item: int) -> None:
+        if item == 1 and threading.current_thread().name == "spectrace-records":
+            started.set()
+            release.wait(10)
+        order.append(item)
+
+    worker = RecordWorker(build, lambda item: None, lag_seconds=60)
+    worker.submit(1)
+    worker.submit(2, busy=lambda: True)  # the host waits on the device: the thread takes step 1
+    assert started.wait(5)
+    assert worker.build_landed_here(lambda item: True) == 0  # step 2 must not pass step 1
+    release.set()
+    assert worker.flush(timeout=10) and order == [1, 2]
+
+    worker.close()
+
+
+def test_the_thread_starts_nothing_newer_while_a_host_builds_what_it_took():
+    order: list[tuple[int, str]] = []
+    inside = threading.Event()
+    go_on = threading.Event()
+
+    def build(item: int) -> None:
+        if item == 1:
+            inside.set()
+            go_on.wait(10)
+        order.append((item, threading.current_thread().name))
+
+    worker = RecordWorker(build, lambda item: None, lag_seconds=60)
+    worker.submit(1, busy=lambda: False)  # alone and the host awake: not due for the thread
+    host = threading.Thread(target=worker.build_landed_here, args=(lambda item: item == 1,), name="host")
+    host.start()
+    assert inside.wait(5)
+    worker.submit(2, busy=lambda: True)
+    worker.submit(3, busy=lambda: True)  # due for the thread, were step 1 not being built
+    time.sleep(0.2)
+    assert order == []
+    go_on.set()
+    host.join(10)
+    assert worker.flush(timeout=10)
+    assert order == [(1, "host"), (2, "spectrace-records"), (3, "spectrace-records")]
+    worker.close()

@@ -200,6 +200,12 @@ GRAPH_OBSERVE_EVERY = 4  # graph read-backs per one the live checks see
 _GRAPH_DRAIN: Any = _FinishedStep(-1, [], 0, 0, None)  # "read the landed graph copies" (a worker item)
 
 
+def _landed(item: Any) -> bool:
+    """Whether a queued step can be built without waiting on the device (a graph drain
+    is left to the worker)."""
+    return item is not _GRAPH_DRAIN and (item.readback is None or item.readback.ready())
+
+
 class Tracer:
     """Hooks modules and produces one list of call records per step."""
 
@@ -227,9 +233,11 @@ class Tracer:
         self.observers: list[Callable[[dict[str, Any]], None]] = []
         self._graph_pending = 0
         self._graph_readouts = 0
-        # Where records are built: "auto" = on the worker thread when a step touched an
-        # accelerator (the host then waits on the device, and the worker uses that time),
-        # inline otherwise; "always" = always on the worker (tests drive it on the CPU).
+        # Where records are built: "auto" = a step that touched an accelerator goes to the
+        # worker thread, and at each step's end the host builds the queued steps whose
+        # statistics have landed (RecordWorker.build_landed_here; the worker keeps the rest,
+        # and every step under a serving engine); a CPU-only step is built inline;
+        # "always" = always on the worker (tests drive it on the CPU).
         self.offload = "auto"
         self._values_lock = threading.Lock()
         self._values: collections.OrderedDict[int, list[list[float] | None]] = collections.OrderedDict()  # worker side
@@ -517,6 +525,10 @@ class Tracer:
                 self._build_step(item, on_worker=False)
             else:
                 self._worker.submit(item, busy=_device_busy(on_device, state.capturing, readback))
+                if self.offload == "auto" and not _engine_loaded():
+                    # The steps whose statistics have landed are built here, now: see
+                    # RecordWorker.build_landed_here. The device is never waited for.
+                    self._worker.build_landed_here(_landed)
         if wait:
             if self.graph_slots is not None:
                 self._drain_graphs(final=True)

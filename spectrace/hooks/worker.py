@@ -8,6 +8,7 @@ the host thread waits on the GPU (torch releases the GIL there).
 
     >>> worker = RecordWorker(build=handle_step, on_drop=count_lost)
     >>> worker.submit(finished_step, busy=event_not_done)   # never raises
+    >>> worker.build_landed_here(landed)  # the host builds the landed steps itself
     >>> worker.flush()                    # before anything reads the trace
     >>> worker.close()
 
@@ -19,6 +20,12 @@ building costs the host nothing. Once that device work is done the host is awake
 again, so the build pauses between records (:meth:`pause_point`) until the host
 submits again. Building step N as soon as its own statistics landed would instead
 collide with the host waking up from that very GPU work.
+
+A host that runs ahead of its device (a host-bound decode loop) has waits too short to
+build in: the thread would build while the host runs, and each would wait for the other at
+the GIL. So at each step's end the host builds the queued steps whose statistics have
+already landed itself (:meth:`build_landed_here`, never a wait on the device), and the
+thread keeps what is left: steps still on the device, a lag, a flush.
 
 Bounded: at most ``max_items`` steps wait. Past that the host thread waits for room
 (the cost it would have paid building the records itself, so never worse than doing
@@ -69,6 +76,8 @@ class RecordWorker:
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         self._stopping = False
+        self._building = False  # the thread is building an item
+        self._here = False  # a host thread is building items it took (build_landed_here)
         _live.add(self)
 
     # ------------------------------------------------------------------ intake
@@ -116,6 +125,41 @@ class RecordWorker:
             self._thread = None
             self._stopping = False
 
+    def build_landed_here(self, landed: Callable[[Any], bool]) -> int:
+        """Build on the calling thread, in order, the queued items at the head of the queue
+        that need no wait (``landed(item)``: their statistics are on the host); returns how
+        many. Nothing while the thread is building one (the order holds) or a flush runs.
+
+        For a host that runs ahead of its device (a host-bound decode loop): its waits on
+        the device are too short to build in, so the thread would build while the host runs
+        and both would take turns at the GIL, each turn a wait for the other. The host
+        building its own landed steps pays only the build.
+        """
+        with self._cond:
+            if self._building or self._here or self._flushing or os.getpid() != self._pid:
+                return 0
+            taken = []
+            while self._queue:
+                try:
+                    ready = landed(self._queue[0][1])
+                except Exception:  # a probe that fails: leave the item to the thread
+                    ready = False
+                if not ready:
+                    break
+                taken.append(self._queue.popleft()[1])
+            if not taken:
+                return 0
+            self._here = True
+        try:
+            for item in taken:
+                self._safe_build(item)
+        finally:
+            with self._cond:
+                self._here = False
+                self._done += len(taken)
+                self._cond.notify_all()
+        return len(taken)
+
     @property
     def pending(self) -> int:
         return len(self._queue)
@@ -133,7 +177,7 @@ class RecordWorker:
         self._cond = threading.Condition()
         self._queue = collections.deque()
         self._submitted = self._done = self._flushing = 0
-        self._stopping = False
+        self._stopping = self._building = self._here = False
         self._pid, self._thread = os.getpid(), None
 
     def _ensure_thread(self) -> None:
@@ -162,8 +206,9 @@ class RecordWorker:
             return True
 
     def _due(self) -> bool:
-        # Called with the condition held.
-        if not self._queue:
+        # Called with the condition held. Never while a host thread builds what it took
+        # (build_landed_here): the next item must wait for those before it.
+        if not self._queue or self._here:
             return False
         if self._urgent() or time.monotonic() - self._queue[0][0] >= self._lag:
             return True
@@ -194,10 +239,14 @@ class RecordWorker:
                     waited = time.monotonic() - self._queue[0][0] if self._queue else 0.0
                     self._cond.wait(timeout=max(0.001, self._lag - waited) if self._queue else None)
                 _, item, _ = self._queue.popleft()
-            self._safe_build(item)
-            with self._cond:
-                self._done += 1
-                self._cond.notify_all()
+                self._building = True
+            try:
+                self._safe_build(item)
+            finally:
+                with self._cond:
+                    self._building = False
+                    self._done += 1
+                    self._cond.notify_all()
 
     def _run_inline(self) -> None:
         # Called with the condition held; the work itself must not need it.
