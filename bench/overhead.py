@@ -329,7 +329,7 @@ def eager_section(args: argparse.Namespace, out: dict[str, Any], shape: tuple[in
     out["eager"] = table
     out["rounds"], out["reps"] = args.rounds, args.reps
 
-    out["hook_time"] = hook_time(spectrace, models, settings, step, dev, 3 if args.quick else 5)
+    out["hook_time"] = hook_time(spectrace, models, settings, step, dev, 3 if args.quick else 10)
     bare_ms = table["bare"]["ms"]
     for mode, ms in out["hook_time"].items():
         out["hook_time"][mode] = {"ms_per_step": ms, "x_of_bare_median": round(1 + ms / bare_ms, 4)}
@@ -346,10 +346,15 @@ def hook_time(
     """Host time spent inside spectrace per step, by accounting, on each thread.
 
     On the host's thread: every spectrace hook and the tracer's finish_step, wrapped in a
-    perf_counter timer. On the record worker: the time it spends building records
-    (``thread_time``, CPU only: its waits for the statistics copy are not counted). The
-    medians per step are independent of how loaded the machine is elsewhere.
+    perf_counter timer (a finish_step that builds the records of earlier steps whose
+    statistics have landed counts that build here). On the record worker: the time it
+    spends building records (``thread_time``, CPU only: its waits for the statistics copy
+    are not counted). Each figure is the mean over ``steps`` consecutive steps (a device
+    sync after each, as the timed loop does), the median of three such runs; the step still
+    queued after a run is built by the worker, on its count.
     """
+    import threading
+
     result: dict[str, Any] = {}
     from spectrace.hooks import engine
 
@@ -363,18 +368,21 @@ def hook_time(
             clock.install(t.tracer, (m for root in models.values() for m in root.modules()))
             worker = getattr(t.tracer, "_worker", None)
             if worker is not None:
-                worker._build = worker_clock.timed(worker._build)
+                build, timed_build = worker._build, worker_clock.timed(worker._build)
+                # The thread's builds only: a host's own builds are inside its finish_step.
+                worker._build = lambda item: (timed_build if threading.current_thread().name == "spectrace-records" else build)(item)
             per, per_worker = [], []
             step()
-            for _ in range(steps):
-                t.tracer.finish_step()  # the worker is idle before each measured step
+            for _ in range(3):
+                t.tracer.finish_step()  # the worker is idle before each measured run
                 clock.spent = worker_clock.spent = 0.0
-                step()
-                if dev == "cuda":
-                    torch.cuda.synchronize()
-                per.append(clock.spent * 1e3)
-                t.tracer.finish_step()
-                per_worker.append(worker_clock.spent * 1e3)
+                for _ in range(steps):
+                    step()
+                    if dev == "cuda":
+                        torch.cuda.synchronize()
+                per.append(clock.spent * 1e3 / steps)
+                t.tracer.finish_step()  # (its wait for the worker is not host work: not counted)
+                per_worker.append(worker_clock.spent * 1e3 / steps)
         engine.PENDING_CALLS = kept
         name = {"off": "shapes", "basic": "stats", "off_at_once": "shapes_at_once", "basic_at_once": "stats_at_once"}[mode]
         result[name] = round(statistics.median(per), 3)
@@ -806,7 +814,7 @@ def eager_markdown(res: dict[str, Any], m: dict[str, Any]) -> list[str]:
     if "hook_time" in res:
         lines += [
             "",
-            "Host time inside spectrace per step (accounting, median of steps; ratio = 1 + that / bare median;"
+            "Host time inside spectrace per step (accounting: the mean over 10 consecutive steps, the median of three runs; ratio = 1 + that / bare median;"
             " `*_worker_thread` is CPU time on the record worker, off the host's thread):",
             "",
             "| mode | ms per step | ratio |",
