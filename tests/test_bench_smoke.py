@@ -137,3 +137,22 @@ def test_step_split_times_each_part_of_a_traced_step(tmp_path):
     stats = split["stats"]
     assert stats["calls_per_step"]["add"] > 0 and stats["calls_per_step"]["finish_step"] >= 2
     assert stats["parts_ms_per_step"]["finish_step"] >= stats["parts_ms_per_step"]["_read_pending"] > 0
+
+
+def test_build_where_times_each_place_records_are_built(tmp_path):
+    """bench/build_where.py on the meta device (device steps, all host work): every variant timed."""
+    out = tmp_path / "where.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECTRACE")}
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "build_where.py"), "--device", "meta", "--shapes", "1x1"]
+        + ["--rounds", "1", "--reps", "1", "--json", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    table = json.loads(out.read_text())["1x1"]["table"]
+    assert set(table) == {"bare", "shapes", "shapes_worker", "shapes_nobuild", "stats", "stats_worker", "stats_nobuild"}
+    assert table["bare"]["ratio"] == 1.0 and all(row["ms"] > 0 for row in table.values())
