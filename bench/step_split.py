@@ -41,11 +41,11 @@ from spectrace.hooks import engine, readback, worker  # noqa: E402
 from spectrace.settings import Settings  # noqa: E402
 
 PARTS = [
-    (engine.Tracer, ["_keep", "_read_pending", "_note", "finish_step", "_finish_call"]),
+    (engine.Tracer, ["_keep", "_read_pending", "_note", "finish_step", "_finish_call", "_build_step"]),
     (readback.StepStats, ["add", "launch_held", "start_readback", "_hold", "_remember"]),
-    (engine, ["stats_supported", "_device_busy", "_describe", "collect", "collect_kwargs"]),
+    (engine, ["stats_supported", "_device_busy", "_describe", "collect", "collect_kwargs", "call_texts"]),
     (readback, ["_route", "launch_multi", "copy_rows", "_copy_slots"]),
-    (worker.RecordWorker, ["submit", "idle"]),
+    (worker.RecordWorker, ["submit", "idle", "build_landed_here"]),
 ]
 
 
