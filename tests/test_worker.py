@@ -232,3 +232,16 @@ def test_the_thread_starts_nothing_newer_while_a_host_builds_what_it_took():
     assert worker.flush(timeout=10)
     assert order == [(1, "host"), (2, "spectrace-records"), (3, "spectrace-records")]
     worker.close()
+
+
+def test_a_step_submitted_without_waking_the_thread_waits_for_the_host_the_lag_or_a_flush():
+    built: list[int] = []
+    worker = RecordWorker(built.append, lambda item: None, lag_seconds=60)
+    worker.submit(1, busy=lambda: True)
+    time.sleep(0.1)  # the thread has looked at step 1 (alone: not due) and waits
+    worker.submit(2, busy=lambda: True, wake=False)  # woken, the thread would build step 1 now
+    time.sleep(0.2)
+    assert built == []  # each wake would be a turn at the GIL taken from the host
+    assert worker.build_landed_here(lambda item: item == 1) == 1 and built == [1]
+    assert worker.flush(timeout=10) and built == [1, 2]
+    worker.close()

@@ -519,16 +519,21 @@ class Tracer:
             # A step without calls may still hold the input statistics of a call that ends
             # in the next step: the worker keeps them by generation.
             item = _FinishedStep(step, calls, start, end, readback)
-            if not on_device and self.offload != "always" and self._worker.idle():
-                # CPU only: the host never waits on a device, so a second thread has no idle
-                # time to use and would only contend for the GIL. Build here, in order.
+            # Outside a serving engine the host builds the steps whose statistics have
+            # landed itself (RecordWorker.build_landed_here); the device is never waited for.
+            here = self.offload == "auto" and not _engine_loaded()
+            if ((not on_device and self.offload != "always") or (here and readback is None)) and self._worker.idle():
+                # CPU only, or nothing to read back: built here, in order. (On the CPU the
+                # host never waits on a device, so a second thread has no idle time to use
+                # and would only contend for the GIL.)
                 self._build_step(item, on_worker=False)
+            elif here:
+                # The worker is not woken for it: the host builds it at a later step's end,
+                # or the worker does once the lag has passed.
+                self._worker.submit(item, busy=_device_busy(on_device, state.capturing, readback), wake=False)
+                self._worker.build_landed_here(_landed)
             else:
                 self._worker.submit(item, busy=_device_busy(on_device, state.capturing, readback))
-                if self.offload == "auto" and not _engine_loaded():
-                    # The steps whose statistics have landed are built here, now: see
-                    # RecordWorker.build_landed_here. The device is never waited for.
-                    self._worker.build_landed_here(_landed)
         if wait:
             if self.graph_slots is not None:
                 self._drain_graphs(final=True)

@@ -81,11 +81,14 @@ class RecordWorker:
         _live.add(self)
 
     # ------------------------------------------------------------------ intake
-    def submit(self, item: Any, busy: Callable[[], bool] | None = None) -> None:
+    def submit(self, item: Any, busy: Callable[[], bool] | None = None, wake: bool = True) -> None:
         """Queue one finished step; when the queue is full, wait for room (bounded).
 
         ``busy()`` says whether the device work the host queued before this submit is
-        still running (never blocks); None means unknown, taken as busy.
+        still running (never blocks); None means unknown, taken as busy. ``wake=False``:
+        the caller builds it itself once it has landed (:meth:`build_landed_here`), so the
+        thread is not woken for it (each wake is a turn at the GIL taken from the host); it
+        still builds it once the lag has passed, or for a backlog or a flush.
         """
         with self._cond:
             self._ensure_thread()
@@ -93,7 +96,9 @@ class RecordWorker:
             if not dropped:
                 self._queue.append((time.monotonic(), item, busy))
                 self._submitted += 1
-                self._cond.notify_all()
+                # (a thread idle on an empty queue waits without a timeout: it must hear of the first)
+                if wake or len(self._queue) == 1 or self._urgent():
+                    self._cond.notify_all()
         if dropped:
             self._on_drop(item)
 
