@@ -15,27 +15,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.usefixtures("no_spectrace_env")
 
 
-def test_overhead_bench_quick_runs_every_section(tmp_path):
+def run_bench(script: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+    """Run ``bench/<script>`` from the repository root without SPECTRACE_* set; it must exit 0."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECTRACE")}
     proc = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(ROOT, "bench", "overhead.py"),
-            "--device",
-            "cpu",
-            "--quick",
-            "--soak-calls",
-            "1000",
-            "--out",
-            str(tmp_path),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+        [sys.executable, os.path.join(ROOT, "bench", script), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc
+
+
+def test_overhead_bench_quick_runs_every_section(tmp_path):
+    run_bench("overhead.py", "--device", "cpu", "--quick", "--soak-calls", "1000", "--out", str(tmp_path))
     res = json.loads((tmp_path / "overhead-cpu.json").read_text())
     assert not res["errors"]
     assert set(res["eager"]) == {
@@ -57,16 +48,7 @@ def test_overhead_bench_quick_runs_every_section(tmp_path):
 
 
 def test_serving_hooks_bench_wraps_every_per_step_point_and_accounts_each_call():
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECTRACE")}
-    proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "bench", "serving_hooks.py"), "--steps", "200", "--rounds", "2"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    proc = run_bench("serving_hooks.py", "--steps", "200", "--rounds", "2", timeout=300)
     # 5 wrapped calls per step, 200 steps, once per round in the traced variant: 2000 hook calls.
     assert "2000 calls; records dropped 0" in proc.stdout, proc.stdout
     assert "spectrace adds" in proc.stdout
@@ -142,17 +124,7 @@ def test_step_split_times_each_part_of_a_traced_step(tmp_path):
 def test_build_where_times_each_place_records_are_built(tmp_path):
     """bench/build_where.py on the meta device (device steps, all host work): every variant timed."""
     out = tmp_path / "where.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECTRACE")}
-    proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "bench", "build_where.py"), "--device", "meta", "--shapes", "1x1"]
-        + ["--rounds", "1", "--reps", "1", "--json", str(out)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    run_bench("build_where.py", "--device", "meta", "--shapes", "1x1", "--rounds", "1", "--reps", "1", "--json", str(out))
     table = json.loads(out.read_text())["1x1"]["table"]
     assert set(table) == {"bare", "shapes", "shapes_worker", "shapes_nobuild", "stats", "stats_worker", "stats_nobuild"}
     assert table["bare"]["ratio"] == 1.0 and all(row["ms"] > 0 for row in table.values())
