@@ -479,8 +479,9 @@ def test_a_device_step_whose_statistics_landed_is_built_by_the_host_not_the_work
     for case in ("auto", "always", "serving"):
         threads.clear()
         with monkeypatch.context() as m:
-            if case == "serving":
-                m.setattr(engine, "_engine_loaded", lambda: True)  # under an engine: the worker, as measured live
+            # Under an engine (a test before this one may have imported SGLang here): the
+            # worker, as measured live; otherwise the host.
+            m.setattr(engine, "_engine_loaded", lambda: case == "serving")
             with torch.no_grad(), spectrace.trace(model, stats="basic") as t:
                 t.tracer.offload = "always" if case == "always" else "auto"
                 for _ in range(3):
