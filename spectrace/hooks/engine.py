@@ -233,11 +233,12 @@ class Tracer:
         self.observers: list[Callable[[dict[str, Any]], None]] = []
         self._graph_pending = 0
         self._graph_readouts = 0
-        # Where records are built: "auto" = a step that touched an accelerator goes to the
-        # worker thread, and at each step's end the host builds the queued steps whose
-        # statistics have landed (RecordWorker.build_landed_here; the worker keeps the rest,
-        # and every step under a serving engine); a CPU-only step is built inline;
-        # "always" = always on the worker (tests drive it on the CPU).
+        # Where records are built: "auto" = a CPU-only step inline; outside a serving engine
+        # a device step with nothing to read back inline too, and the others queued for the
+        # worker thread, the host building those whose statistics have landed at its later
+        # steps' ends (RecordWorker.build_landed_here; the worker keeps what is left); under
+        # a serving engine every device step on the worker. "always" = every step on the
+        # worker (tests drive it on the CPU).
         self.offload = "auto"
         self._values_lock = threading.Lock()
         self._values: collections.OrderedDict[int, list[list[float] | None]] = collections.OrderedDict()  # worker side
