@@ -481,7 +481,7 @@ def test_a_device_step_whose_statistics_landed_is_built_by_the_host_not_the_work
         with monkeypatch.context() as m:
             # Under an engine (a test before this one may have imported SGLang here): the
             # worker, as measured live; otherwise the host.
-            m.setattr(engine, "_engine_loaded", lambda: case == "serving")
+            m.setattr(engine, "_engine_loaded", lambda serving=(case == "serving"): serving)
             with torch.no_grad(), spectrace.trace(model, stats="basic") as t:
                 t.tracer.offload = "always" if case == "always" else "auto"
                 for _ in range(3):
