@@ -496,6 +496,42 @@ def test_a_device_step_whose_statistics_landed_is_built_by_the_host_not_the_work
     assert results["auto"] == results["always"] == results["serving"]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a step whose statistics land later is a CUDA step")
+def test_a_cuda_step_is_built_by_the_host_once_its_statistics_landed_with_the_workers_statistics(monkeypatch):
+    """Outside a serving engine, each CUDA step's records are built by the host at a later
+    step's end, once its statistics are on the host (never waiting for them); the worker
+    builds what is left at the flush. The statistics are the worker's, exactly."""
+    import threading
+
+    from spectrace.hooks import engine
+
+    model = tiny_llama(layers=3, hidden=64).to("cuda")
+    ids = torch.randint(0, 128, (2, 8), device="cuda")
+    original = engine.Tracer._build_step
+    threads: list[str] = []
+
+    def spy(self, item, **kwargs):
+        threads.append(threading.current_thread().name)
+        return original(self, item, **kwargs)
+
+    monkeypatch.setattr(engine.Tracer, "_build_step", spy)
+    monkeypatch.setattr(engine, "_engine_loaded", lambda: False)
+    runs = {}
+    for offload in ("auto", "always"):
+        threads.clear()
+        with torch.no_grad(), spectrace.trace(model, stats="basic") as t:
+            t.tracer.offload = offload
+            for _ in range(4):
+                model(ids)
+                torch.cuda.synchronize()  # the step's statistics land before the next one ends
+            runs[offload] = [(c.step, c.module, [m.stats for m in (*c.inputs, *c.outputs)]) for c in t.calls()]
+        if offload == "auto":
+            assert threads[:3] == ["MainThread"] * 3, threads  # steps 1-3, each at the next step's end
+        else:
+            assert set(threads) == {"spectrace-records"}, threads
+    assert runs["auto"] == runs["always"] and any(s is not None for _, _, stats in runs["auto"] for s in stats)
+
+
 def test_call_json_of_both_encoders_matches_the_schema():
     """The worker's JSON (pydantic-core's encoder, or the standard library's on an older
     pydantic-core) parses into the same Call as the pydantic model writes."""
