@@ -456,17 +456,13 @@ def test_records_built_on_the_worker_thread_equal_those_built_inline():
     assert strip(results["auto"]) == strip(results["always"])
 
 
-def test_a_device_step_whose_statistics_landed_is_built_by_the_host_not_the_worker(monkeypatch):
-    """A host that runs ahead of its device builds its landed steps itself at its step's end
-    (RecordWorker.build_landed_here): the worker would build them while the host runs, and
-    the two would take turns at the GIL. The meta device stands in for an accelerator
-    here: its steps are device steps whose statistics need no read-back."""
+@pytest.fixture
+def build_threads(monkeypatch):
+    """The name of the thread that builds each step's records (Tracer._build_step), in order."""
     import threading
 
     from spectrace.hooks import engine
 
-    model = tiny_llama().to("meta")
-    ids = torch.randint(0, 128, (2, 7), device="meta")
     original = engine.Tracer._build_step
     threads: list[str] = []
 
@@ -475,6 +471,19 @@ def test_a_device_step_whose_statistics_landed_is_built_by_the_host_not_the_work
         return original(self, item, **kwargs)
 
     monkeypatch.setattr(engine.Tracer, "_build_step", spy)
+    return threads
+
+
+def test_a_device_step_whose_statistics_landed_is_built_by_the_host_not_the_worker(monkeypatch, build_threads):
+    """A host that runs ahead of its device builds its landed steps itself at its step's end
+    (RecordWorker.build_landed_here): the worker would build them while the host runs, and
+    the two would take turns at the GIL. The meta device stands in for an accelerator
+    here: its steps are device steps whose statistics need no read-back."""
+    from spectrace.hooks import engine
+
+    model = tiny_llama().to("meta")
+    ids = torch.randint(0, 128, (2, 7), device="meta")
+    threads = build_threads
     results = {}
     for case in ("auto", "always", "serving"):
         threads.clear()
@@ -497,24 +506,15 @@ def test_a_device_step_whose_statistics_landed_is_built_by_the_host_not_the_work
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a step whose statistics land later is a CUDA step")
-def test_a_cuda_step_is_built_by_the_host_once_its_statistics_landed_with_the_workers_statistics(monkeypatch):
+def test_a_cuda_step_is_built_by_the_host_once_its_statistics_landed_with_the_workers_statistics(monkeypatch, build_threads):
     """Outside a serving engine, each CUDA step's records are built by the host at a later
     step's end, once its statistics are on the host (never waiting for them); the worker
     builds what is left at the flush. The statistics are the worker's, exactly."""
-    import threading
-
     from spectrace.hooks import engine
 
     model = tiny_llama(layers=3, hidden=64).to("cuda")
     ids = torch.randint(0, 128, (2, 8), device="cuda")
-    original = engine.Tracer._build_step
-    threads: list[str] = []
-
-    def spy(self, item, **kwargs):
-        threads.append(threading.current_thread().name)
-        return original(self, item, **kwargs)
-
-    monkeypatch.setattr(engine.Tracer, "_build_step", spy)
+    threads = build_threads
     monkeypatch.setattr(engine, "_engine_loaded", lambda: False)
     runs = {}
     for offload in ("auto", "always"):
