@@ -22,7 +22,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -49,16 +48,6 @@ def _no_build(self: Any, item: Any, on_worker: bool = True) -> None:
         readback.values()
 
 
-def _timed(fn: Any, cuda: bool) -> float:
-    if cuda:
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    if cuda:
-        torch.cuda.synchronize()
-    return (time.perf_counter() - t0) * 1e3
-
-
 def measure(size: str, device: str, shape: tuple[int, int], rounds: int, reps: int) -> dict[str, Any]:
     build_device = "cpu" if device == "meta" else device
     target, draft, ids, aux, info = overhead.build(size, build_device, shape)
@@ -70,7 +59,7 @@ def measure(size: str, device: str, shape: tuple[int, int], rounds: int, reps: i
         masking_utils.find_packed_sequence_indices = lambda position_ids: None
     step = overhead.make_step(target, draft, ids, aux)
     models = {"target": target, "draft": draft}
-    cuda = device == "cuda"
+    timed = overhead.timer(device)  # (a device sync before and after on CUDA)
     settings = Settings()
     samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for _ in range(3):
@@ -83,7 +72,7 @@ def measure(size: str, device: str, shape: tuple[int, int], rounds: int, reps: i
             if variant == "bare":
                 for _ in range(2):
                     step()
-                samples[variant].append(statistics.median(_timed(step, cuda) for _ in range(reps)))
+                samples[variant].append(statistics.median(timed(step) for _ in range(reps)))
                 continue
             if variant.endswith("_nobuild"):
                 engine.Tracer._build_step = _no_build  # type: ignore[method-assign]
@@ -93,19 +82,19 @@ def measure(size: str, device: str, shape: tuple[int, int], rounds: int, reps: i
                         t.tracer.offload = "always"
                     for _ in range(2):
                         step()
-                    samples[variant].append(statistics.median(_timed(step, cuda) for _ in range(reps)))
+                    samples[variant].append(statistics.median(timed(step) for _ in range(reps)))
                     t.tracer.finish_step()
             finally:
                 engine.Tracer._build_step = _BUILD  # type: ignore[method-assign]
     table: dict[str, Any] = {}
     for variant in VARIANTS:
-        ratios = sorted(m / b for m, b in zip(samples[variant], samples["bare"]))
-        n = len(ratios)
+        ratios = [m / b for m, b in zip(samples[variant], samples["bare"])]
+        q1, q3 = overhead.quartiles(ratios)
         table[variant] = {
             "ms": round(statistics.median(samples[variant]), 3),
             "ratio": round(statistics.median(ratios), 4),
-            "ratio_q1": round(ratios[n // 4], 4),
-            "ratio_q3": round(ratios[(3 * n) // 4], 4),
+            "ratio_q1": q1,
+            "ratio_q3": q3,
         }
     return {"model": info, "device": device, "rounds": rounds, "reps": reps, "table": table}
 

@@ -370,7 +370,7 @@ def hook_time(
             if worker is not None:
                 build, timed_build = worker._build, worker_clock.timed(worker._build)
                 # The thread's builds only: a host's own builds are inside its finish_step.
-                worker._build = lambda item: (timed_build if threading.current_thread().name == "spectrace-records" else build)(item)
+                worker._build = lambda item: (timed_build if threading.current_thread() is worker._thread else build)(item)
             per, per_worker = [], []
             step()
             for _ in range(3):
@@ -814,7 +814,7 @@ def eager_markdown(res: dict[str, Any], m: dict[str, Any]) -> list[str]:
     if "hook_time" in res:
         lines += [
             "",
-            "Host time inside spectrace per step (accounting: the mean over 10 consecutive steps, the median of three runs; ratio = 1 + that / bare median;"
+            "Host time inside spectrace per step (accounting: the mean over consecutive steps, the median of three runs; ratio = 1 + that / bare median;"
             " `*_worker_thread` is CPU time on the record worker, off the host's thread):",
             "",
             "| mode | ms per step | ratio |",
