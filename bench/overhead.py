@@ -553,6 +553,17 @@ def graph_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
             finally:
                 S.MIN_BLOCKS_PER_PROGRAM, GS.MIN_BLOCKS_PER_PROGRAM = default_blocks
 
+        # The size below which the serving slots take the narrow launch (--graph-small).
+        default_small = GS.SMALL_ELEMENTS
+        for small in args.graph_small:
+            if small == default_small:
+                continue
+            GS.SMALL_ELEMENTS = small
+            try:
+                swept[f"slots_small{small}"] = capture_slots(f"slots_small{small}")
+            finally:
+                GS.SMALL_ELEMENTS = default_small
+
         def time_graph(g: torch.cuda.CUDAGraph, n: int) -> float:
             for _ in range(5):
                 g.replay()
@@ -884,6 +895,12 @@ def main(argv: list[str] | None = None) -> int:
         type=lambda v: [int(x) for x in v.split(",")],
         default=[],
         help="graph section: also capture the statistics with these fewest blocks per program (e.g. 1,2), side by side",
+    )
+    p.add_argument(
+        "--graph-small",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=[],
+        help="graph section: also capture the serving slots with these largest tensors (elements) of the narrow launch (0: none)",
     )
     p.add_argument("--threads", type=int, help="torch CPU threads (default: 1 on cpu, unchanged on cuda)")
     p.add_argument("--variant-warmup", type=int, help="untimed forwards after each variant's set-up (default: 1 cuda, 0 cpu)")

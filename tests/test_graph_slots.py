@@ -10,6 +10,7 @@ every captured reduction again, reading ``real_bs`` from the device scalar).
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import math
 import os
 import subprocess
@@ -303,10 +304,11 @@ def test_kernel_matches_the_torch_path_and_passes_its_self_check():
         y = randn(8, 2 * 40 + 9, dtype=dtype, seed=14)
         x[0, 1], x[2, 5], x[1, 0] = math.nan, math.inf, -math.inf
         garbage(x, 6)
-        for add, cols in ((None, None), (y, None), (None, (9, 60)), (y, (40, 89))):
+        # Each launch shape (the narrow one of small tensors, the wide one), each case.
+        for (add, cols), small in itertools.product(((None, None), (y, None), (None, (9, 60)), (y, (40, 89))), (True, False)):
             start, stop = cols or (0, x.shape[1])
             rows = torch.zeros(3, 5, dtype=torch.float64)
-            G._launch(rows, real_bs, 2, x, add, start, stop - start, 2)
+            G._launch(rows, real_bs, 2, x, add, start, stop - start, 2, small=small)
             want = G.masked_row(x[:, start:stop], None if add is None else add[:, start:stop], real_bs, 2)
             got = rows[2]
             assert bool((rows[:2] == 0).all())
@@ -315,13 +317,21 @@ def test_kernel_matches_the_torch_path_and_passes_its_self_check():
                 assert got[i].item() == pytest.approx(want[i].item(), rel=1e-12, nan_ok=True)
 
 
+def test_small_tensors_take_the_narrow_launch_and_large_ones_the_wide_one():
+    assert G.launch_shape(1, 4096) == G.SMALL_LAUNCH  # a decode step's hidden state at batch 1
+    assert G.launch_shape(4, G.SMALL_ELEMENTS // 4) == G.SMALL_LAUNCH
+    assert G.launch_shape(64, 4096) == (G.BLOCK, G.WARPS, G.MIN_BLOCKS_PER_PROGRAM)
+
+
 @needs_interp
 def test_warm_compiles_each_variant_once():
     gs = slots()
     x = randn(4, 8, dtype=torch.float16)
-    G._warmed.discard(("cpu", torch.float16, torch.float32))
+    for small in (True, False):
+        G._warmed.discard(("cpu", torch.float16, torch.float32, small))
     gs.warm(x, add=randn(4, 8))
-    assert ("cpu", torch.float16, torch.float32) in G._warmed
+    # Both launch shapes: a capture at a larger batch takes the wide one.
+    assert {("cpu", torch.float16, torch.float32, small) for small in (True, False)} <= G._warmed
     gs.warm(x, add=randn(4, 8), cols=(2, 5))  # a no-op now
     gs.warm(torch.ones(4, dtype=torch.int64))  # unsupported: nothing to compile
 

@@ -35,6 +35,7 @@ ops give the same numbers.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import threading
@@ -49,18 +50,24 @@ from .graph_branch import capturing as _capturing
 from .tensor_stats import ROW, stats_fields, stats_supported
 
 # The fewest BLOCK-wide pieces of the padded tensor per program (fixed at capture). Two,
-# not fused_stats' four: a decode step's hidden state (batch 1 x 4096) is then read by two
-# programs instead of one program's four loads in a row. A replay of a Llama-8B-shaped
-# step cost 0.7-1.2 % less at batch 1 and 0-0.4 % less at batch 64 on two H200 machines
-# (bench/overhead.py --graph-blocks; bench/results/graph-slots-h200-2026-12-02.json); not
-# measured above batch 64, where twice the programs add their atomics to one row.
-# bench/overhead.py sweeps this name.
+# not fused_stats' four: a replay of a Llama-8B-shaped step cost 0.7-1.2 % less at batch
+# 1 and 0-0.4 % less at batch 64 on two H200 machines (bench/overhead.py --graph-blocks;
+# bench/results/graph-slots-h200-2026-12-02.json); not measured above batch 64, where
+# twice the programs add their atomics to one row. bench/overhead.py sweeps this name.
 MIN_BLOCKS_PER_PROGRAM = 2
+# A tensor of at most SMALL_ELEMENTS padded elements (a decode step's hidden state at a
+# small batch) is read in SMALL_LAUNCH pieces: (BLOCK, warps, fewest pieces per program).
+# One warp reduces its accumulators with shuffles alone, where four go through shared
+# memory and barriers: the replay of the 32-layer step at batch 1 cost 1.014x of bare
+# against 1.019x with the wide launch, while at batch 64 one warp cost 1.038x against
+# 1.023x (bench/results/graph-slots-h200-2026-12-03.json).
+SMALL_ELEMENTS = 16384
+SMALL_LAUNCH = (256, 1, 1)
 _kernel_state: dict[Any, Any] = {}
 _state_lock = threading.Lock()
 # Kernel variants compiled so far: (device, x dtype, y dtype or None). The Triton cache is
 # process-wide, so this is too. A variant not in it is never compiled during a capture.
-_warmed: set[tuple[str, torch.dtype, torch.dtype | None]] = set()
+_warmed: set[tuple[str, torch.dtype, torch.dtype | None, bool]] = set()  # (..., small launch)
 
 
 # ------------------------------------------------------------------ the kernel
@@ -85,6 +92,13 @@ def kernel_available(device: torch.device) -> bool:
     return load_kernel() is not None
 
 
+def launch_shape(padded: int, width: int) -> tuple[int, int, int]:
+    """(BLOCK, warps, fewest pieces per program) for a padded ``[rows, width]`` tensor."""
+    if padded * width <= SMALL_ELEMENTS:
+        return SMALL_LAUNCH
+    return (BLOCK, WARPS, MIN_BLOCKS_PER_PROGRAM)
+
+
 def _launch(
     rows: torch.Tensor,
     real_bs: torch.Tensor,
@@ -94,13 +108,19 @@ def _launch(
     col_start: int,
     width: int,
     rows_per_seq: int,
+    small: bool | None = None,
 ) -> None:
-    """Enqueue the kernel: rows of ``x`` (2-D, row stride, contiguous columns) -> ``rows[slot]`` (accumulated)."""
+    """Enqueue the kernel: rows of ``x`` (2-D, row stride, contiguous columns) -> ``rows[slot]``
+    (accumulated). ``small``: force the launch shape of that size class (None: by size)."""
     padded = x.shape[0]
-    col_blocks = -(-width // BLOCK)
+    if small is None:
+        block, warps, fewest = launch_shape(padded, width)
+    else:
+        block, warps, fewest = SMALL_LAUNCH if small else (BLOCK, WARPS, MIN_BLOCKS_PER_PROGRAM)
+    col_blocks = -(-width // block)
     # Fixed at capture from the padded size (the graph replays this grid): a few work
     # items per program, at most the programs the device keeps busy.
-    grid = max(1, min(programs_for(x.device), -(-(padded * col_blocks) // MIN_BLOCKS_PER_PROGRAM)))
+    grid = max(1, min(programs_for(x.device), -(-(padded * col_blocks) // fewest)))
     kernel = load_kernel()
     assert kernel is not None  # callers check kernel_available first
     kernel[(grid,)](
@@ -117,8 +137,8 @@ def _launch(
         rows_per_seq,
         slot,
         HAS_Y=y is not None,
-        BLOCK=BLOCK,
-        num_warps=WARPS,
+        BLOCK=block,
+        num_warps=warps,
     )
 
 
@@ -164,13 +184,13 @@ def check_kernel(device: torch.device | str) -> bool:
             for dtype in TRITON_DTYPES:
                 x = base.to(device=device, dtype=dtype)
                 y = base.flip(1).to(device=device, dtype=dtype)
-                for yy, cols in ((None, (0, x.shape[1])), (y, (40, 80))):
+                for (yy, cols), small in itertools.product(((None, (0, x.shape[1])), (y, (40, 80))), (True, False)):
                     rows = torch.zeros(2, ROW, dtype=torch.float64, device=device)
-                    _launch(rows, real_bs, 1, x, yy, cols[0], cols[1] - cols[0], 2)
+                    _launch(rows, real_bs, 1, x, yy, cols[0], cols[1] - cols[0], 2, small=small)
                     ref = masked_row(x[:, cols[0] : cols[1]], None if yy is None else yy[:, cols[0] : cols[1]], real_bs, 2)
                     got, want = rows[1].cpu(), ref.cpu()
                     ok = ok and bool((rows[0] == 0).all()) and torch.allclose(got.nan_to_num(-1.0), want.nan_to_num(-1.0), rtol=1e-9)
-                    _warmed.add((str(device), dtype, None if yy is None else dtype))
+                    _warmed.add((str(device), dtype, None if yy is None else dtype, small))
         except Exception:
             ok = False
         _kernel_state[key] = ok
@@ -378,8 +398,10 @@ class GraphSlots:
                 return False
         return self.fused
 
-    def _variant(self, p: _Prepared) -> tuple[str, torch.dtype, torch.dtype | None]:
-        return (str(self.device), p.base.dtype, p.add.dtype if p.add is not None else None)
+    def _variant(self, p: _Prepared, small: bool | None = None) -> tuple[str, torch.dtype, torch.dtype | None, bool]:
+        if small is None:
+            small = launch_shape(p.base.shape[0], p.width) == SMALL_LAUNCH
+        return (str(self.device), p.base.dtype, p.add.dtype if p.add is not None else None, small)
 
     def _enqueue(
         self, rows: torch.Tensor, real_bs: torch.Tensor, slot: int, p: _Prepared, rows_per_seq: int, branch: GraphBranch | None = None
@@ -473,21 +495,25 @@ class GraphSlots:
     def warm(self, tensor: torch.Tensor, add: torch.Tensor | None = None, cols: tuple[int, int] | None = None) -> None:
         """Compile the kernel variant ``record`` would use for these arguments, now (outside capture).
 
-        Variants differ by dtypes only (every size is unspecialised), so one call per
-        dtype pair is enough; later calls return at once.
+        Variants differ by dtypes and by the two launch shapes (every size is unspecialised):
+        one call per dtype pair compiles both shapes; later calls return at once.
         """
         if _capturing():
             return
         p = self._prepare(tensor, add, cols)
-        if p is None or not self._kernel_ok(p) or self._variant(p) in _warmed:
+        if p is None or not self._kernel_ok(p):
             return
         rows = torch.zeros(1, ROW, dtype=torch.float64, device=self.device)
         real_bs = torch.ones(1, dtype=torch.int64, device=self.device)
-        try:
-            _launch(rows, real_bs, 0, p.base, p.add, p.col_start, p.width, 1)
-            _warmed.add(self._variant(p))
-        except Exception:
-            pass  # record takes the torch path for it
+        # Both launch shapes: a capture at another batch size may take the other one.
+        for small in (True, False):
+            if self._variant(p, small) in _warmed:
+                continue
+            try:
+                _launch(rows, real_bs, 0, p.base, p.add, p.col_start, p.width, 1, small=small)
+                _warmed.add(self._variant(p, small))
+            except Exception:
+                pass  # record takes the torch path for it
 
     # ------------------------------------------------------------------ replay
     def before_replay(self, key: Any, real_bs: int) -> bool:

@@ -80,8 +80,12 @@ def masked_stats(
     out = out_ptr + slot.to(tl.int64) * 5
     tl.atomic_add(out + 0, tl.sum(acc_s, axis=0), sem="relaxed")
     tl.atomic_add(out + 1, tl.sum(acc_q, axis=0), sem="relaxed")
-    tl.atomic_add(out + 3, tl.sum(acc_nan, axis=0).to(tl.float64), sem="relaxed")
-    tl.atomic_add(out + 4, tl.sum(acc_inf, axis=0).to(tl.float64), sem="relaxed")
+    # The counts are zero in almost every program: their atomics are skipped then (fewer
+    # atomics on one row, where all the programs of a slot meet).
+    nans = tl.sum(acc_nan, axis=0)
+    infs = tl.sum(acc_inf, axis=0)
+    tl.atomic_add(out + 3, nans.to(tl.float64), mask=nans != 0, sem="relaxed")
+    tl.atomic_add(out + 4, infs.to(tl.float64), mask=infs != 0, sem="relaxed")
     # absmax is >= 0 and never NaN here: the int64 bit patterns of non-negative float64
     # values order like the values (+inf included), so an integer atomic max is exact.
     m = tl.max(acc_m, axis=0).to(tl.float64).to(tl.int64, bitcast=True)
