@@ -141,7 +141,7 @@ def test_held_tensors_get_their_own_rows_in_entry_order(kernel_path, few_program
 @pytest.mark.parametrize(
     "sizes", [(4096,) * 20, (4096, 41 * 1024 + 3, 7, 200_000), (4096, 300_000)], ids=["one_row_each", "mixed_rows", "reduced_first"]
 )
-def test_the_read_back_copies_only_the_rows_that_hold_partials(sizes):
+def test_the_read_back_copies_only_the_rows_that_hold_partials(sizes, monkeypatch):
     # A decode step's slots hold one row each of P: only those rows are copied, and a
     # bigger tensor in the same step widens the copy to its rows; past RAW_ROWS_MAX rows
     # they are reduced on the device first. Garbage in the unread rows (GPU memory starts
@@ -149,6 +149,7 @@ def test_the_read_back_copies_only_the_rows_that_hold_partials(sizes):
     # The rows are gathered on the device before the host copy (a strided host copy costs
     # the host far more); the next step of the same shape reuses that buffer and its views.
     assert F.prepare("cuda")
+    monkeypatch.setattr(R, "HOST_ROWS_NUMEL", 0)  # every held batch in the device slots (see the host-rows test)
     gen = torch.Generator().manual_seed(5)
     device = torch.device("cuda", torch.cuda.current_device())
     first = R._pool.take(device)
@@ -171,6 +172,42 @@ def test_the_read_back_copies_only_the_rows_that_hold_partials(sizes):
         for x, row in zip(xs, readback.values()):
             want = cpu_row(x.cpu().double())
             assert row == pytest.approx(want, rel=1e-5, abs=1e-9)
+
+
+@needs_kernel
+def test_small_held_tensors_write_their_rows_into_host_memory_and_nothing_is_copied(kernel_path, monkeypatch):
+    # A decode step's tensors: the batched kernel writes their partial rows into the step
+    # buffer's host memory (pinned on CUDA), read back with no copy; a batch holding a
+    # tensor above HOST_ROWS_NUMEL goes to the device slots. Garbage in the host rows (pinned
+    # memory starts uninitialised; a buffer is reused) must not matter, nor a row count that
+    # differs between two batches of a step.
+    device = torch.device(DEVICE, torch.cuda.current_device()) if CUDA else torch.device("cpu")
+    if CUDA:
+        assert F.host_rows_ok(device), "the host-rows launch was refused by its self-check"
+    copies: list[int] = []
+    real_copy = R.copy_rows
+    monkeypatch.setattr(R, "copy_rows", lambda *a: (copies.append(1), real_copy(*a))[1])
+    gen = torch.Generator().manual_seed(9)
+    buffer = R._pool.take(device)
+    for round_, sizes in enumerate(((4096,) * 5 + (64 * 4096,), (7, 4096, 3 * 1024 + 5), (R.HOST_ROWS_NUMEL + 1, 4096))):
+        xs = [(torch.randn(n, generator=gen, dtype=torch.float64) * 2 + 0.5).to(device, torch.bfloat16) for n in sizes]
+        if round_ == 1:
+            xs.insert(1, torch.randn(9, 300, generator=gen).to(device))  # a second dtype: a second launch, other rows
+        step = R.StepStats(defer=True)
+        step._buffers[device] = buffer
+        if buffer.direct is not None:
+            buffer.direct.fill_(float("nan"))
+        for x in xs:
+            step.add(x, reuse=False)
+        step.launch_held()
+        host = round_ < 2
+        assert [e[0] for e in step.entries] == ["direct" if host else "slot"] * len(xs)
+        readback = step.start_readback()
+        assert copies == ([] if host else [1])
+        for x, row in zip(xs, readback.values()):
+            assert row == pytest.approx(cpu_row(x.cpu().double()), rel=1e-5, abs=1e-9)
+        copies.clear()
+        buffer = R._pool.take(device)  # the same one: values() gave it back
 
 
 @needs_kernel

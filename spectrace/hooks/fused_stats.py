@@ -188,7 +188,8 @@ def launch_multi(xs: list[torch.Tensor], out: torch.Tensor, slot0: int, direct: 
     # argument keeps one integer type, so one compiled variant serves any count.
     addrs += [addrs[0]] * (MULTI - count)
     sizes += [0] * (MULTI - count)
-    key = (out.get_device(), xs[0].dtype)
+    # (by the tensors' device: ``out`` may be pinned host memory the device writes, see host_rows_ok)
+    key = (xs[0].get_device(), xs[0].dtype)
     if direct is None:
         direct = bool(_triton_state.get(("direct", *key)))
     compiled = _compiled_multi.get(key) if direct else None
@@ -349,6 +350,8 @@ def check_multi(device: torch.device) -> bool:
                 return False
             # The launch through the compiled kernel: the very same rows, or never used here.
             _triton_state[("direct", batched.get_device(), dtype)] = _direct_agrees(xs, batched)
+            if dtype == torch.float32:
+                _triton_state[("host_rows", device.index)] = _host_rows_agree(xs[:3], batched[1:4])
         return True
     except Exception:
         return False
@@ -356,7 +359,7 @@ def check_multi(device: torch.device) -> bool:
 
 def _direct_agrees(xs: list[torch.Tensor], regular: torch.Tensor) -> bool:
     try:
-        if _compiled_multi.get((regular.get_device(), xs[0].dtype)) is None:
+        if _compiled_multi.get((xs[0].get_device(), xs[0].dtype)) is None:
             return False
         direct = torch.full_like(regular, 3.0)
         launch_multi(xs[1:], direct, 2, direct=True)  # other slots and counts than the regular launch
@@ -388,6 +391,31 @@ def _direct_single_agrees(device: torch.device, gen: torch.Generator) -> bool:
         return True
     except Exception:
         return False
+
+
+def _host_rows_agree(xs: list[torch.Tensor], regular: torch.Tensor) -> bool:
+    """Whether the batched launch writes the same partial rows into pinned host memory, as
+    :class:`.readback.StepStats` has it do for small tensors (read back with no copy), as
+    into the device buffer ``regular`` (the rows of ``xs``). Syncs."""
+    if not xs[0].is_cuda:
+        return False
+    try:
+        host = torch.full((len(xs) + 1, 64, ROW), 3.0, dtype=torch.float64, pin_memory=True)  # (readback.RAW_ROWS_MAX rows)
+        launch_multi(xs, host, 1)  # (the launch the step takes: direct where allowed)
+        torch.cuda.current_stream().synchronize()
+        want = reduce_rows([regular[i] for i in range(len(xs))]).nan_to_num(nan=-1.0).cpu()
+        got = reduce_rows([host[i + 1] for i in range(len(xs))]).nan_to_num(nan=-1.0)
+        return bool(torch.allclose(got, want, rtol=1e-9, atol=1e-9) and (host[0] == 3.0).all())
+    except Exception:
+        return False
+
+
+def host_rows_ok(device: torch.device) -> bool:
+    """Whether the batched launch may write its rows into pinned host memory on ``device``
+    (its check passed there). Off CUDA (Triton's interpreter) the memory is the host's own."""
+    if device.type != "cuda":
+        return True
+    return bool(_triton_state.get(("host_rows", device.index), False))
 
 
 def multi_ok(device: torch.device) -> bool:

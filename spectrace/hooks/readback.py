@@ -14,7 +14,8 @@ reduced once: the row is reused while the same tensor object is alive and unmodi
 
 Read-back: :meth:`StepStats.start_readback` ends a step by enqueueing one reduction
 and one non-blocking copy into pinned memory (plus an event) per device; nothing waits
-for the device there. :meth:`Readback.values` blocks until the copy landed, and is
+for the device there. A batch of small held tensors (a decode step's) has its rows written
+by the kernel straight into pinned memory, and needs only the event (:data:`HOST_ROWS_NUMEL`). :meth:`Readback.values` blocks until the copy landed, and is
 called by the record worker thread, never inside the forward.
 """
 
@@ -32,7 +33,7 @@ try:  # (not a dependency: transformers and every serving engine bring it)
 except ImportError:  # pragma: no cover
     _np = None
 
-from .fused_stats import fused_ok, launch_multi, launch_partials, programs_for, route
+from .fused_stats import BLOCK, MIN_BLOCKS_PER_PROGRAM, fused_ok, host_rows_ok, launch_multi, launch_partials, programs_for, route
 from .tensor_stats import (
     ABSMAX,
     ROW,
@@ -76,7 +77,21 @@ class SlotBuffer:
     costs a caching-allocator call per hook.
     """
 
-    __slots__ = ("device", "tensor", "used", "rows", "host", "stage", "reduced", "event", "views")
+    __slots__ = (
+        "device",
+        "tensor",
+        "used",
+        "rows",
+        "host",
+        "stage",
+        "reduced",
+        "event",
+        "views",
+        "direct",
+        "direct_used",
+        "direct_order",
+        "rows_direct",
+    )
 
     def __init__(self, device: torch.device, capacity: int) -> None:
         self.device = device  # (a tensor's .device builds a new object on every access)
@@ -93,6 +108,13 @@ class SlotBuffer:
         # None) of a read-back: a step of the same shape (every decode step) slices nothing
         # (each slice is a torch call).
         self.views: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
+        # Slots the batched kernel writes straight into host memory (see HOST_ROWS_NUMEL):
+        # (capacity, RAW_ROWS_MAX, 5) float64, pinned on CUDA, made on first use and kept;
+        # the slots used this step, and each one's entry index, in slot order.
+        self.direct: torch.Tensor | None = None
+        self.direct_used = 0
+        self.rows_direct = 0  # leading rows of those slots that hold partials (the rest are zero)
+        self.direct_order: list[int] = []
 
 
 # Free buffers kept per device. A step's buffer comes back when the record worker has read it,
@@ -128,7 +150,8 @@ class _BufferPool:
                 # path): later buffers are sized for it, this one is dropped.
                 self._capacity[device] = max(self._capacity.get(device, 64), 2 * wanted)
                 return
-            buffer.used = buffer.rows = 0
+            buffer.used = buffer.rows = buffer.direct_used = buffer.rows_direct = 0
+            buffer.direct_order = []
             free = self._free.setdefault(device, [])
             if len(free) < RETAINED:
                 free.append(buffer)
@@ -313,6 +336,8 @@ class StepStats:
             if buffer is None:
                 buffer = self._buffers[device] = _pool.take(device)
             self._wanted[device] = self._wanted.get(device, 0) + len(live)
+            if self._launch_to_host(buffer, device, live):
+                continue
             room = max(0, buffer.tensor.shape[0] - buffer.used)
             batch, rest = live[:room], live[room:]
             if batch:
@@ -326,6 +351,31 @@ class StepStats:
                 out = torch.empty(programs_for(device), ROW, device=device, dtype=torch.float64)
                 launch_partials(x, out)
                 self.entries[index] = ("row", out)
+
+    def _launch_to_host(self, buffer: SlotBuffer, device: torch.device, live: list[tuple[torch.Tensor, int]]) -> bool:
+        """One batched launch whose partial rows land in ``buffer``'s host memory (see
+        HOST_ROWS_NUMEL); False where it does not apply (big tensors, no room, a device
+        where the check failed): the caller launches into the device slots."""
+        if buffer.direct_used + len(live) > buffer.tensor.shape[0] or not host_rows_ok(device):
+            return False
+        for x, _index in live:
+            if x.numel() > HOST_ROWS_NUMEL:
+                return False
+        direct = buffer.direct
+        if direct is None:
+            # Once per buffer (the pool keeps it): a pinned allocation may wait for the device.
+            direct = buffer.direct = torch.empty(
+                buffer.tensor.shape[0], RAW_ROWS_MAX, ROW, dtype=torch.float64, pin_memory=device.type == "cuda"
+            )
+        slot0 = buffer.direct_used
+        rows = launch_multi([x for x, _ in live], direct, slot0)
+        if rows > buffer.rows_direct:
+            buffer.rows_direct = rows
+        for n, (_x, index) in enumerate(live):
+            self.entries[index] = ("direct", buffer, slot0 + n)
+            buffer.direct_order.append(index)
+        buffer.direct_used += len(live)
+        return True
 
     def _fused(self, x: torch.Tensor, device: torch.device) -> tuple[Any, ...]:
         buffer = self._buffers.get(device)
@@ -362,9 +412,10 @@ class StepStats:
         by_device: dict[torch.device, list[int]] = {}
         host: list[int] = []
         for index, entry in enumerate(entries):
-            if entry[0] == "skipped":
-                continue  # written in place before its launch: no values (counted)
-            if entry[0] == "host":
+            kind = entry[0]
+            if kind == "skipped" or kind == "direct":
+                continue  # skipped: written in place before its launch, no values (counted); direct: below
+            if kind == "host":
                 host.append(index)
                 continue
             device = entry[1].device  # a slot's buffer, or a row tensor
@@ -381,6 +432,12 @@ class StepStats:
                 copies.append(copy_rows(device, [entries[i] for i in indices], indices, buffers.get(device)))
             except Exception as exc:
                 error = error or exc
+        for buffer in buffers.values():
+            if buffer.direct_used:
+                try:
+                    copies.append(_direct_rows(buffer))
+                except Exception as exc:
+                    error = error or exc
         returns = [(buffer, wanted.get(device, 0)) for device, buffer in buffers.items()]
         return Readback(generation, len(entries), copies, returns, error)
 
@@ -416,6 +473,13 @@ def copy_rows(device: torch.device, entries: list[tuple[Any, ...]], indices: lis
 # one to a few dozen programs) are copied as they are and combined by the reader; beyond it
 # (prefill: up to P rows a slot, megabytes) they are reduced on the device first.
 RAW_ROWS_MAX = 64
+# A held batch whose largest tensor has at most HOST_ROWS_NUMEL elements (a decode step's,
+# up to batch 64 x 4096) is read by at most RAW_ROWS_MAX programs a tensor, which write their
+# partial rows straight into the buffer's pinned host memory (the device reaches it over the
+# bus; .fused_stats.host_rows_ok checked that on this device). The step's read-back is then
+# an event: no gather on the device and no host copy, two torch calls fewer a step. Bigger
+# tensors (a prefill's) keep the device slots, read by as many programs as they need.
+HOST_ROWS_NUMEL = RAW_ROWS_MAX * MIN_BLOCKS_PER_PROGRAM * BLOCK
 
 
 def _copy_slots(buffer: SlotBuffer, order: list[int]) -> _Copy:
@@ -470,6 +534,21 @@ def _copy_slots(buffer: SlotBuffer, order: list[int]) -> _Copy:
     host.copy_(rows_on_device, non_blocking=True)
     buffer.event.record()
     return _Copy(order, host, buffer.event, partials=True)
+
+
+def _direct_rows(buffer: SlotBuffer) -> _Copy:
+    """The slots the kernel wrote into ``buffer``'s host memory: nothing to copy, an event
+    after the step's launches says when they have landed (every row of a slot is written:
+    the programs zero the rows they do not fill)."""
+    assert buffer.direct is not None
+    rows = buffer.direct[: buffer.direct_used, : buffer.rows_direct]  # (numpy reads the strided view as it is)
+    if buffer.device.type != "cuda":
+        return _Copy(buffer.direct_order, rows, None, partials=True)
+    if buffer.event is None:
+        # blocking: the worker that waits on it sleeps instead of spinning a core.
+        buffer.event = torch.cuda.Event(blocking=True)
+    buffer.event.record()
+    return _Copy(buffer.direct_order, rows, buffer.event, partials=True)
 
 
 def combine_partials(part: torch.Tensor) -> list[list[float]]:
