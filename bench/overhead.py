@@ -537,6 +537,14 @@ def graph_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
 
         slots = capture_slots("slots")
         branch = capture_slots("slots_branch", overlap=True)
+        # Two captures of one step differ by a steady 1-1.5 % at batch 1 (where the graph's
+        # memory lands): --graph-captures K captures bare and the slots K times each, and
+        # `pooled` compares the medians of the captures, round by round.
+        pooled_slots = {"slots": slots}
+        for i in range(2, args.graph_captures + 1):
+            if i > 2:
+                graphs[f"bare_c{i}"] = capture(None, f"bare_c{i}")
+            pooled_slots[f"slots_c{i}"] = capture_slots(f"slots_c{i}")
         # Launch shapes to compare (--graph-blocks): the fewest blocks per program, fixed
         # at capture, in the same interleaved rounds.
         swept: dict[str, GraphSlots] = {}
@@ -606,7 +614,24 @@ def graph_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
             entry[f"{key}_refresh"] = f"{changed}/{len(first)} slots changed after new inputs"
             entry[f"{key}_vs_float64"] = {k: max(errs[k], errs2[k]) for k in errs}
             x0.sub_(0.5).div_(3.0)
-        for name, table in {"slots": slots, "slots_branch": branch, **swept}.items():
+        bare_names = ["bare", "bare_control"][: max(2, args.graph_captures)] + [f"bare_c{i}" for i in range(3, args.graph_captures + 1)]
+        if args.graph_captures > 1:
+            ratios = [
+                statistics.median(rows[k][r] for k in pooled_slots) / statistics.median(rows[k][r] for k in bare_names)
+                for r in range(args.graph_rounds)
+            ]
+            ref = [statistics.median(rows[k][r] for k in bare_names) for r in range(args.graph_rounds)]
+            entry["pooled"] = {
+                "bare_captures": bare_names,
+                "slots_captures": list(pooled_slots),
+                "slots_ratio": round(statistics.median(ratios), 4),
+                "slots_ratio_iqr": quartiles(ratios),
+                # each capture against the pooled bare: how far one capture alone may lie
+                "each_capture_ratio": {
+                    k: round(statistics.median(a / b for a, b in zip(rows[k], ref)), 4) for k in bare_names + list(pooled_slots)
+                },
+            }
+        for name, table in {"slots": slots, "slots_branch": branch, **swept, **pooled_slots}.items():
             assert table.before_replay(name, batch)
             graphs[name].replay()
             assert table.after_replay(name, {})
@@ -870,8 +895,10 @@ def markdown(res: dict[str, Any]) -> str:
         for b in (1, 64):
             e = g.get(f"batch_{b}")
             if e:
-                checks = {k: v for k, v in e.items() if k not in ("replay_ms", "ratio", "ratio_iqr")}
+                checks = {k: v for k, v in e.items() if k not in ("replay_ms", "ratio", "ratio_iqr", "pooled")}
                 lines.append(f"\nbatch {b}: refresh and worst errors against float64: {json.dumps(checks)}")
+                if "pooled" in e:
+                    lines.append(f"\nbatch {b}, captures pooled: {json.dumps(e['pooled'])}")
     if "bootstrap" in res:
         lines += ["", "## .pth bootstrap, SPECTRACE unset", "", "```", json.dumps(res["bootstrap"], indent=1), "```"]
     if "soak" in res:
@@ -895,6 +922,12 @@ def main(argv: list[str] | None = None) -> int:
         type=lambda v: [int(x) for x in v.split(",")],
         default=[],
         help="graph section: also capture the statistics with these fewest blocks per program (e.g. 1,2), side by side",
+    )
+    p.add_argument(
+        "--graph-captures",
+        type=int,
+        default=1,
+        help="graph section: capture bare and the serving slots this many times each and compare the captures' medians (`pooled`)",
     )
     p.add_argument(
         "--graph-small",
