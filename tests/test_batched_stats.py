@@ -211,6 +211,30 @@ def test_small_held_tensors_write_their_rows_into_host_memory_and_nothing_is_cop
 
 
 @needs_kernel
+def test_a_failing_host_rows_launch_falls_back_to_the_device_slots_for_good(kernel_path, monkeypatch):
+    device = torch.device(DEVICE, torch.cuda.current_device()) if CUDA else torch.device("cpu")
+    monkeypatch.setitem(F._triton_state, ("host_rows", device.index), True)
+    real = R.launch_multi
+
+    def refuse_host_memory(xs, out, slot0):
+        if out.shape[1] == R.RAW_ROWS_MAX:  # the host rows (the device slots have programs_for(device) rows)
+            raise RuntimeError("pointer argument cannot be accessed")
+        return real(xs, out, slot0)
+
+    monkeypatch.setattr(R, "launch_multi", refuse_host_memory)
+    xs = [torch.randn(4096, device=DEVICE) for _ in range(3)]
+    for _ in range(2):
+        step = R.StepStats(defer=True)
+        for x in xs:
+            step.add(x, reuse=False)
+        step.launch_held()
+        assert [e[0] for e in step.entries] == ["slot"] * 3
+        for x, row in zip(xs, step.start_readback().values()):
+            assert row == pytest.approx(cpu_row(x.cpu().double()), rel=1e-5, abs=1e-9)
+    assert not F.host_rows_ok(device)
+
+
+@needs_kernel
 def test_a_tensor_written_in_place_while_held_is_skipped_and_counted(kernel_path):
     step = R.StepStats(defer=True)
     kept, written = torch.randn(64, device=DEVICE), torch.randn(64, device=DEVICE)

@@ -350,7 +350,7 @@ def check_multi(device: torch.device) -> bool:
                 return False
             # The launch through the compiled kernel: the very same rows, or never used here.
             _triton_state[("direct", batched.get_device(), dtype)] = _direct_agrees(xs, batched)
-            if dtype == torch.float32:
+            if dtype == torch.float32 and device.type == "cuda":
                 _triton_state[("host_rows", device.index)] = _host_rows_agree(xs[:3], batched[1:4])
         return True
     except Exception:
@@ -397,8 +397,6 @@ def _host_rows_agree(xs: list[torch.Tensor], regular: torch.Tensor) -> bool:
     """Whether the batched launch writes the same partial rows into pinned host memory, as
     :class:`.readback.StepStats` has it do for small tensors (read back with no copy), as
     into the device buffer ``regular`` (the rows of ``xs``). Syncs."""
-    if not xs[0].is_cuda:
-        return False
     try:
         host = torch.full((len(xs) + 1, 64, ROW), 3.0, dtype=torch.float64, pin_memory=True)  # (readback.RAW_ROWS_MAX rows)
         launch_multi(xs, host, 1)  # (the launch the step takes: direct where allowed)
@@ -414,8 +412,13 @@ def host_rows_ok(device: torch.device) -> bool:
     """Whether the batched launch may write its rows into pinned host memory on ``device``
     (its check passed there). Off CUDA (Triton's interpreter) the memory is the host's own."""
     if device.type != "cuda":
-        return True
+        return bool(_triton_state.get(("host_rows", device.index), True))
     return bool(_triton_state.get(("host_rows", device.index), False))
+
+
+def disable_host_rows(device: torch.device) -> None:
+    """Launch into the device slots on ``device`` from now on (a host-rows launch failed)."""
+    _triton_state[("host_rows", device.index)] = False
 
 
 def multi_ok(device: torch.device) -> bool:

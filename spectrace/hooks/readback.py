@@ -33,7 +33,17 @@ try:  # (not a dependency: transformers and every serving engine bring it)
 except ImportError:  # pragma: no cover
     _np = None
 
-from .fused_stats import BLOCK, MIN_BLOCKS_PER_PROGRAM, fused_ok, host_rows_ok, launch_multi, launch_partials, programs_for, route
+from .fused_stats import (
+    BLOCK,
+    MIN_BLOCKS_PER_PROGRAM,
+    disable_host_rows,
+    fused_ok,
+    host_rows_ok,
+    launch_multi,
+    launch_partials,
+    programs_for,
+    route,
+)
 from .tensor_stats import (
     ABSMAX,
     ROW,
@@ -368,7 +378,12 @@ class StepStats:
                 buffer.tensor.shape[0], RAW_ROWS_MAX, ROW, dtype=torch.float64, pin_memory=device.type == "cuda"
             )
         slot0 = buffer.direct_used
-        rows = launch_multi([x for x, _ in live], direct, slot0)
+        try:
+            rows = launch_multi([x for x, _ in live], direct, slot0)
+        except Exception:
+            # (an unforeseen driver or Triton: the device slots from now on, for every step)
+            disable_host_rows(device)
+            return False
         if rows > buffer.rows_direct:
             buffer.rows_direct = rows
         for n, (_x, index) in enumerate(live):
