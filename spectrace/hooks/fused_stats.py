@@ -394,9 +394,9 @@ def _direct_single_agrees(device: torch.device, gen: torch.Generator) -> bool:
 
 
 def _host_rows_agree(xs: list[torch.Tensor], regular: torch.Tensor) -> bool:
-    """Whether the batched launch writes the same partial rows into pinned host memory, as
-    :class:`.readback.StepStats` has it do for small tensors (read back with no copy), as
-    into the device buffer ``regular`` (the rows of ``xs``). Syncs."""
+    """Whether the batched launch, writing into pinned host memory (where
+    :class:`.readback.StepStats` has small tensors' rows land, read back with no copy),
+    writes what it wrote into the device buffer ``regular`` (the rows of ``xs``). Syncs."""
     try:
         host = torch.full((len(xs) + 1, 64, ROW), 3.0, dtype=torch.float64, pin_memory=True)  # (readback.RAW_ROWS_MAX rows)
         launch_multi(xs, host, 1)  # (the launch the step takes: direct where allowed)

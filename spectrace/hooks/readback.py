@@ -15,7 +15,8 @@ reduced once: the row is reused while the same tensor object is alive and unmodi
 Read-back: :meth:`StepStats.start_readback` ends a step by enqueueing one reduction
 and one non-blocking copy into pinned memory (plus an event) per device; nothing waits
 for the device there. A batch of small held tensors (a decode step's) has its rows written
-by the kernel straight into pinned memory, and needs only the event (:data:`HOST_ROWS_NUMEL`). :meth:`Readback.values` blocks until the copy landed, and is
+by the kernel straight into pinned memory, and needs only the event
+(:data:`HOST_ROWS_NUMEL`). :meth:`Readback.values` blocks until the copy landed, and is
 called by the record worker thread, never inside the forward.
 """
 
