@@ -3,7 +3,8 @@
     python3 bench/kernel_time.py --shape 4x512 [--stats basic] [--steps 4] [--json FILE]
 
 Runs ``bench/overhead.py``'s pair (Llama-8B-shaped target and its EAGLE-3-shaped draft) on
-CUDA, profiles ``--steps`` bare steps, then the same steps traced, and prints per step: the
+CUDA, profiles ``--steps`` bare steps, the same steps traced, and bare steps again (the
+control: what drifts between two bare runs is the device's), and prints per step: the
 kernels' summed device time, the span from the first kernel's start to the last one's end,
 the wall time (median of six synchronized steps), and the kernels whose device time changed
 most (spectrace's own launches, and the model's kernels that got slower or faster beside
@@ -90,19 +91,27 @@ def main(argv: list[str] | None = None) -> int:
     with spectrace.trace({"target": target, "draft": draft}, settings=Settings(), stats=args.stats) as traced_session:
         traced = profile(step, args.steps)
         traced_session.tracer.finish_step(wait=True)
-    changed = {
-        name: (round(traced["by_kernel_us"].get(name, 0.0) - bare["by_kernel_us"].get(name, 0.0), 1),
-               round(traced["launches"].get(name, 0.0) - bare["launches"].get(name, 0.0), 1))
-        for name in set(bare["by_kernel_us"]) | set(traced["by_kernel_us"])
-    }  # fmt: skip
-    top = sorted(changed.items(), key=lambda kv: -abs(kv[1][0]))[:14]
-    for label, fig in (("bare", bare), ("traced", traced)):
-        print(f"{label:7} kernels {fig['kernels_ms']:.3f} ms a step, span {fig['span_ms']:.3f} ms, wall {fig['wall_ms']:.3f} ms")
+    # Bare again, after: the control. A model kernel that reads slower traced than in both
+    # bare runs is the trace's doing; one that drifted between the bare runs is the device's.
+    again = profile(step, args.steps)
+
+    def change(fig: dict[str, Any], name: str) -> tuple[float, float]:
+        return (
+            round(fig["by_kernel_us"].get(name, 0.0) - bare["by_kernel_us"].get(name, 0.0), 1),
+            round(fig["launches"].get(name, 0.0) - bare["launches"].get(name, 0.0), 1),
+        )
+
+    names = set(bare["by_kernel_us"]) | set(traced["by_kernel_us"]) | set(again["by_kernel_us"])
+    top = sorted(((name, change(traced, name)) for name in names), key=lambda kv: -abs(kv[1][0]))[:14]
+    for label, fig in (("bare", bare), ("traced", traced), ("bare again", again)):
+        print(f"{label:10} kernels {fig['kernels_ms']:.3f} ms a step, span {fig['span_ms']:.3f} ms, wall {fig['wall_ms']:.3f} ms")
     print(
-        f"the trace adds {traced['kernels_ms'] - bare['kernels_ms']:.3f} ms of kernel time a step; by kernel (us a step, launches a step):"
+        f"the trace adds {traced['kernels_ms'] - bare['kernels_ms']:.3f} ms of kernel time a step "
+        f"(bare again: {again['kernels_ms'] - bare['kernels_ms']:+.3f} ms); by kernel, against the first bare run "
+        "(us a step traced, launches a step, us a step bare again):"
     )
     for name, (us, n) in top:
-        print(f"  {us:9.1f} us  {n:6.1f}  {name}")
+        print(f"  {us:9.1f} us  {n:6.1f}  {change(again, name)[0]:9.1f} us  {name}")
     if args.json:
         out = {
             "command": "python3 bench/kernel_time.py " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -112,7 +121,9 @@ def main(argv: list[str] | None = None) -> int:
             "steps": args.steps,
             "bare": {k: v for k, v in bare.items() if k not in ("by_kernel_us", "launches")},
             "traced": {k: v for k, v in traced.items() if k not in ("by_kernel_us", "launches")},
+            "bare_again": {k: v for k, v in again.items() if k not in ("by_kernel_us", "launches")},
             "changed_us_and_launches": dict(top),
+            "bare_again_changed_us": {name: change(again, name)[0] for name, _ in top},
         }
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0
