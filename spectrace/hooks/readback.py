@@ -173,12 +173,11 @@ _pool = _BufferPool()
 # Batched launches (StepStats.defer): a tensor up to DEFER_TENSOR_BYTES waits, held, until
 # DEFER_BATCH of its dtype are waiting, DEFER_BYTES are held, or the step ends; then one
 # launch reads the batch. A launch costs ~26 us of host time on the H200 host whatever it
-# reads, so a decode step's 40 to 60 small tensors cost one launch instead of 60, and a
-# prefill's hidden states (16 MB at 4 x 512 x 4096 in bf16) one per four or five. Holding
-# them keeps at most DEFER_BYTES alive a little longer per thread; bigger tensors (a
-# prefill's logits) launch at once, where the read takes longer than the launch anyway.
+# reads, so a decode step's 40 to 60 small tensors cost one launch instead of 60. Holding them
+# keeps at most DEFER_BYTES alive a little longer per thread; bigger tensors (a prefill's
+# logits) launch at once, where the read takes longer than the launch anyway.
 DEFER_BATCH = 64  # fused_stats_kernel.MULTI
-DEFER_TENSOR_BYTES = 32 << 20
+DEFER_TENSOR_BYTES = 8 << 20
 DEFER_BYTES = 64 << 20
 _generations = itertools.count()  # next() is atomic: steps of all threads get distinct numbers
 
