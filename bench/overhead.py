@@ -614,13 +614,10 @@ def graph_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
             entry[f"{key}_refresh"] = f"{changed}/{len(first)} slots changed after new inputs"
             entry[f"{key}_vs_float64"] = {k: max(errs[k], errs2[k]) for k in errs}
             x0.sub_(0.5).div_(3.0)
-        bare_names = ["bare", "bare_control"][: max(2, args.graph_captures)] + [f"bare_c{i}" for i in range(3, args.graph_captures + 1)]
         if args.graph_captures > 1:
-            ratios = [
-                statistics.median(rows[k][r] for k in pooled_slots) / statistics.median(rows[k][r] for k in bare_names)
-                for r in range(args.graph_rounds)
-            ]
+            bare_names = ["bare", "bare_control"] + [f"bare_c{i}" for i in range(3, args.graph_captures + 1)]
             ref = [statistics.median(rows[k][r] for k in bare_names) for r in range(args.graph_rounds)]
+            ratios = [statistics.median(rows[k][r] for k in pooled_slots) / ref[r] for r in range(args.graph_rounds)]
             entry["pooled"] = {
                 "bare_captures": bare_names,
                 "slots_captures": list(pooled_slots),
