@@ -128,3 +128,26 @@ def test_build_where_times_each_place_records_are_built(tmp_path):
     table = json.loads(out.read_text())["1x1"]["table"]
     assert set(table) == {"bare", "shapes", "shapes_worker", "shapes_nobuild", "stats", "stats_worker", "stats_nobuild"}
     assert table["bare"]["ratio"] == 1.0 and all(row["ms"] > 0 for row in table.values())
+
+
+def test_knob_ab_times_each_value_beside_bare_and_restores_the_setting(tmp_path):
+    """bench/knob_ab.py on the tiny CPU pair: every value a variant, bare twice, ratios to bare."""
+    out = tmp_path / "knob.json"
+    run_bench(
+        "knob_ab.py", "--device", "cpu", "--size", "tiny", "--shape", "1x16",
+        "--knob", "spectrace.hooks.engine.PENDING_CALLS=1,64", "--rounds", "2", "--reps", "2", "--json", str(out),
+    )  # fmt: skip
+    res = json.loads(out.read_text())
+    table = res["variants"]
+    assert set(table) == {"bare", "bare again", "PENDING_CALLS=1", "PENDING_CALLS=64"}
+    assert table["bare"]["ratio"] == 1.0 and all(row["ms"] > 0 for row in table.values())
+    assert res["rounds"] == 2 and "PENDING_CALLS=1,64" in res["command"]
+
+
+def test_knob_ab_refuses_a_setting_that_does_not_exist():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECTRACE")}
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "knob_ab.py"), "--device", "cpu", "--knob", "spectrace.hooks.engine.NO_SUCH=1"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode != 0 and "has no NO_SUCH" in proc.stderr
