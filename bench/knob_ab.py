@@ -70,9 +70,7 @@ def own_kernel_us(step: Callable[[], None], steps: int) -> float:
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
-    total = sum(
-        e.device_time for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and e.name.startswith(OWN_KERNELS)
-    )
+    total = sum(e.device_time for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and e.name.startswith(OWN_KERNELS))
     return round(total / steps, 1)
 
 
