@@ -9,7 +9,9 @@ traced and a bare forward is almost all spectrace's Python: the figure to watch 
 changing the hot path. One run measures the bare forward, shapes only (``stats="off"``)
 and statistics (``stats="basic"``) side by side, each also with every call noted at its
 hook (``*_at_once``: what keeping calls for one read saves), interleaved per repeat so the
-machine's drift hits them all alike, and prints the medians over repeats. Alongside the wall-clock
+machine's drift hits them all alike, then the bare forward again (the control: its wall
+difference to bare is the noise of the wall figures), and prints the medians over repeats
+with their IQRs. Alongside the wall-clock
 difference it prints the hooks' own accounting: the time spent inside spectrace's hooks
 and step wrapper per hooked call (``Tracer.host_ns``), the host's share of that
 difference by construction.
@@ -147,6 +149,7 @@ def one(iters: int = 50, device: str = "cpu") -> dict[str, Any]:
                     out[f"{mode}_accounted"] = accounted_per_step(t, [model], forward, iters)
             finally:
                 engine.PENDING_CALLS = kept
+        out["bare_again"] = per_step(forward, iters, cuda)  # the control: bare against bare
     return out
 
 
@@ -157,6 +160,8 @@ def main() -> None:
     parser.add_argument("--json", help="write the figures to this file as JSON")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     args = parser.parse_args()
+    from overhead import quartiles  # (the eager bench's IQR; it imports this module's clock)
+
     torch.set_num_threads(1)
     if args.device == "cuda":
         fused_stats.prepare("cuda")  # compile and check the statistics kernel before timing
@@ -169,22 +174,34 @@ def main() -> None:
         "bare_forward_ms": round(bare * 1e3, 3),
         "repeats": args.repeats,
     }
+    control = [(r["bare_again"] - r["bare"]) / hooked * 1e6 for r in rounds]
+    low, high = quartiles(control)
+    result["control_us_per_hooked_call"] = round(statistics.median(control), 1)
+    result["control_us_per_hooked_call_iqr"] = [round(low, 1), round(high, 1)]
     print(f"hooked modules {hooked}; bare forward {bare * 1e3:.2f} ms (median of {args.repeats})")
+    print(
+        f"control     : bare again, the wall difference per hooked call: median {statistics.median(control):.1f} us "
+        f"(IQR {low:.1f}-{high:.1f}): the noise of the wall figures below"
+    )
     for mode in MODES:
         label = LABELS[mode]
         per_call = [(r[mode] - r["bare"]) / hooked * 1e6 for r in rounds]
         med = statistics.median(per_call)
         traced = statistics.median(r[mode] for r in rounds)
-        accounted = statistics.median(r[f"{mode}_accounted"] / hooked * 1e6 for r in rounds)
+        by_accounting = [r[f"{mode}_accounted"] / hooked * 1e6 for r in rounds]
+        accounted = statistics.median(by_accounting)
+        low, high = quartiles(by_accounting)
         result[label] = {
             "traced_forward_ms": round(traced * 1e3, 3),
             "us_per_hooked_call": round(med, 1),
             "us_per_hooked_call_repeats": [round(v, 1) for v in per_call],
             "us_per_hooked_call_accounting": round(accounted, 1),
+            "us_per_hooked_call_accounting_iqr": [round(low, 1), round(high, 1)],
+            "us_per_hooked_call_accounting_repeats": [round(v, 1) for v in by_accounting],
         }
         print(
             f"{label:12s}: traced {traced * 1e3:.2f} ms; host time per hooked call: median {med:.1f} us "
-            f"(accounting {accounted:.1f} us; repeats: {', '.join(f'{v:.0f}' for v in per_call)})"
+            f"(accounting {accounted:.1f} us, IQR {low:.1f}-{high:.1f}; repeats: {', '.join(f'{v:.0f}' for v in per_call)})"
         )
     if args.json:
         with open(args.json, "w") as f:
