@@ -3,6 +3,7 @@
     python bench/current_table.py bench/results/current-2026-12-03.json      # print the table
     python bench/current_table.py --build FILE --commit REV --prefill P --decode D \\
         --graph G --host-cuda H --host-cpu C                                  # assemble FILE
+    python bench/current_table.py FILE --into BENCHMARKS.md                   # and put it there
 
 One run of the benches at one commit gives every figure of the host-cost goals: the eager
 prefill and decode-like steps (``bench/overhead.py --sections eager`` / ``decode``: each
@@ -138,7 +139,39 @@ def table(data: dict[str, Any]) -> str:
         "|" + "---|" * len(HEADER),
     ]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
+    lines += ["", _syncs(data)]
     return "\n".join(lines) + "\n"
+
+
+def _syncs(data: dict[str, Any]) -> str:
+    """The host-sync check of each eager section (a traced forward run where a sync raises)."""
+    checks = [("prefill 4x512", data["prefill"]["sync_check"])]
+    checks += [(f"decode-like {shape}", section["sync_check"]) for shape, section in data["decode"]["decode"].items()]
+    added = max(check["traced_syncs"] - check["bare_syncs"] for _label, check in checks)
+    counts = ", ".join(f"{label} {check['traced_syncs']} traced / {check['bare_syncs']} bare" for label, check in checks)
+    verdict = "none" if added <= 0 else f"**{added}**"
+    return f"Host syncs spectrace adds to a traced forward, same run: {verdict} (syncs in one forward, {counts}; the model's own)."
+
+
+START = "<!-- current table: "
+END = "<!-- end of current table -->"
+
+
+def table_block(markdown: str) -> tuple[str, str]:
+    """(the measurement file the markers name, the text between them) of a markdown page."""
+    head, found, rest = markdown.partition(START)
+    name, _, rest = rest.partition(" -->\n")
+    body, ended, _tail = rest.partition(END)
+    if not found or not ended:
+        raise ValueError("no current-table markers")
+    return name, body
+
+
+def put_table(markdown: str, text: str, name: str) -> str:
+    """``markdown`` with ``text`` between its markers, which then name ``name``."""
+    head, _found, rest = markdown.partition(START)
+    _old, _ended, tail = rest.partition(END)
+    return f"{head}{START}{name} -->\n{text}{END}{tail}"
 
 
 def build(args: argparse.Namespace) -> dict[str, Any]:
@@ -182,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host-cuda")
     parser.add_argument("--host-cpu")
     parser.add_argument("--cpu-machine", default="AMD EPYC, 2 shared cores")
+    parser.add_argument("--into", metavar="MARKDOWN", help="also put the table between the markers of this file (BENCHMARKS.md)")
     args = parser.parse_args(argv)
     if args.build:
         missing = [n for n in ("commit", "prefill", "decode", "graph", "host_cuda", "host_cpu") if not getattr(args, n)]
@@ -196,7 +230,14 @@ def main(argv: list[str] | None = None) -> int:
             data = json.load(fh)
     else:
         parser.error("give a measurement file, or --build FILE")
-    sys.stdout.write(table(data))
+    text = table(data)
+    if args.into:
+        path = args.build or args.file
+        with open(args.into) as fh:
+            markdown = fh.read()
+        with open(args.into, "w") as fh:
+            fh.write(put_table(markdown, text, "bench/results/" + path.rsplit("/", 1)[-1]))
+    sys.stdout.write(text)
     return 0
 
 

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -151,3 +152,27 @@ def test_knob_ab_refuses_a_setting_that_does_not_exist():
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode != 0 and "has no NO_SUCH" in proc.stderr
+
+
+def test_current_table_builds_one_file_from_the_benches_outputs_and_puts_its_table_in_a_page(tmp_path):
+    """bench/current_table.py --build on the parts of the committed current file gives the
+    same figures; --into replaces only the text between a page's markers."""
+    benchmarks = (Path(ROOT) / "BENCHMARKS.md").read_text(encoding="utf-8")
+    name = benchmarks.split("<!-- current table: ", 1)[1].split(" -->", 1)[0]
+    data = json.loads((Path(ROOT) / name).read_text(encoding="utf-8"))
+    parts = {}
+    for part in ("prefill", "decode", "graph", "host_cuda", "host_cpu"):
+        parts[part] = tmp_path / f"{part}.json"
+        parts[part].write_text(json.dumps(data[part]))
+    page = tmp_path / "page.md"
+    page.write_text("before\n<!-- current table: old.json -->\nstale\n<!-- end of current table -->\nafter\n")
+    built = tmp_path / name.rsplit("/", 1)[-1]
+    run_bench(
+        "current_table.py", "--build", str(built), "--commit", data["commit"], "--into", str(page),
+        *[arg for part, path in parts.items() for arg in (f"--{part.replace('_', '-')}", str(path))],
+    )  # fmt: skip
+    rebuilt = json.loads(built.read_text())
+    assert {k: rebuilt[k] for k in parts} == {k: data[k] for k in parts} and rebuilt["file"] == data["file"]
+    text = page.read_text()
+    assert text.startswith("before\n<!-- current table: " + name + " -->\n") and text.endswith("<!-- end of current table -->\nafter\n")
+    assert "stale" not in text and "| decode-like 1x1, statistics |" in text

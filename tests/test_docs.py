@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -84,3 +85,18 @@ def test_bench_results_readme_names_every_file():
     readme = (folder / "README.md").read_text(encoding="utf-8")
     files = sorted(name for name in os.listdir(folder) if name != "README.md")
     assert files and [name for name in files if f"`{name}`" not in readme] == []
+
+
+def test_benchmarks_current_table_is_the_one_runs_table():
+    """BENCHMARKS.md's current table is bench/current_table.py's rendering of the results
+    file its markers name: every figure, goal, control and anchor from that one run."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("current_table", ROOT / "bench" / "current_table.py")
+    assert spec is not None and spec.loader is not None
+    current_table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(current_table)
+    name, body = current_table.table_block((ROOT / "BENCHMARKS.md").read_text(encoding="utf-8"))
+    data = json.loads((ROOT / name).read_text(encoding="utf-8"))
+    assert data["file"] == name
+    assert body == current_table.table(data), "run `python bench/current_table.py FILE --into BENCHMARKS.md`"
