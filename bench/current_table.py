@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from typing import Any
 
@@ -153,6 +154,13 @@ def _syncs(data: dict[str, Any]) -> str:
     return f"Host syncs spectrace adds to a traced forward, same run: {verdict} (syncs in one forward, {counts}; the model's own)."
 
 
+USUAL_COMMANDS = {
+    "prefill": "python bench/overhead.py --device cuda --sections eager",
+    "decode": "python bench/overhead.py --device cuda --sections decode",
+    "graph": "python bench/overhead.py --device cuda --sections graph --graph-captures 4",
+    "host_cuda": "python bench/host_cost.py --device cuda --json FILE",
+    "host_cpu": "python bench/host_cost.py --json FILE",
+}
 START = "<!-- current table: "
 END = "<!-- end of current table -->"
 
@@ -182,26 +190,26 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
 
     prefill = load(args.prefill)
     machine = prefill["machine"]
-    return {
+    data: dict[str, Any] = {
         "what": "every figure of the host-cost goals from one run at one commit (BENCHMARKS.md's current table)",
         "commit": args.commit,
         "date": machine["date"][:10],
         "machines": f"one {machine.get('gpu')} with {machine['cores']} {machine['cpu']} cores (torch {machine['torch']}, "
         f"triton {machine.get('triton')}); the CPU machine: {args.cpu_machine}",
         "file": "bench/results/" + args.build.rsplit("/", 1)[-1],
-        "commands": {
-            "prefill": "PYTHONPATH=.:.carry/site python3 bench/overhead.py --device cuda --sections eager",
-            "decode": "PYTHONPATH=.:.carry/site python3 bench/overhead.py --device cuda --sections decode",
-            "graph": "PYTHONPATH=.:.carry/site python3 bench/overhead.py --device cuda --sections graph --graph-captures 4",
-            "host_cuda": "PYTHONPATH=.:.carry/site python3 bench/host_cost.py --device cuda --json FILE",
-            "host_cpu": "PYTHONPATH=. .venv/bin/python bench/host_cost.py --json FILE",
-        },
         "prefill": prefill,
         "decode": load(args.decode),
         "graph": load(args.graph),
         "host_cuda": load(args.host_cuda),
         "host_cpu": load(args.host_cpu),
     }
+    # Each bench's own command line (a bench output from before it wrote one: the usual one).
+    # (where a bench wrote its output names a path of that machine: FILE / DIR here)
+    data["commands"] = {
+        part: re.sub(r"(--json) \S+", r"\1 FILE", re.sub(r"(--out) \S+", r"\1 DIR", data[part].get("command") or USUAL_COMMANDS[part]))
+        for part in USUAL_COMMANDS
+    }
+    return data
 
 
 def main(argv: list[str] | None = None) -> int:

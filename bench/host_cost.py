@@ -169,6 +169,7 @@ def main() -> None:
     hooked = rounds[0]["hooked"]
     bare = statistics.median(r["bare"] for r in rounds)
     result: dict[str, Any] = {
+        "command": "python " + " ".join([os.path.relpath(__file__, os.getcwd()), *sys.argv[1:]]),
         "device": args.device,
         "hooked_modules": hooked,
         "bare_forward_ms": round(bare * 1e3, 3),
