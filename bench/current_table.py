@@ -167,7 +167,7 @@ END = "<!-- end of current table -->"
 
 def table_block(markdown: str) -> tuple[str, str]:
     """(the measurement file the markers name, the text between them) of a markdown page."""
-    head, found, rest = markdown.partition(START)
+    _head, found, rest = markdown.partition(START)
     name, _, rest = rest.partition(" -->\n")
     body, ended, _tail = rest.partition(END)
     if not found or not ended:
@@ -177,6 +177,7 @@ def table_block(markdown: str) -> tuple[str, str]:
 
 def put_table(markdown: str, text: str, name: str) -> str:
     """``markdown`` with ``text`` between its markers, which then name ``name``."""
+    table_block(markdown)  # (raises where the page has no markers: never appended blindly)
     head, _found, rest = markdown.partition(START)
     _old, _ended, tail = rest.partition(END)
     return f"{head}{START}{name} -->\n{text}{END}{tail}"
@@ -243,8 +244,12 @@ def main(argv: list[str] | None = None) -> int:
         path = args.build or args.file
         with open(args.into) as fh:
             markdown = fh.read()
+        try:
+            updated = put_table(markdown, text, "bench/results/" + path.rsplit("/", 1)[-1])
+        except ValueError as exc:  # (before the page is opened for writing: it stays as it was)
+            parser.error(f"{args.into}: {exc}")
         with open(args.into, "w") as fh:
-            fh.write(put_table(markdown, text, "bench/results/" + path.rsplit("/", 1)[-1]))
+            fh.write(updated)
     sys.stdout.write(text)
     return 0
 

@@ -176,3 +176,10 @@ def test_current_table_builds_one_file_from_the_benches_outputs_and_puts_its_tab
     text = page.read_text()
     assert text.startswith("before\n<!-- current table: " + name + " -->\n") and text.endswith("<!-- end of current table -->\nafter\n")
     assert "stale" not in text and "| decode-like 1x1, statistics |" in text
+    unmarked = tmp_path / "unmarked.md"
+    unmarked.write_text("no markers here\n")
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "current_table.py"), str(built), "--into", str(unmarked)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode != 0 and "no current-table markers" in proc.stderr and unmarked.read_text() == "no markers here\n"
