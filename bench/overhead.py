@@ -976,14 +976,21 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
             res["errors"].append(f"{name}: {type(exc).__name__}: {exc}")
         print(f"[{name}] {time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
-    os.makedirs(args.out, exist_ok=True)
-    md = markdown(res)
-    with open(os.path.join(args.out, f"overhead-{args.device}.md"), "w") as fh:
-        fh.write(md)
-    with open(os.path.join(args.out, f"overhead-{args.device}.json"), "w") as fh:
-        json.dump(res, fh, indent=1, default=str)
+        write_results(res, args.out, args.device)  # after each section: a run cut by a time limit keeps the ones done
+    md = write_results(res, args.out, args.device)
     print(md)
     return 1 if res["errors"] else 0
+
+
+def write_results(res: dict[str, Any], out: str, device: str) -> str:
+    """``overhead-<device>.md`` and ``.json`` in ``out`` with the sections so far; the markdown."""
+    os.makedirs(out, exist_ok=True)
+    md = markdown(res)
+    with open(os.path.join(out, f"overhead-{device}.md"), "w") as fh:
+        fh.write(md)
+    with open(os.path.join(out, f"overhead-{device}.json"), "w") as fh:
+        json.dump(res, fh, indent=1, default=str)
+    return md
 
 
 if __name__ == "__main__":
