@@ -102,11 +102,11 @@ def _graph_rows(graph: dict[str, Any]) -> list[list[str]]:
 
 def _call_rows(label: str, host: dict[str, Any]) -> list[list[str]]:
     rows = []
+    control = host.get("control_us_per_hooked_call")  # (a host_cost output from before it had one: None)
     for mode, goal in (("shapes only", GOALS["call_shapes_us"]), ("statistics", GOALS["call_stats_us"])):
         entry = host[mode]
         low, high = entry.get("us_per_hooked_call_accounting_iqr") or (None, None)
         spread = f" (IQR {low:.1f}–{high:.1f})" if low is not None else ""
-        control = host.get("control_us_per_hooked_call")
         rows.append(
             [
                 f"{label}, {mode}",

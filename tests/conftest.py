@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -13,6 +16,18 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # Two workers on two cores: OpenMP pools of two threads each spin against each other
     # and tiny-model tests crawl. One thread per worker keeps the cores busy, not fighting.
     torch.set_num_threads(1)
+
+
+def load_script(path: str | os.PathLike[str]) -> ModuleType:
+    """A script of the repository (bench/, scripts/) imported as a module by its path,
+    registered in sys.modules under its file name (dataclasses look their module up there)."""
+    name = Path(path).stem
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def tiny_llama(layers: int = 4, hidden: int = 64, vocab: int = 128):

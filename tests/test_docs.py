@@ -7,6 +7,8 @@ import os
 import re
 from pathlib import Path
 
+from conftest import load_script
+
 from spectrace import docs_gen
 from spectrace.records import RECORD_TYPES
 from spectrace.rules.catalogue import CATALOGUE
@@ -90,12 +92,7 @@ def test_bench_results_readme_names_every_file():
 def test_benchmarks_current_table_is_the_one_runs_table():
     """BENCHMARKS.md's current table is bench/current_table.py's rendering of the results
     file its markers name: every figure, goal, control and anchor from that one run."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("current_table", ROOT / "bench" / "current_table.py")
-    assert spec is not None and spec.loader is not None
-    current_table = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(current_table)
+    current_table = load_script(ROOT / "bench" / "current_table.py")
     name, body = current_table.table_block((ROOT / "BENCHMARKS.md").read_text(encoding="utf-8"))
     data = json.loads((ROOT / name).read_text(encoding="utf-8"))
     assert data["file"] == name

@@ -23,6 +23,7 @@ import tarfile
 import textwrap
 
 import pytest
+from conftest import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIVE = os.path.join(ROOT, "scripts", "live")
@@ -31,14 +32,7 @@ SCRIPT = os.path.join(LIVE, "run_live_all.sh")
 pytestmark = pytest.mark.usefixtures("no_spectrace_env")
 
 
-def _livekit():
-    spec = importlib.util.spec_from_file_location("livekit", os.path.join(LIVE, "livekit.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-lk = _livekit()
+lk = load_script(os.path.join(LIVE, "livekit.py"))
 
 
 # ----------------------------------------------------------------------------- syntax

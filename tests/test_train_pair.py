@@ -3,21 +3,16 @@ package's own loaders read (the package itself never trains)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 
 import torch
+from conftest import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("train_pair", os.path.join(ROOT, "scripts", "train_pair.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["train_pair"] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script(os.path.join(ROOT, "scripts", "train_pair.py"))
 
 
 def test_a_short_training_run_writes_a_pair_the_loaders_read(tmp_path):
