@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+import torch.nn as nn
 from conftest import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -184,3 +186,51 @@ def test_current_table_builds_one_file_from_the_benches_outputs_and_puts_its_tab
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode != 0 and "no current-table markers" in proc.stderr and unmarked.read_text() == "no markers here\n"
+
+
+def test_floor_bench_times_each_floor_beside_spectrace(tmp_path):
+    """bench/floor.py on the tiny CPU Llama: every variant a figure, spectrace's with its accounting."""
+    out = tmp_path / "floor.json"
+    run_bench("floor.py", "--repeats", "1", "--iters", "2", "--json", str(out))
+    res = json.loads(out.read_text())
+    figures = res["us_per_hooked_call"]
+    assert set(figures) == {"bare_again", "empty", "note", "note_text", "stats_text", "spectrace_off", "spectrace_basic"}
+    assert all("accounting" in figures[k] for k in figures if k != "bare_again")
+    assert res["hooked_modules"] == 11 and res["command"].endswith("--json FILE")
+    assert set(res["spectrace_over_floor"]) == {"shapes_only", "statistics"}
+
+
+def test_the_floors_lines_are_the_json_of_what_each_call_saw():
+    """The floor's records are real: one JSON line per call with every tensor argument's shape,
+    a keyword tensor described once a step, and statistics of the outputs taken together."""
+    floor = load_script(os.path.join(ROOT, "bench", "floor.py"))
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 8))
+    modules = {"0": model[0], "2": model[2]}
+    f = floor.Floor()
+    original = nn.Linear.forward
+    seen = floor.Seen(model, modules, f.note)
+    try:
+        x = torch.randn(3, 4)
+        with torch.no_grad():
+            model(x)
+        f.text()
+    finally:
+        seen.remove()
+    assert nn.Linear.forward is original  # the class's own forward, put back
+    lines = [json.loads(line) for line in f.lines]
+    assert [line["module"] for line in lines] == ["0", "2"]
+    assert lines[0]["inputs"] == [{"arg": "input[0]", "shape": [3, 4], "dtype": "torch.float32", "device": "cpu", "stats": None}]
+    assert lines[1]["outputs"][0]["shape"] == [3, 8]
+    seen = floor.Seen(model, modules, f.keep)
+    try:
+        with torch.no_grad():
+            outs = [model[0](x)]
+            outs.append(model[2](torch.tanh(outs[0])))
+        f.stats_text()
+    finally:
+        seen.remove()
+    for line, out in zip((json.loads(line) for line in f.lines), outs):
+        total, squares, top = line["outputs"][0]["stats"]
+        assert total == pytest.approx(float(out.double().sum()), abs=1e-4)
+        assert squares == pytest.approx(float((out.double() ** 2).sum()), rel=1e-5)
+        assert top == pytest.approx(float(out.abs().max()), rel=1e-6)
