@@ -245,6 +245,46 @@ def test_sampling_traces_every_nth_step(llama):
     assert [c.step for c in t.calls()] == [0, 2, 4]
 
 
+def test_a_sampled_step_records_what_every_step_records_and_keeps_its_calls_for_one_read(monkeypatch):
+    """With sampling, a sampled step's calls are kept for one read (not noted one by one at
+    their hooks) and give the records a trace of every step gives for that step; the calls
+    of the other steps run the forward alone and are counted."""
+    from spectrace.hooks.engine import Tracer
+
+    model = tiny_llama(layers=3)
+    inputs = [torch.randint(0, 128, (2, 5), generator=torch.Generator().manual_seed(i)) for i in range(7)]
+    passes: list[int] = []
+    real = Tracer._read_kept
+
+    def counting(self, state, pending, first):
+        passes.append(len(pending))
+        return real(self, state, pending, first)
+
+    def run(sample: int) -> tuple[list, int]:
+        with torch.no_grad(), spectrace.trace(model, settings=Settings(sample=sample)) as t:
+            for ids in inputs:
+                model(ids)
+        return t.calls(), t.recorder.counters.calls_seen
+
+    every, seen_every = run(1)
+    monkeypatch.setattr(Tracer, "_read_kept", counting)
+    sampled, seen_sampled = run(3)
+    assert sorted({c.step for c in sampled}) == [0, 3, 6]
+    assert max(passes) >= 3  # the decoder layers' calls of a sampled step, read together
+    want = [c for c in every if c.step in (0, 3, 6)]
+    assert len(sampled) == len(want) > 0
+    for got, expected in zip(sampled, want):
+        assert (got.step, got.module, got.role) == (expected.step, expected.module, expected.role)
+        for side in ("inputs", "outputs"):
+            g, e = getattr(got, side), getattr(expected, side)
+            assert [(m.arg, m.shape, m.dtype) for m in g] == [(m.arg, m.shape, m.dtype) for m in e]
+            for m, n in zip(g, e):  # (taken with other tensors of the pass: equal to float32 rounding)
+                assert (m.stats is None) == (n.stats is None)
+                if m.stats is not None:
+                    assert m.stats.model_dump() == pytest.approx(n.stats.model_dump(), rel=1e-6)
+    assert seen_sampled == seen_every  # every call counted, sampled or not
+
+
 def test_otlp_receiver_gets_the_spans(llama, monkeypatch):
     with OtlpReceiver() as receiver:
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)

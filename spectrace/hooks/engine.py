@@ -796,9 +796,12 @@ class Tracer:
         (see PENDING_CALLS) is noted and kept here, with no hook called: in statistics mode
         its first input's version before the call, then the call; shapes only keeps the call.
         Any other call runs the pre-hook, the forward and the post-hook. Each hook costs
-        more here than in a loop (cold, between the model's kernels): one entry, not three."""
+        more here than in a loop (cold, between the model's kernels): one entry, not three.
+        With sampling, a call of a step that is not sampled runs the forward alone and is
+        counted; a sampled step's calls are kept as without sampling."""
         spec = (name, module_type, root, role)
-        keeps = view is None and self.sample == 1 and self.stats_mode != "full"
+        keeps = view is None and self.stats_mode != "full"
+        sample = self.sample
         local_of = self._local
 
         keep = self._keep
@@ -821,6 +824,9 @@ class Tracer:
                     local = local_of.__dict__
                     state = local.get("steps")
                     if state is not None and not state.capturing and not state.warming and local.get("depth", 0):
+                        if sample > 1 and state.step >= 0 and state.step % sample:
+                            state.seen += 1  # an unsampled step: counted, nothing collected
+                            return output
                         keep(state, spec, args, kwargs, output, None)
                         return output
                 except Exception as exc:
@@ -835,11 +841,23 @@ class Tracer:
 
         def around_stats(module: nn.Module, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             state = None
+            unsampled = False
             try:
                 local = local_of.__dict__
                 state = local.get("steps")
+                if (
+                    sample > 1
+                    and state is not None
+                    and state.step >= 0
+                    and state.step % sample
+                    and not state.capturing
+                    and not state.warming
+                    and local.get("depth", 0)
+                ):
+                    state.seen += 1  # an unsampled step: counted, nothing collected
+                    unsampled = True
                 x = args[0] if args else None
-                if not (
+                if unsampled or not (
                     state is not None
                     and type(x) is torch.Tensor
                     and state.stats.defer  # (the pre-hook's conditions for keeping a call)
@@ -855,6 +873,8 @@ class Tracer:
                     state = None
             except Exception:
                 state = None
+            if unsampled:
+                return original(module, *args, **kwargs)
             if state is None:
                 return around_hooks(module, original, args, kwargs)
             version = x._version
@@ -867,7 +887,8 @@ class Tracer:
                         stack = local.get("inputs")
                         if stack is None:
                             stack = local["inputs"] = []
-                        stack.append(version)
+                        # (with sampling the post-hook takes no kept call: its inputs, none)
+                        stack.append(version if sample == 1 else [])
                     post(module, args, kwargs, output)
                 else:
                     keep(state, spec, args, kwargs, output, version)

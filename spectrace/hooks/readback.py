@@ -419,6 +419,8 @@ class StepStats:
             self.launch_held()
         if self._rows_held:
             self.take_rows()
+        if not self.entries and not self._buffers:
+            return None  # (a step without statistics, an unsampled one: nothing to reset either)
         entries, buffers, wanted, generation = self.entries, self._buffers, self._wanted, self.generation
         self._reset()
         if not entries:
