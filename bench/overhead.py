@@ -9,6 +9,8 @@ Variants, timed round-robin (each round runs every variant once, ``--reps`` forw
 - ``bare``: no spectrace at all;  ``off``: spectrace imported, ``SPECTRACE`` unset, hooks
   counted (must be 0): the spread of off/bare is the noise floor of the run;
 - ``shapes``: ``spectrace.trace(..., stats="off")``;  ``stats``: ``stats="basic"``;
+- with ``--sample N``: ``shapes_sampleN`` and ``stats_sampleN``, every Nth step traced
+  (``SPECTRACE_SAMPLE=N``), each sample the mean of N consecutive steps (one traced);
 - anchors: ``.item()`` statistics hooks on the same modules, and
   ``torch.profiler(record_shapes=True)`` around the same step.
 
@@ -262,6 +264,20 @@ def eager_section(args: argparse.Namespace, out: dict[str, Any], shape: tuple[in
                 if name == "stats":
                     calls = t.calls()
                     out["stats_filled"] = sum(m.stats is not None for c in calls[-len(hooked) :] for m in c.outputs)
+        elif "_sample" in name:  # --sample N: every Nth step traced; a sample is the mean of N steps
+            n = args.sample
+
+            def steps() -> None:
+                for _ in range(n):
+                    step()
+                    if dev == "cuda":
+                        torch.cuda.synchronize()  # (as time_one does after each step)
+
+            with spectrace.trace(models, settings=Settings(sample=n), stats="off" if name.startswith("shapes") else "basic") as t:
+                for _ in range(args.variant_warmup):
+                    step()
+                ts = [time_one(steps) / n for _ in range(reps)]
+                t.tracer.finish_step()
         elif name in ("anchor_empty_hooks", "anchor_item_hooks"):
             remove = (empty_hooks if name == "anchor_empty_hooks" else item_stats_hooks)(anchor_modules)
             try:
@@ -296,6 +312,8 @@ def eager_section(args: argparse.Namespace, out: dict[str, Any], shape: tuple[in
         "anchor_item_hooks",
         "anchor_profiler_record_shapes",
     ]
+    if args.sample > 1:
+        variants += [f"shapes_sample{args.sample}", f"stats_sample{args.sample}"]
     for _ in range(3):
         step()  # warm-up: allocator, kernels, first-use compiles
     t_start = time.perf_counter()
@@ -931,6 +949,12 @@ def main(argv: list[str] | None = None) -> int:
         type=lambda v: [int(x) for x in v.split(",")],
         default=[],
         help="graph section: also capture the serving slots with these largest tensors (elements) of the narrow launch (0: none)",
+    )
+    p.add_argument(
+        "--sample",
+        type=int,
+        default=1,
+        help="eager and decode sections: also trace every Nth step only (SPECTRACE_SAMPLE=N), each sample the mean of N steps",
     )
     p.add_argument("--threads", type=int, help="torch CPU threads (default: 1 on cpu, unchanged on cuda)")
     p.add_argument("--variant-warmup", type=int, help="untimed forwards after each variant's set-up (default: 1 cuda, 0 cpu)")

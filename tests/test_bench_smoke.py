@@ -30,7 +30,7 @@ def run_bench(script: str, *args: str, timeout: int = 600) -> subprocess.Complet
 
 
 def test_overhead_bench_quick_runs_every_section(tmp_path):
-    run_bench("overhead.py", "--device", "cpu", "--quick", "--soak-calls", "1000", "--out", str(tmp_path))
+    run_bench("overhead.py", "--device", "cpu", "--quick", "--sample", "2", "--soak-calls", "1000", "--out", str(tmp_path))
     res = json.loads((tmp_path / "overhead-cpu.json").read_text())
     assert not res["errors"]
     assert set(res["eager"]) == {
@@ -43,6 +43,8 @@ def test_overhead_bench_quick_runs_every_section(tmp_path):
         "anchor_empty_hooks",
         "anchor_item_hooks",
         "anchor_profiler_record_shapes",
+        "shapes_sample2",
+        "stats_sample2",
     }
     assert set(res["hook_time"]) >= {"shapes", "stats", "shapes_at_once", "stats_at_once"}
     assert res["off_hooks"] == 0 and res["stats_filled"] > 0
