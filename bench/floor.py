@@ -22,10 +22,10 @@ wrapper does the same), torch's forward hooks otherwise. Each variant does a lit
 
 Then spectrace shapes only and statistics. Beside each wall figure, its accounting: the
 time inside the hooks and the step's end alone, each wrapped in a timer (for spectrace,
-the hooks' own accounting of ``bench/host_cost.py``). The variants run in rotating order each repeat, between a bare forward and the
-bare forward again (the control: its difference to bare is the noise of the wall figures).
-A figure is (variant - bare of the same repeat) / hooked calls, the median over repeats
-with its IQR.
+the hooks' own accounting of ``bench/host_cost.py``). The variants run in rotating order
+each repeat, between a bare forward and the bare forward again (the control: its
+difference to bare is the noise of the wall figures). A figure is (variant - bare of the
+same repeat) / hooked calls, the median over repeats with its IQR.
 
 The floor variants record less than spectrace does: no step, sequence, role or root, no
 statistics of an input, no guard against a tensor written in place, no coverage. They are the work

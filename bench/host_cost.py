@@ -3,6 +3,7 @@
     python bench/host_cost.py [--repeats 5] [--json FILE]
     python bench/host_cost.py --device cuda     # the same model on a GPU: the statistics
                                                 # kernels' launches are host time too
+    python bench/host_cost.py --sample 16       # and with every 16th step traced, beside
 
 A tiny Llama (8 layers, hidden 64, 16 tokens) is so cheap that the difference between a
 traced and a bare forward is almost all spectrace's Python: the figure to watch when
@@ -37,6 +38,7 @@ from conftest import tiny_llama  # noqa: E402
 
 import spectrace  # noqa: E402
 from spectrace.hooks import engine, fused_stats  # noqa: E402
+from spectrace.settings import Settings  # noqa: E402
 
 # shapes only, statistics; *_at_once: each call noted at its hook (engine.PENDING_CALLS = 1),
 # what keeping calls for one read saves, in the same run
@@ -127,8 +129,22 @@ def accounted_per_step(t: Any, roots: list[torch.nn.Module], step: Callable[[], 
     return clock.spent / iters
 
 
-def one(iters: int = 50, device: str = "cpu") -> dict[str, Any]:
-    """One round: bare, shapes only and statistics on the same model, seconds per forward."""
+def modes(sample: int = 1) -> tuple[str, ...]:
+    """The traced modes of a run; with ``sample`` N > 1 also shapes only and statistics with
+    every Nth step traced (``off_sampleN``, ``basic_sampleN``)."""
+    return MODES + ((f"off_sample{sample}", f"basic_sample{sample}") if sample > 1 else ())
+
+
+def label(mode: str) -> str:
+    if "_sample" in mode:
+        kind, n = mode.split("_sample")
+        return f"{LABELS[kind]}, every {n}th step"
+    return LABELS[mode]
+
+
+def one(iters: int = 50, device: str = "cpu", sample: int = 1) -> dict[str, Any]:
+    """One round: bare, shapes only and statistics on the same model, seconds per forward.
+    A sampled mode runs a whole number of N steps (each N holds one traced step)."""
     model = tiny_llama(layers=8, hidden=64).to(device)
     ids = torch.randint(0, 128, (1, 16), device=device)
     cuda = ids.is_cuda
@@ -139,14 +155,16 @@ def one(iters: int = 50, device: str = "cpu") -> dict[str, Any]:
     out: dict[str, Any] = {}
     with torch.no_grad():
         out["bare"] = per_step(forward, iters, cuda)
-        for mode in MODES:
+        for mode in modes(sample):
             kept = engine.PENDING_CALLS
             engine.PENDING_CALLS = 1 if mode.endswith("_at_once") else kept
+            n = sample if "_sample" in mode else 1
+            steps = -(-iters // n) * n
             try:
-                with spectrace.trace(model, stats=mode.split("_")[0]) as t:
-                    out[mode] = per_step(forward, iters, cuda)
+                with spectrace.trace(model, stats=mode.split("_")[0], settings=Settings(sample=n)) as t:
+                    out[mode] = per_step(forward, steps, cuda)
                     out["hooked"] = len(t.hooked)
-                    out[f"{mode}_accounted"] = accounted_per_step(t, [model], forward, iters)
+                    out[f"{mode}_accounted"] = accounted_per_step(t, [model], forward, steps)
             finally:
                 engine.PENDING_CALLS = kept
         out["bare_again"] = per_step(forward, iters, cuda)  # the control: bare against bare
@@ -159,13 +177,14 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--json", help="write the figures to this file as JSON")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--sample", type=int, default=1, help="also trace every Nth step only (SPECTRACE_SAMPLE=N), side by side")
     args = parser.parse_args()
     from overhead import quartiles  # (the eager bench's IQR; it imports this module's clock)
 
     torch.set_num_threads(1)
     if args.device == "cuda":
         fused_stats.prepare("cuda")  # compile and check the statistics kernel before timing
-    rounds = [one(args.iters, args.device) for _ in range(args.repeats)]
+    rounds = [one(args.iters, args.device, args.sample) for _ in range(args.repeats)]
     hooked = rounds[0]["hooked"]
     bare = statistics.median(r["bare"] for r in rounds)
     result: dict[str, Any] = {
@@ -184,15 +203,15 @@ def main() -> None:
         f"control     : bare again, the wall difference per hooked call: median {statistics.median(control):.1f} us "
         f"(IQR {low:.1f}-{high:.1f}): the noise of the wall figures below"
     )
-    for mode in MODES:
-        label = LABELS[mode]
+    for mode in modes(args.sample):
+        name = label(mode)
         per_call = [(r[mode] - r["bare"]) / hooked * 1e6 for r in rounds]
         med = statistics.median(per_call)
         traced = statistics.median(r[mode] for r in rounds)
         by_accounting = [r[f"{mode}_accounted"] / hooked * 1e6 for r in rounds]
         accounted = statistics.median(by_accounting)
         low, high = quartiles(by_accounting)
-        result[label] = {
+        result[name] = {
             "traced_forward_ms": round(traced * 1e3, 3),
             "us_per_hooked_call": round(med, 1),
             "us_per_hooked_call_repeats": [round(v, 1) for v in per_call],
@@ -201,7 +220,7 @@ def main() -> None:
             "us_per_hooked_call_accounting_repeats": [round(v, 1) for v in by_accounting],
         }
         print(
-            f"{label:12s}: traced {traced * 1e3:.2f} ms; host time per hooked call: median {med:.1f} us "
+            f"{name:12s}: traced {traced * 1e3:.2f} ms; host time per hooked call: median {med:.1f} us "
             f"(accounting {accounted:.1f} us, IQR {low:.1f}-{high:.1f}; repeats: {', '.join(f'{v:.0f}' for v in per_call)})"
         )
     if args.json:
