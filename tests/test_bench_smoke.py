@@ -199,7 +199,7 @@ def test_floor_bench_times_each_floor_beside_spectrace(tmp_path):
     assert set(figures) == {"bare_again", "empty", "note", "note_text", "stats_text", "spectrace_off", "spectrace_basic"}
     assert all("accounting" in figures[k] for k in figures if k != "bare_again")
     assert res["hooked_modules"] == 11 and res["command"].endswith("--json FILE")
-    assert set(res["spectrace_over_floor"]) == {"shapes_only", "statistics"}
+    assert set(res["spectrace_over_floor"]) == {"shapes_only", "statistics", "shapes_only_accounting", "statistics_accounting"}
 
 
 def test_the_floors_lines_are_the_json_of_what_each_call_saw():
