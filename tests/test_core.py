@@ -249,8 +249,11 @@ def test_a_sampled_step_records_what_every_step_records_and_keeps_its_calls_for_
     """With sampling, a sampled step's calls are kept for one read (not noted one by one at
     their hooks) and give the records a trace of every step gives for that step; the calls
     of the other steps run the forward alone and are counted."""
+    from spectrace.hooks import engine
     from spectrace.hooks.engine import Tracer
 
+    # (an engine's module imported by an earlier test would turn keeping off: outside one here)
+    monkeypatch.setattr(engine, "_engine_loaded", lambda: False)
     model = tiny_llama(layers=3)
     inputs = [torch.randint(0, 128, (2, 5), generator=torch.Generator().manual_seed(i)) for i in range(7)]
     passes: list[int] = []
