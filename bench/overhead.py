@@ -24,6 +24,7 @@ Writes ``overhead.md`` and ``overhead.json`` to ``--out`` (default ``$OUT`` or `
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -347,7 +348,7 @@ def eager_section(args: argparse.Namespace, out: dict[str, Any], shape: tuple[in
     out["eager"] = table
     out["rounds"], out["reps"] = args.rounds, args.reps
 
-    out["hook_time"] = hook_time(spectrace, models, settings, step, dev, 3 if args.quick else 10)
+    out["hook_time"] = hook_time(spectrace, models, settings, step, dev, 3 if args.quick else 10, args.sample)
     bare_ms = table["bare"]["ms"]
     for mode, ms in out["hook_time"].items():
         out["hook_time"][mode] = {"ms_per_step": ms, "x_of_bare_median": round(1 + ms / bare_ms, 4)}
@@ -359,7 +360,7 @@ def eager_section(args: argparse.Namespace, out: dict[str, Any], shape: tuple[in
 
 
 def hook_time(
-    spectrace: Any, models: dict[str, nn.Module], settings: Any, step: Callable[[], None], dev: str, steps: int
+    spectrace: Any, models: dict[str, nn.Module], settings: Any, step: Callable[[], None], dev: str, steps: int, sample: int = 1
 ) -> dict[str, Any]:
     """Host time spent inside spectrace per step, by accounting, on each thread.
 
@@ -369,7 +370,9 @@ def hook_time(
     spends building records (``thread_time``, CPU only: its waits for the statistics copy
     are not counted). Each figure is the mean over ``steps`` consecutive steps (a device
     sync after each, as the timed loop does), the median of three such runs; the step still
-    queued after a run is built by the worker, on its count.
+    queued after a run is built by the worker, on its count. With ``sample`` N > 1 also
+    ``shapes_sampleN`` and ``stats_sampleN`` (every Nth step traced), over a whole number
+    of N steps.
     """
     import threading
 
@@ -377,9 +380,12 @@ def hook_time(
     from spectrace.hooks import engine
 
     kept = engine.PENDING_CALLS
-    for mode in ("off", "basic", "off_at_once", "basic_at_once"):
+    sampled = (f"off_sample{sample}", f"basic_sample{sample}") if sample > 1 else ()
+    for mode in ("off", "basic", "off_at_once", "basic_at_once", *sampled):
         engine.PENDING_CALLS = 1 if mode.endswith("_at_once") else kept  # at_once: each call noted at its hook
-        with spectrace.trace(models, settings=settings, stats=mode.split("_")[0]) as t:
+        n = sample if "_sample" in mode else 1
+        run_steps = -(-steps // n) * n
+        with spectrace.trace(models, settings=dataclasses.replace(settings, sample=n), stats=mode.split("_")[0]) as t:
             from host_cost import HookClock
 
             clock, worker_clock = HookClock(), HookClock(time.thread_time)
@@ -394,15 +400,15 @@ def hook_time(
             for _ in range(3):
                 t.tracer.finish_step()  # the worker is idle before each measured run
                 clock.spent = worker_clock.spent = 0.0
-                for _ in range(steps):
+                for _ in range(run_steps):
                     step()
                     if dev == "cuda":
                         torch.cuda.synchronize()
-                per.append(clock.spent * 1e3 / steps)
+                per.append(clock.spent * 1e3 / run_steps)
                 t.tracer.finish_step()  # (its wait for the worker is not host work: not counted)
-                per_worker.append(worker_clock.spent * 1e3 / steps)
+                per_worker.append(worker_clock.spent * 1e3 / run_steps)
         engine.PENDING_CALLS = kept
-        name = {"off": "shapes", "basic": "stats", "off_at_once": "shapes_at_once", "basic_at_once": "stats_at_once"}[mode]
+        name = mode.replace("off", "shapes", 1).replace("basic", "stats", 1)
         result[name] = round(statistics.median(per), 3)
         result[f"{name}_worker_thread"] = round(statistics.median(per_worker), 3)
     return result
