@@ -11,6 +11,11 @@ Variants, timed round-robin (each round runs every variant once, ``--reps`` forw
 - ``shapes``: ``spectrace.trace(..., stats="off")``;  ``stats``: ``stats="basic"``;
 - with ``--sample N``: ``shapes_sampleN`` and ``stats_sampleN``, every Nth step traced
   (``SPECTRACE_SAMPLE=N``), each sample the mean of N consecutive steps (one traced);
+- with ``--budget F``: ``stats_budget`` (``SPECTRACE_BUDGET=F``, steps traced one in N,
+  N measured), each sample the mean of ``BUDGET_BLOCK`` steps after ``BUDGET_WARMIN``
+  untimed ones per round (the budget's first estimates); the interval it chose and the
+  cost it measured are kept beside the table;
+- ``--variants a,b``: only these (bare is always run);
 - anchors: ``.item()`` statistics hooks on the same modules, and
   ``torch.profiler(record_shapes=True)`` around the same step.
 
@@ -201,6 +206,12 @@ def timer(device: str) -> Callable[[Callable[[], None]], float]:
 DECODE_SHAPES = ((64, 1), (1, 1))  # batch x tokens: one new token per sequence, no KV context
 
 
+# --budget: steps per timed sample, and untimed steps per round before the first sample (a
+# budget alternates traced and untraced steps for its first 7, then settles its interval).
+BUDGET_BLOCK = 16
+BUDGET_WARMIN = 48
+
+
 def decode_section(args: argparse.Namespace, out: dict[str, Any]) -> None:
     """The eager bench on decode-like steps: one token per sequence, so a step is short and
     host-bound and every microsecond a hook spends shows (prefill hides it behind the GPU).
@@ -279,6 +290,24 @@ def eager_section(args: argparse.Namespace, out: dict[str, Any], shape: tuple[in
                     step()
                 ts = [time_one(steps) / n for _ in range(reps)]
                 t.tracer.finish_step()
+        elif name == "stats_budget":
+
+            def block() -> None:
+                for _ in range(BUDGET_BLOCK):
+                    step()
+                    if dev == "cuda":
+                        torch.cuda.synchronize()  # (as time_one does after each step)
+
+            with spectrace.trace(models, settings=Settings(budget=args.budget), stats="basic") as t:
+                for _ in range(BUDGET_WARMIN):
+                    step()
+                ts = [time_one(block) / BUDGET_BLOCK for _ in range(reps)]
+                t.tracer.finish_step()
+                budget = t.tracer.budget
+                chosen = out.setdefault("budget", {"fraction": args.budget, "interval": [], "cost_ms": [], "period_ms": []})
+                chosen["interval"].append(budget.interval)
+                chosen["cost_ms"].append(round(budget.cost() * 1e3, 3))
+                chosen["period_ms"].append(round(budget.period() * 1e3, 3))
         elif name in ("anchor_empty_hooks", "anchor_item_hooks"):
             remove = (empty_hooks if name == "anchor_empty_hooks" else item_stats_hooks)(anchor_modules)
             try:
@@ -315,6 +344,13 @@ def eager_section(args: argparse.Namespace, out: dict[str, Any], shape: tuple[in
     ]
     if args.sample > 1:
         variants += [f"shapes_sample{args.sample}", f"stats_sample{args.sample}"]
+    if args.budget:
+        variants.append("stats_budget")
+    if args.variants:
+        unknown = set(args.variants) - set(variants)
+        if unknown:
+            raise SystemExit(f"--variants: unknown {', '.join(sorted(unknown))} (known: {', '.join(variants)})")
+        variants = ["bare"] + [v for v in variants if v in args.variants and v != "bare"]
     for _ in range(3):
         step()  # warm-up: allocator, kernels, first-use compiles
     t_start = time.perf_counter()
@@ -348,7 +384,7 @@ def eager_section(args: argparse.Namespace, out: dict[str, Any], shape: tuple[in
     out["eager"] = table
     out["rounds"], out["reps"] = args.rounds, args.reps
 
-    out["hook_time"] = hook_time(spectrace, models, settings, step, dev, 3 if args.quick else 10, args.sample)
+    out["hook_time"] = hook_time(spectrace, models, settings, step, dev, 3 if args.quick else 10, args.sample, args.budget)
     bare_ms = table["bare"]["ms"]
     for mode, ms in out["hook_time"].items():
         out["hook_time"][mode] = {"ms_per_step": ms, "x_of_bare_median": round(1 + ms / bare_ms, 4)}
@@ -360,7 +396,14 @@ def eager_section(args: argparse.Namespace, out: dict[str, Any], shape: tuple[in
 
 
 def hook_time(
-    spectrace: Any, models: dict[str, nn.Module], settings: Any, step: Callable[[], None], dev: str, steps: int, sample: int = 1
+    spectrace: Any,
+    models: dict[str, nn.Module],
+    settings: Any,
+    step: Callable[[], None],
+    dev: str,
+    steps: int,
+    sample: int = 1,
+    budget: float = 0.0,
 ) -> dict[str, Any]:
     """Host time spent inside spectrace per step, by accounting, on each thread.
 
@@ -372,7 +415,8 @@ def hook_time(
     sync after each, as the timed loop does), the median of three such runs; the step still
     queued after a run is built by the worker, on its count. With ``sample`` N > 1 also
     ``shapes_sampleN`` and ``stats_sampleN`` (every Nth step traced), over a whole number
-    of N steps.
+    of N steps; with ``budget`` also ``stats_budget``, over ``BUDGET_WARMIN`` steps after as
+    many untimed ones.
     """
     import threading
 
@@ -381,11 +425,14 @@ def hook_time(
 
     kept = engine.PENDING_CALLS
     sampled = (f"off_sample{sample}", f"basic_sample{sample}") if sample > 1 else ()
-    for mode in ("off", "basic", "off_at_once", "basic_at_once", *sampled):
+    for mode in ("off", "basic", "off_at_once", "basic_at_once", *sampled, *(("basic_budget",) if budget else ())):
         engine.PENDING_CALLS = 1 if mode.endswith("_at_once") else kept  # at_once: each call noted at its hook
         n = sample if "_sample" in mode else 1
         run_steps = -(-steps // n) * n
-        with spectrace.trace(models, settings=dataclasses.replace(settings, sample=n), stats=mode.split("_")[0]) as t:
+        chosen = dataclasses.replace(settings, sample=n)
+        if mode == "basic_budget":
+            chosen, run_steps = dataclasses.replace(settings, budget=budget), BUDGET_WARMIN
+        with spectrace.trace(models, settings=chosen, stats=mode.split("_")[0]) as t:
             from host_cost import HookClock
 
             clock, worker_clock = HookClock(), HookClock(time.thread_time)
@@ -396,7 +443,8 @@ def hook_time(
                 # The thread's builds only: a host's own builds are inside its finish_step.
                 worker._build = lambda item: (timed_build if threading.current_thread() is worker._thread else build)(item)
             per, per_worker = [], []
-            step()
+            for _ in range(BUDGET_WARMIN if mode == "basic_budget" else 1):
+                step()
             for _ in range(3):
                 t.tracer.finish_step()  # the worker is idle before each measured run
                 clock.spent = worker_clock.spent = 0.0
@@ -868,6 +916,12 @@ def eager_markdown(res: dict[str, Any], m: dict[str, Any]) -> list[str]:
             f"| {k} | {v['ms']} | {v['ratio']:.3f}x | [{v['ratio_q1']:.3f}, {v['ratio_q3']:.3f}] | {v['ratio_of_mins']:.3f}x | {v['samples']} |"
         )
     lines.append(f"\nhooks while off: {res.get('off_hooks')}; stats filled in the last traced step: {res.get('stats_filled')}")
+    if "budget" in res:
+        b = res["budget"]
+        lines.append(
+            f"stats_budget (SPECTRACE_BUDGET={b['fraction']}), at the end of each round: interval {b['interval']}, "
+            f"cost of a traced step {b['cost_ms']} ms, step period {b['period_ms']} ms"
+        )
     if "hook_time" in res:
         lines += [
             "",
@@ -961,6 +1015,18 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=1,
         help="eager and decode sections: also trace every Nth step only (SPECTRACE_SAMPLE=N), each sample the mean of N steps",
+    )
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=0.0,
+        help="eager and decode sections: also trace with SPECTRACE_BUDGET=F (a share, 0.03 = 3 %%), steps traced one in N, N measured",
+    )
+    p.add_argument(
+        "--variants",
+        type=lambda v: [x.strip() for x in v.split(",") if x.strip()],
+        default=[],
+        help="eager and decode sections: only these variants (bare always runs), e.g. off,stats,stats_budget,anchor_item_hooks",
     )
     p.add_argument("--threads", type=int, help="torch CPU threads (default: 1 on cpu, unchanged on cuda)")
     p.add_argument("--variant-warmup", type=int, help="untimed forwards after each variant's set-up (default: 1 cuda, 0 cpu)")

@@ -206,7 +206,7 @@ def trace(
     settings = settings or Settings.from_env()
     directory = directory or settings.dir_from_env()
     recorder = build_recorder(settings, directory)
-    tracer = Tracer(recorder, stats=stats or settings.stats, sample=settings.sample)
+    tracer = Tracer(recorder, stats=stats or settings.stats, sample=settings.sample, budget=settings.budget)
     result = Trace(recorder, tracer)
     _open.add(result)
     modules = modules if modules is not None else (list(settings.modules) or None)

@@ -426,7 +426,7 @@ FIELD_NOTES: dict[tuple[str, str], str] = {
     ("Fingerprint", "chunks"): "statistics of each chunk, in order",
     ("Fingerprint", "boundaries"): "the boundaries the chunks come from, where known",
     ("Counters", "steps"): "steps traced",
-    ("Counters", "calls_seen"): "module calls recorded",
+    ("Counters", "calls_seen"): "module calls seen, those of steps left out by sampling included",
     ("Counters", "records_written"): "records that reached the file",
     ("Counters", "records_dropped"): "records lost to a full buffer or a failing sink",
     ("Counters", "internal_errors"): "failures inside spectrace, caught and counted (the model kept running)",

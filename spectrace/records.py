@@ -209,6 +209,10 @@ class Counters(_Record):
     type: Literal["counters", "stats"] = "counters"
     steps: int = 0
     calls_seen: int = 0
+    steps_untraced: int = Field(
+        0,
+        description="steps left out by sampling (SPECTRACE_SAMPLE, SPECTRACE_BUDGET): their calls are counted in calls_seen, not recorded",
+    )
     records_written: int = 0
     records_dropped: int = 0
     internal_errors: int = 0

@@ -60,7 +60,7 @@ def tracer() -> Any:
             from .hooks.engine import Tracer
 
             s = settings()
-            _state["tracer"] = Tracer(recorder(), stats=s.stats, sample=s.sample)
+            _state["tracer"] = Tracer(recorder(), stats=s.stats, sample=s.sample, budget=s.budget)
         return _state["tracer"]
 
 

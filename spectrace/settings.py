@@ -142,6 +142,25 @@ def _positive_float(env: Mapping[str, str], name: str, default: float, maximum: 
     return default
 
 
+def _budget(env: Mapping[str, str], name: str) -> float:
+    """A share of the step time: ``3%`` or ``0.03``, above 0 and at most 100 %; 0 (off) when unset."""
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return 0.0
+    text = raw.strip()
+    percent = text.endswith("%")
+    try:
+        value = float(text[:-1] if percent else text) if len(text) <= 64 else math.nan
+    except ValueError:
+        value = math.nan
+    if percent:
+        value /= 100
+    if value == 0 or (math.isfinite(value) and 0 < value <= 1):
+        return value
+    _bad(name, raw, f"{name}={_shown(raw)} is not a share of the step time (3% or 0.03, at most 100%); using 0 (off: every step traced)")
+    return 0.0
+
+
 def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...], default: str) -> str:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
@@ -168,6 +187,9 @@ class Settings:
     profile: str = ""
     stats: StatsMode = "basic"
     sample: int = 1
+    # A share of the step time tracing may add (0.03: 3 %): one step in N traced, N measured
+    # as the loop runs (hooks/budget.py). 0: off, every step (or every SAMPLE-th) traced.
+    budget: float = 0.0
     record_cap: int = DEFAULT_RECORD_CAP
     flush_seconds: float = DEFAULT_FLUSH_SECONDS
     keep_argv: bool = False  # the header keeps the command line's option values
@@ -202,6 +224,10 @@ class Settings:
                 f"Settings(flush_seconds={seconds!r}) is not a number above 0 and at most {MAX_FLUSH_SECONDS:g}; using {DEFAULT_FLUSH_SECONDS}",
             )
             object.__setattr__(self, "flush_seconds", DEFAULT_FLUSH_SECONDS)
+        budget = self.budget
+        if not isinstance(budget, (int, float)) or isinstance(budget, bool) or not (math.isfinite(budget) and 0 <= budget <= 1):
+            _bad("budget", repr(budget), f"Settings(budget={budget!r}) is not a share from 0 (off) to 1; using 0 (off)")
+            object.__setattr__(self, "budget", 0.0)
         values = self.capture_values
         if not isinstance(values, int) or isinstance(values, bool) or not 0 <= values <= MAX_CAPTURE_VALUES:
             _bad(
@@ -233,6 +259,7 @@ class Settings:
             profile=_choice(env, "SPECTRACE_PROFILE", PROFILE_NAMES, ""),
             stats=stats,  # type: ignore[arg-type]
             sample=_positive_int(env, "SPECTRACE_SAMPLE", 1, MAX_SAMPLE),
+            budget=_budget(env, "SPECTRACE_BUDGET"),
             record_cap=_positive_int(env, "SPECTRACE_RECORD_CAP", DEFAULT_RECORD_CAP, MAX_RECORD_CAP),
             flush_seconds=_positive_float(env, "SPECTRACE_FLUSH_SECONDS", DEFAULT_FLUSH_SECONDS, MAX_FLUSH_SECONDS),
             token_stats=_flag(env, "SPECTRACE_TOKEN_STATS", False),

@@ -34,6 +34,7 @@ import torch.nn as nn
 from ..recorder import Recorder
 from ..records import Call
 from . import callwrap, hookdicts, stepwrap
+from .budget import StepBudget
 from .call_text import RawCall, RawTensor, StepContext, call_fields, call_texts, dumps, dumps_core
 from .graph_branch import capturing as _capturing
 from .identity import ByIdentity
@@ -136,6 +137,9 @@ class _ThreadSteps:
         self.start_ns = 0
         self.capturing = False
         self.warming = False  # an engine's eager warm-up before a capture: compile, record nothing
+        # A step that sampling leaves out (SPECTRACE_SAMPLE, SPECTRACE_BUDGET): its calls run
+        # the module alone and are counted. Decided once, when the step opens.
+        self.untraced = False
         self.context: StepContext | None = None
         self.on_device = False  # any traced tensor of this step lives on an accelerator
         self.calls: list[RawCall] = []
@@ -209,10 +213,14 @@ def _landed(item: Any) -> bool:
 class Tracer:
     """Hooks modules and produces one list of call records per step."""
 
-    def __init__(self, recorder: Recorder, *, stats: str = "basic", sample: int = 1) -> None:
+    def __init__(self, recorder: Recorder, *, stats: str = "basic", sample: int = 1, budget: float = 0.0) -> None:
         self.recorder = recorder
         self.stats_mode = stats
         self.sample = max(1, sample)
+        # SPECTRACE_BUDGET: the steps this tracer numbers are traced one in N, N measured
+        # (budget.py); SPECTRACE_SAMPLE is then the smallest N.
+        self.budget = StepBudget(budget, floor=self.sample) if budget > 0 else None
+        self._sampling = self.sample > 1 or self.budget is not None  # some steps may be left out
         self.step = -1
         self.auto_step = True
         self._handles: list[Any] = []
@@ -459,6 +467,10 @@ class Tracer:
         state = self._thread()
         state.step, state.start_ns = step, time.time_ns()
         state.capturing = _capturing()
+        if self.budget is not None:
+            self._decide(state, not self.budget.decide(time.perf_counter()))
+        else:
+            self._decide(state, self.sample > 1 and step >= 0 and step % self.sample != 0)
 
     def _depth(self) -> int:
         return getattr(self._local, "depth", 0)
@@ -473,12 +485,33 @@ class Tracer:
             state.step, state.start_ns = step, time.time_ns()
             # Graphs are captured around whole forwards: one check per step, not per call.
             state.capturing = _capturing()
+            if self._sampling:
+                budget = self.budget
+                if budget is not None:
+                    self._decide(state, not budget.decide(time.perf_counter()))
+                else:
+                    self._decide(state, step % self.sample != 0)
             return True
         return False
 
-    def _sampled(self, state: _ThreadSteps) -> bool:
-        step = state.step
-        return step % self.sample == 0 if step >= 0 else True
+    def _decide(self, state: _ThreadSteps, untraced: bool) -> None:
+        """Mark the step just opened as left out by sampling or not; say the first one once."""
+        state.untraced = untraced
+        if not untraced:
+            return
+        self.recorder.count("steps_untraced", 1)
+        if self.budget is not None:
+            detail = (
+                f"SPECTRACE_BUDGET={self.budget.fraction:.3g}: steps are traced one in N, N measured to keep tracing "
+                "under that share of a step; the other steps' calls are counted (calls_seen), not recorded "
+                "(counted in steps_untraced)"
+            )
+        else:
+            detail = (
+                f"SPECTRACE_SAMPLE={self.sample}: one step in {self.sample} is traced; the other steps' calls are "
+                "counted (calls_seen), not recorded (counted in steps_untraced)"
+            )
+        self.recorder.coverage("not_covered", detail, step=state.step)
 
     def finish_step(self, wait: bool = True) -> None:
         """End this thread's step: start its statistics copy and queue it for the worker.
@@ -678,7 +711,7 @@ class Tracer:
         compile_checked: bool = False,
     ) -> Callable[..., None]:
         inputs_of = view.inputs if view is not None else None
-        keep = view is None and self.stats_mode == "basic" and self.sample == 1  # see PENDING_CALLS
+        keep = view is None and self.stats_mode == "basic" and not self._sampling  # see PENDING_CALLS
 
         def pre_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             if owner is not None and owner() is not module:
@@ -688,7 +721,7 @@ class Tracer:
             try:
                 local = self._local.__dict__
                 state = local.get("steps") or self._thread()
-                if state.warming or (self.sample > 1 and not self._sampled(state)):
+                if state.warming or state.untraced:
                     return
                 stack = local.get("inputs")
                 if stack is None:
@@ -734,7 +767,7 @@ class Tracer:
         outputs_of = view.outputs if view is not None else None
         inputs_of = view.inputs if view is not None else None
         # Kept for a later read (see PENDING_CALLS): the generic walk, every call read.
-        spec = (name, module_type, root, role) if view is None and self.sample == 1 and self.stats_mode != "full" else None
+        spec = (name, module_type, root, role) if view is None and not self._sampling and self.stats_mode != "full" else None
 
         def post_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
             if owner is not None and owner() is not module or not compile_checked and torch.compiler.is_compiling():
@@ -755,7 +788,7 @@ class Tracer:
                 ):
                     self._keep(state, spec, args, kwargs, output, None if inputs_after else entry)
                     return None
-                if not state.warming and self.sample > 1 and not self._sampled(state):
+                if not state.warming and state.untraced:
                     state.seen += 1  # an unsampled step: counted, nothing collected
                     return None
                 items = outputs_of(output, args, kwargs) if outputs_of is not None else None
@@ -801,7 +834,7 @@ class Tracer:
         counted; a sampled step's calls are kept as without sampling."""
         spec = (name, module_type, root, role)
         keeps = view is None and self.stats_mode != "full"
-        sample = self.sample
+        sampling = self._sampling
         local_of = self._local
 
         keep = self._keep
@@ -824,7 +857,7 @@ class Tracer:
                     local = local_of.__dict__
                     state = local.get("steps")
                     if state is not None and not state.capturing and not state.warming and local.get("depth", 0):
-                        if sample > 1 and state.step >= 0 and state.step % sample:
+                        if state.untraced:
                             state.seen += 1  # an unsampled step: counted, nothing collected
                             return output
                         keep(state, spec, args, kwargs, output, None)
@@ -845,15 +878,7 @@ class Tracer:
             try:
                 local = local_of.__dict__
                 state = local.get("steps")
-                if (
-                    sample > 1
-                    and state is not None
-                    and state.step >= 0
-                    and state.step % sample
-                    and not state.capturing
-                    and not state.warming
-                    and local.get("depth", 0)
-                ):
+                if state is not None and state.untraced and not state.capturing and not state.warming and local.get("depth", 0):
                     state.seen += 1  # an unsampled step: counted, nothing collected
                     unsampled = True
                 x = args[0] if args else None
@@ -888,7 +913,7 @@ class Tracer:
                         if stack is None:
                             stack = local["inputs"] = []
                         # (with sampling the post-hook takes no kept call: its inputs, none)
-                        stack.append(version if sample == 1 else [])
+                        stack.append([] if sampling else version)
                     post(module, args, kwargs, output)
                 else:
                     keep(state, spec, args, kwargs, output, version)
@@ -947,7 +972,7 @@ class Tracer:
             self._warm(items)  # an engine's warm-up before capture: compile now, not mid-capture
             return
         state.seen += 1
-        if self.sample > 1 and not self._sampled(state):
+        if state.untraced:
             return
         with self._counter_lock:
             self._seq += 1

@@ -1,0 +1,114 @@
+"""SPECTRACE_BUDGET: steps traced one in N, N measured so that tracing adds at most a share of a step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_llama
+
+import spectrace
+from spectrace import settings as settings_mod
+from spectrace.hooks.budget import BOOTSTRAP, REPROBE, StepBudget
+from spectrace.settings import Settings
+
+
+def drive(budget: StepBudget, steps: int, period: float, cost: float, start: float = 0.0) -> tuple[list[bool], float]:
+    """Steps of ``period`` seconds from one start to the next, ``cost`` more when traced:
+    the decisions, and the clock after."""
+    now = start
+    decided = []
+    for _ in range(steps):
+        traced = budget.decide(now)
+        decided.append(traced)
+        now += period + (cost if traced else 0.0)
+    return decided, now
+
+
+def test_the_interval_holds_the_share_a_traced_step_adds():
+    budget = StepBudget(0.03)
+    # Steps of 10 ms, 3 ms more when traced: 3 / (N * 10) <= 3 % needs N = 10.
+    decided, _ = drive(budget, 200, period=0.010, cost=0.003)
+    assert decided[0]  # the first step is always traced
+    assert decided[1 : 1 + 2 * BOOTSTRAP] == [False, True] * BOOTSTRAP  # alternating while measuring
+    assert budget.interval == 10
+    late = decided[100:]
+    assert sum(late) == len(late) // 10  # one in ten, evenly
+    gaps = [j - i for i, j in zip([k for k, t in enumerate(late) if t], [k for k, t in enumerate(late) if t][1:])]
+    assert set(gaps) == {10}
+    assert budget.traced_steps + budget.untraced_steps == 200
+
+
+def test_the_first_step_is_not_a_measure_and_the_floor_holds():
+    budget = StepBudget(0.5, floor=4)
+    assert budget.decide(0.0)  # a first forward that compiles for 30 s
+    decided, _ = drive(budget, 100, period=0.01, cost=0.001, start=30.0)
+    assert budget.interval == 4  # the cost alone would allow every step; SPECTRACE_SAMPLE=4 is the floor
+    assert sum(decided[50:]) == len(decided[50:]) // 4
+
+
+def test_room_for_every_step_still_leaves_one_out_now_and_then_and_follows_a_change():
+    budget = StepBudget(0.5)
+    decided, now = drive(budget, 10 * REPROBE, period=0.01, cost=0.001)
+    assert budget.interval == 1
+    assert decided[-REPROBE:].count(False) == 1  # a fresh untraced baseline, one step in REPROBE
+    # The steps get cheaper while tracing costs the same: the interval follows.
+    drive(budget, 400, period=0.0005, cost=0.001, start=now)
+    assert budget.interval == 4  # 1 ms / (N * 0.5 ms) <= 50 %
+
+
+def test_a_traced_step_as_dear_as_an_untraced_one_is_traced_one_in_a_hundred_under_one_percent():
+    budget = StepBudget(0.01)
+    drive(budget, 50, period=0.001, cost=0.001)
+    assert budget.interval == 100  # 1 ms / (N * 1 ms) <= 1 %
+    assert 0.0009 < budget.cost() < 0.0011 and 0.0009 < budget.period() < 0.0011
+
+
+def test_the_setting_reads_a_share_or_a_percentage(capsys):
+    settings_mod._bad_said.clear()
+    assert Settings.from_env({"SPECTRACE_BUDGET": "3%"}).budget == 0.03
+    assert Settings.from_env({"SPECTRACE_BUDGET": " 0.05 "}).budget == 0.05
+    assert Settings.from_env({"SPECTRACE_BUDGET": "0"}).budget == 0.0
+    assert Settings.from_env({}).budget == 0.0
+    assert capsys.readouterr().err == ""
+    for bad in ("3", "150%", "nan", "-1%", "lots"):
+        assert Settings.from_env({"SPECTRACE_BUDGET": bad}).budget == 0.0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 5 and all("SPECTRACE_BUDGET" in line and "every step traced" in line for line in err)
+    assert Settings(budget=2.0).budget == 0.0
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread, as under the suite's workers: a pool of two spinning against another
+    process stretches a tiny step a hundredfold at random, and the budget measures steps."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_a_traced_model_under_a_budget_traces_fewer_steps_and_says_so(capsys, one_thread):
+    """A real tiny Llama with statistics, whose traced steps cost more than the steps
+    themselves on the CPU: under a 2 % budget most steps are left out, counted and said
+    once; the traced steps are recorded as in a trace of every step."""
+    model = tiny_llama(layers=4)
+    inputs = [torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(i)) for i in range(120)]
+    with torch.no_grad(), spectrace.trace(model, settings=Settings(budget=0.02)) as t:
+        for ids in inputs:
+            model(ids)
+    budget = t.tracer.budget
+    traced = sorted({c.step for c in t.calls()})
+    assert traced[0] == 0 and len(traced) == budget.traced_steps
+    assert budget.untraced_steps > len(inputs) // 2
+    counters = t.recorder.counters
+    assert counters.steps_untraced == budget.untraced_steps == len(inputs) - len(traced)
+    assert counters.calls_seen == len(inputs) * len(t.hooked)  # every call counted, traced or not
+    said = [line for line in capsys.readouterr().err.splitlines() if "SPECTRACE_BUDGET" in line]
+    assert len(said) == 1 and "not covered" in said[0]
+    with torch.no_grad(), spectrace.trace(model) as every:
+        for step in traced[:3]:
+            model(inputs[step])
+    want = {(c.module, tuple(tuple(m.shape) for m in c.outputs)) for c in every.calls()}
+    assert {(c.module, tuple(tuple(m.shape) for m in c.outputs)) for c in t.calls() if c.step in traced[:3]} == want
+    layers = [m for c in t.calls() if ".layers." in c.module for m in c.outputs]
+    assert layers and all(m.stats is not None for m in layers)  # (an embedding's output keeps none: privacy)
