@@ -112,3 +112,37 @@ def test_a_traced_model_under_a_budget_traces_fewer_steps_and_says_so(capsys, on
     assert {(c.module, tuple(tuple(m.shape) for m in c.outputs)) for c in t.calls() if c.step in traced[:3]} == want
     layers = [m for c in t.calls() if ".layers." in c.module for m in c.outputs]
     assert layers and all(m.stats is not None for m in layers)  # (an embedding's output keeps none: privacy)
+
+
+def test_sampling_takes_whole_loop_iterations_of_a_target_and_its_draft():
+    """A loop that runs a target forward and then two draft forwards: with one step in 2
+    traced, counting every forward alike traced the target's forwards only (steps 0, 2, 4
+    ... fall on the target every other iteration, never on a draft's first forward at an
+    even interval); by iteration, every traced iteration holds the target and its drafts."""
+    target, draft = tiny_llama(layers=2), tiny_llama(layers=1)
+    ids = torch.randint(0, 128, (1, 4), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), spectrace.trace({"target": target, "draft": draft}, settings=Settings(sample=2)) as t:
+        for _ in range(6):
+            target(ids)
+            draft(ids)
+            draft(ids)
+    by_step = {}
+    for c in t.calls():
+        by_step.setdefault(c.step, set()).add(c.module.split(".")[0])
+    assert sorted(by_step) == [0, 1, 2, 6, 7, 8, 12, 13, 14]  # iterations 0, 2 and 4, whole
+    assert [by_step[s] for s in (0, 1, 2)] == [{"target"}, {"draft"}, {"draft"}]
+    assert t.recorder.counters.steps_untraced == 9
+
+
+def test_a_budget_traces_whole_iterations_too(one_thread):
+    target, draft = tiny_llama(layers=2), tiny_llama(layers=1)
+    ids = torch.randint(0, 128, (1, 4), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), spectrace.trace({"target": target, "draft": draft}, settings=Settings(budget=0.02)) as t:
+        for _ in range(60):
+            target(ids)
+            draft(ids)
+    steps = sorted({c.step for c in t.calls()})
+    roots = {s: {c.module.split(".")[0] for c in t.calls() if c.step == s} for s in steps}
+    assert len(steps) < 60  # most iterations left out
+    assert all(roots[s] == ({"target"} if s % 2 == 0 else {"draft"}) for s in steps)
+    assert {s + 1 for s in steps if s % 2 == 0} == {s for s in steps if s % 2 == 1}  # each traced target with its draft

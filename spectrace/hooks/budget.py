@@ -2,23 +2,25 @@
 
 A host-bound decode loop pays a traced step's host time in full: statistics of 40 modules
 are a few milliseconds on steps of 20. :class:`StepBudget` times each step's period (its
-start to the next step's start, the loop's own work between them included) and compares
-the periods of traced and untraced steps. It traces one step in N, with N the smallest
-interval that keeps
+start to the next step's start, the loop's own work between them included). A traced
+step's cost is its period less that of the untraced step just before it: adjacent steps
+share the load of the machine and the state of a warming loop, where two separate medians
+would not. It traces one step in N, with N the smallest interval that keeps
 
-    (traced period - untraced period) / (N * untraced period)  <=  fraction
+    median(cost) / (N * median(untraced period))  <=  fraction
 
-A period is what the loop pays: a step whose extra host time hides behind the device (a
-GPU-bound step of a loop that waits for each token) costs what it delays the next step,
-nothing more. It starts by alternating traced and untraced steps (the first step, a
-prefill or a warm-up, is traced and not measured) until it has :data:`BOOTSTRAP` periods
-of each, then re-estimates N from the medians of the last :data:`WINDOW` of each. Where
-the budget allows every step, one step in :data:`REPROBE` is still left untraced, so the
-untraced baseline follows a loop whose steps change (a growing batch).
+over the last :data:`WINDOW` of each. A period is what the loop pays: a step whose extra
+host time hides behind the device (a GPU-bound step of a loop that waits for each token)
+costs what it delays the next step, nothing more.
+
+It starts by alternating untraced and traced steps after the first one (a prefill or a
+warm-up: traced, not measured) until it has :data:`BOOTSTRAP` costs. Where the budget
+allows every step, one step in :data:`REPROBE` is still left untraced, followed by a
+traced one: a fresh cost, so the interval follows a loop whose steps change.
 
 Work a traced step leaves to the record thread that runs during later untraced steps
-counts as theirs (the baseline), not as the traced step's cost. No torch here: only the
-clock's readings, handed in by the engine.
+counts as theirs, not as the traced step's cost. No torch here: only the clock's
+readings, handed in by the engine.
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ import math
 import statistics
 from collections import deque
 
-BOOTSTRAP = 3  # periods of traced and of untraced steps (each) before the interval is estimated
-WINDOW = 16  # the last periods of each kind the medians are taken over
-REPROBE = 32  # with room for every step, one untraced step in this many (a fresh baseline)
+BOOTSTRAP = 3  # costs (traced periods beside the untraced one before) before the interval is estimated
+WINDOW = 16  # the last costs and untraced periods the medians are taken over
+REPROBE = 16  # with room for every step, one untraced step in this many (then a fresh cost)
 MAX_INTERVAL = 1_000_000
 
 
@@ -49,28 +51,34 @@ class StepBudget:
         self.interval = self.floor
         self.traced_steps = 0
         self.untraced_steps = 0
-        self._traced: deque[float] = deque(maxlen=WINDOW)  # periods of traced steps, seconds
+        self._costs: deque[float] = deque(maxlen=WINDOW)  # traced period - the untraced period before, seconds
         self._untraced: deque[float] = deque(maxlen=WINDOW)  # periods of untraced steps
         self._since = 0  # steps decided since the last traced one
         self._since_untraced = 0  # steps decided since the last untraced one
         self._last: tuple[bool, float] | None = None  # (traced, start) of the step decided last
+        self._before: float | None = None  # the period of the untraced step before the last one, if it was
         self._decided = 0
 
     @property
     def measured(self) -> bool:
         """Whether the interval is estimated (the bootstrap is over)."""
-        return len(self._traced) >= BOOTSTRAP and len(self._untraced) >= BOOTSTRAP
+        return len(self._costs) >= BOOTSTRAP
 
     def decide(self, start: float) -> bool:
         """Whether the step starting at ``start`` (seconds, a monotonic clock) is traced."""
         last = self._last
         self._decided += 1
         if last is not None and self._decided > 2:  # (the first step's period is not a measure)
-            (self._traced if last[0] else self._untraced).append(start - last[1])
-            # (three medians cost a few microseconds: retaken after a traced step's period,
-            # and every few untraced ones, where the interval can change)
-            if self.measured and (last[0] or self._decided % 8 == 0):
-                self.interval = self._estimate()
+            period = start - last[1]
+            if not last[0]:
+                self._untraced.append(period)
+                self._before = period
+            else:
+                if self._before is not None:
+                    self._costs.append(period - self._before)
+                    if self.measured:
+                        self.interval = self._estimate()
+                self._before = None
         if last is None:
             traced = True  # the first step: always traced
         elif not self.measured:
@@ -89,10 +97,10 @@ class StepBudget:
         return traced
 
     def cost(self) -> float:
-        """Seconds a traced step adds to its period: the medians' difference (0 before measured)."""
+        """Seconds a traced step adds to its period: the median cost (0 before measured)."""
         if not self.measured:
             return 0.0
-        return max(0.0, statistics.median(self._traced) - statistics.median(self._untraced))
+        return max(0.0, statistics.median(self._costs))
 
     def period(self) -> float:
         """The median period of an untraced step, seconds (0 before measured)."""

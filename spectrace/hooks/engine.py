@@ -221,6 +221,9 @@ class Tracer:
         # (budget.py); SPECTRACE_SAMPLE is then the smallest N.
         self.budget = StepBudget(budget, floor=self.sample) if budget > 0 else None
         self._sampling = self.sample > 1 or self.budget is not None  # some steps may be left out
+        self._lead: weakref.ref[nn.Module] | None = None  # the model whose forwards start an iteration
+        self._lead_untraced = False  # the current iteration's decision
+        self._iterations = 0  # the lead's forwards so far
         self.step = -1
         self.auto_step = True
         self._handles: list[Any] = []
@@ -408,7 +411,7 @@ class Tracer:
         depth = self._depth()
         if self._adopted and depth == 0:
             self._attach_adopted(root)
-        opened = self._open_step(depth)
+        opened = self._open_step(depth, root)
         if opened and self.context_of is not None:
             state = self._thread()
             try:
@@ -475,7 +478,7 @@ class Tracer:
     def _depth(self) -> int:
         return getattr(self._local, "depth", 0)
 
-    def _open_step(self, depth: int) -> bool:
+    def _open_step(self, depth: int, root: nn.Module | None = None) -> bool:
         self._local.depth = depth + 1
         if depth == 0 and self.auto_step:
             with self._counter_lock:
@@ -486,13 +489,27 @@ class Tracer:
             # Graphs are captured around whole forwards: one check per step, not per call.
             state.capturing = _capturing()
             if self._sampling:
-                budget = self.budget
-                if budget is not None:
-                    self._decide(state, not budget.decide(time.perf_counter()))
-                else:
-                    self._decide(state, step % self.sample != 0)
+                self._decide(state, self._iteration_untraced(root))
             return True
         return False
+
+    def _iteration_untraced(self, root: nn.Module | None) -> bool:
+        """Whether the step ``root`` opens is left out by sampling. Steps are sampled by loop
+        iteration: the first model to run (the lead: a target, or the one model of a
+        ``generate``) decides at each of its forwards, and the other models' forwards up to
+        its next one follow. Counting every model's forwards alike would trace one model
+        only in a loop that alternates two (a target and its draft) at an even interval."""
+        lead = self._lead() if self._lead is not None else None
+        if lead is None or root is None:
+            lead = root
+            self._lead = weakref.ref(root) if root is not None else None
+        if root is lead:
+            if self.budget is not None:
+                self._lead_untraced = not self.budget.decide(time.perf_counter())
+            else:
+                self._lead_untraced = self._iterations % self.sample != 0
+            self._iterations += 1
+        return self._lead_untraced
 
     def _decide(self, state: _ThreadSteps, untraced: bool) -> None:
         """Mark the step just opened as left out by sampling or not; say the first one once."""
@@ -502,13 +519,13 @@ class Tracer:
         self.recorder.count("steps_untraced", 1)
         if self.budget is not None:
             detail = (
-                f"SPECTRACE_BUDGET={self.budget.fraction:.3g}: steps are traced one in N, N measured to keep tracing "
-                "under that share of a step; the other steps' calls are counted (calls_seen), not recorded "
+                f"SPECTRACE_BUDGET={self.budget.fraction:.3g}: loop iterations are traced one in N, N measured to keep tracing "
+                "under that share of an iteration; the other steps' calls are counted (calls_seen), not recorded "
                 "(counted in steps_untraced)"
             )
         else:
             detail = (
-                f"SPECTRACE_SAMPLE={self.sample}: one step in {self.sample} is traced; the other steps' calls are "
+                f"SPECTRACE_SAMPLE={self.sample}: one loop iteration in {self.sample} is traced; the other steps' calls are "
                 "counted (calls_seen), not recorded (counted in steps_untraced)"
             )
         self.recorder.coverage("not_covered", detail, step=state.step)
