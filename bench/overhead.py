@@ -59,6 +59,8 @@ SIZES = {
     # name: (layers, hidden, intermediate, heads, kv_heads, vocab, draft_vocab, batch, seq, dtype)
     "tiny": (2, 64, 128, 4, 2, 256, 128, 1, 16, "float32"),
     "medium": (8, 1024, 2816, 16, 8, 32000, 16000, 1, 256, "float32"),
+    # a host-bound CPU step: its decode-like steps take a few ms, most of it Python
+    "small": (8, 256, 704, 8, 4, 4096, 2048, 1, 64, "float32"),
     "llama8b": (32, 4096, 14336, 32, 8, 128256, 32000, 4, 512, "bfloat16"),
 }
 
