@@ -1,26 +1,30 @@
-"""Which steps to trace so that tracing adds at most a given share to a step (``SPECTRACE_BUDGET``).
+"""Which steps to trace so that tracing adds at most a given share to a loop (``SPECTRACE_BUDGET``).
 
 A host-bound decode loop pays a traced step's host time in full: statistics of 40 modules
 are a few milliseconds on steps of 20. :class:`StepBudget` times each step's period (its
-start to the next step's start, the loop's own work between them included). A traced
-step's cost is its period less that of the untraced step just before it: adjacent steps
-share the load of the machine and the state of a warming loop, where two separate medians
-would not. It traces one step in N, with N the smallest interval that keeps
+start to the next step's start, the loop's own work between them included) and traces one
+step in N. A traced step's cost is its period and that of the step after it, less two
+baseline periods: the baseline is the untraced step just before a traced one (the
+furthest from the last traced step). So the cost holds what the traced step pays and what
+it leaves to the step after it (records written by a thread, the model's code run cold
+again), and no more than two periods' noise (the sum over all N steps of an interval
+would hold N). N is the smallest interval with
 
-    median(cost) / (N * median(untraced period))  <=  fraction
+    median(cost) / (N * median(baseline period))  <=  fraction
 
 over the last :data:`WINDOW` of each. A period is what the loop pays: a step whose extra
 host time hides behind the device (a GPU-bound step of a loop that waits for each token)
 costs what it delays the next step, nothing more.
 
+The periods of a noisy host can hide a cost (a median difference of 0): spectrace's own
+time in a traced step's read of its calls and its end (handed in with :meth:`spent`, two
+clock readings a step) is a floor under the cost, measured without that noise.
+
 It starts by alternating untraced and traced steps after the first one (a prefill or a
 warm-up: traced, not measured) until it has :data:`BOOTSTRAP` costs. Where the budget
-allows every step, one step in :data:`REPROBE` is still left untraced, followed by a
-traced one: a fresh cost, so the interval follows a loop whose steps change.
-
-Work a traced step leaves to the record thread that runs during later untraced steps
-counts as theirs, not as the traced step's cost. No torch here: only the clock's
-readings, handed in by the engine.
+allows every step, one step in :data:`REPROBE` is still left untraced, for a fresh
+baseline, so the interval follows a loop whose steps change. No torch here: only the
+clock's readings, handed in by the engine.
 """
 
 from __future__ import annotations
@@ -29,9 +33,9 @@ import math
 import statistics
 from collections import deque
 
-BOOTSTRAP = 3  # costs (traced periods beside the untraced one before) before the interval is estimated
-WINDOW = 16  # the last costs and untraced periods the medians are taken over
-REPROBE = 16  # with room for every step, one untraced step in this many (then a fresh cost)
+BOOTSTRAP = 3  # costs measured before the interval is estimated
+WINDOW = 16  # the last costs and baseline periods the medians are taken over
+REPROBE = 16  # with room for every step, one untraced step in this many (a fresh baseline)
 MAX_INTERVAL = 1_000_000
 
 
@@ -51,13 +55,19 @@ class StepBudget:
         self.interval = self.floor
         self.traced_steps = 0
         self.untraced_steps = 0
-        self._costs: deque[float] = deque(maxlen=WINDOW)  # traced period - the untraced period before, seconds
-        self._untraced: deque[float] = deque(maxlen=WINDOW)  # periods of untraced steps
+        self._costs: deque[float] = deque(maxlen=WINDOW)  # seconds a traced step added
+        self._baseline: deque[float] = deque(maxlen=WINDOW)  # periods of untraced steps just before a traced one
+        self._history: list[tuple[bool, float]] = []  # (traced, period) of the last steps, newest last (at most 3)
         self._since = 0  # steps decided since the last traced one
         self._since_untraced = 0  # steps decided since the last untraced one
         self._last: tuple[bool, float] | None = None  # (traced, start) of the step decided last
-        self._before: float | None = None  # the period of the untraced step before the last one, if it was
         self._decided = 0
+        self._own: deque[float] = deque(maxlen=WINDOW)  # spectrace's own seconds in traced steps
+        self._own_open = 0.0  # in the step decided last, so far
+
+    def spent(self, seconds: float) -> None:
+        """spectrace's own host time in the step decided last (its read of kept calls, its end)."""
+        self._own_open += seconds
 
     @property
     def measured(self) -> bool:
@@ -69,16 +79,10 @@ class StepBudget:
         last = self._last
         self._decided += 1
         if last is not None and self._decided > 2:  # (the first step's period is not a measure)
-            period = start - last[1]
-            if not last[0]:
-                self._untraced.append(period)
-                self._before = period
-            else:
-                if self._before is not None:
-                    self._costs.append(period - self._before)
-                    if self.measured:
-                        self.interval = self._estimate()
-                self._before = None
+            if last[0]:
+                self._own.append(self._own_open)
+            self._period(last[0], start - last[1])
+        self._own_open = 0.0
         if last is None:
             traced = True  # the first step: always traced
         elif not self.measured:
@@ -87,6 +91,8 @@ class StepBudget:
             traced = self._since_untraced + 1 < REPROBE
         else:
             traced = self._since + 1 >= self.interval
+        if traced and last is not None and not last[0] and self._history and self._history[-1][0] is False:
+            self._baseline.append(self._history[-1][1])  # the untraced step just before this traced one
         self._since = 0 if traced else self._since + 1
         self._since_untraced = self._since_untraced + 1 if traced else 0
         self._last = (traced, start)
@@ -96,19 +102,42 @@ class StepBudget:
             self.untraced_steps += 1
         return traced
 
+    def _period(self, traced: bool, period: float) -> None:
+        """The last step's period is known: a traced step's cost once the step after it is
+        known too (with the step after it when that one was untraced)."""
+        history = self._history
+        history.append((traced, period))
+        if len(history) > 3:
+            del history[0]
+        if len(history) < 2 or not self._baseline:
+            return
+        (before, p_before), (now, p_now) = history[-2], history[-1]
+        base = statistics.median(self._baseline)
+        if before and not now:
+            cost = (p_before - base) + (p_now - base)  # a traced step and the untraced one after it
+        elif before and now:
+            cost = p_before - base  # a traced step followed by another: its own period alone
+        else:
+            return
+        self._costs.append(cost)
+        if self.measured:
+            self.interval = self._estimate()
+
     def cost(self) -> float:
-        """Seconds a traced step adds to its period: the median cost (0 before measured)."""
+        """Seconds a traced step adds to the loop: the median cost, at least the median of
+        spectrace's own time in a traced step (0 before measured)."""
         if not self.measured:
             return 0.0
-        return max(0.0, statistics.median(self._costs))
+        own = statistics.median(self._own) if self._own else 0.0
+        return max(0.0, statistics.median(self._costs), own)
 
     def period(self) -> float:
-        """The median period of an untraced step, seconds (0 before measured)."""
-        return statistics.median(self._untraced) if self._untraced else 0.0
+        """The baseline: the median period of an untraced step just before a traced one, seconds."""
+        return statistics.median(self._baseline) if self._baseline else 0.0
 
     def _estimate(self) -> int:
         period = self.period()
         if period <= 0:
             return MAX_INTERVAL
-        wanted = math.ceil(self.cost() / (self.fraction * period))
+        wanted = math.ceil(self.cost() / (self.fraction * period) - 1e-9)  # (10.000000001 is 10)
         return min(MAX_INTERVAL, max(self.floor, wanted))

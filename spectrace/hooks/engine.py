@@ -185,6 +185,10 @@ def _holds_mutable(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> bool
 
 
 _NO_INPUTS: list[RawTensor] = []  # a call whose inputs could not be noted (never appended to)
+# A call of a step left out by sampling: its pre-hook's entry on the inputs stack, so its
+# post-hook pops one entry per call in every step, and a call that crosses from an untraced
+# step into a traced one (a hooked root) is still matched.
+_UNTRACED: list[RawTensor] = []
 
 # A call inside a traced forward is kept as it came (its arguments and output, held) and
 # read with the others in one pass: at the step's end, or once PENDING_CALLS calls or
@@ -434,7 +438,13 @@ class Tracer:
             if opened:
                 # A module that raised inside left its inputs on the stack (no post-hook ran).
                 del stack[pending:]
-                self.finish_step(wait=False)  # no host sync inside the forward
+                budget = self.budget
+                if budget is None:
+                    self.finish_step(wait=False)  # no host sync inside the forward
+                else:
+                    began = time.perf_counter()
+                    self.finish_step(wait=False)
+                    budget.spent(time.perf_counter() - began)
 
     def detach(self) -> None:
         """Remove every hook and every forward wrapper (called from ``finally``)."""
@@ -728,7 +738,7 @@ class Tracer:
         compile_checked: bool = False,
     ) -> Callable[..., None]:
         inputs_of = view.inputs if view is not None else None
-        keep = view is None and self.stats_mode == "basic" and not self._sampling  # see PENDING_CALLS
+        keep = view is None and self.stats_mode == "basic"  # see PENDING_CALLS
 
         def pre_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             if owner is not None and owner() is not module:
@@ -738,11 +748,14 @@ class Tracer:
             try:
                 local = self._local.__dict__
                 state = local.get("steps") or self._thread()
-                if state.warming or state.untraced:
+                if state.warming:
                     return
                 stack = local.get("inputs")
                 if stack is None:
                     stack = local["inputs"] = []
+                if state.untraced:
+                    stack.append(_UNTRACED)  # counted by the post-hook
+                    return
                 if (
                     keep
                     and state.stats.defer  # no engine's unversioned in-place kernels (Tracer.defer_stats)
@@ -784,7 +797,7 @@ class Tracer:
         outputs_of = view.outputs if view is not None else None
         inputs_of = view.inputs if view is not None else None
         # Kept for a later read (see PENDING_CALLS): the generic walk, every call read.
-        spec = (name, module_type, root, role) if view is None and not self._sampling and self.stats_mode != "full" else None
+        spec = (name, module_type, root, role) if view is None and self.stats_mode != "full" else None
 
         def post_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
             if owner is not None and owner() is not module or not compile_checked and torch.compiler.is_compiling():
@@ -793,7 +806,17 @@ class Tracer:
                 local = self._local.__dict__
                 state = local.get("steps") or self._thread()
                 entry: Any = None
-                if spec is not None and not inputs_after and not state.warming:  # the pre-hook pushed one
+                popped = False
+                if not inputs_after and not state.warming:
+                    stack = local.get("inputs")
+                    if stack and stack[-1] is _UNTRACED:  # its pre-hook ran in a step left out
+                        stack.pop()
+                        if state.untraced:
+                            state.seen += 1
+                            return None
+                        # (a hooked root: its pre-hook ran before this traced step opened)
+                        entry, popped = _NO_INPUTS, True
+                if spec is not None and not popped and not inputs_after and not state.warming:  # the pre-hook pushed one
                     stack = local.get("inputs")
                     entry = stack.pop() if stack else []
                 if (
@@ -806,7 +829,13 @@ class Tracer:
                     self._keep(state, spec, args, kwargs, output, None if inputs_after else entry)
                     return None
                 if not state.warming and state.untraced:
-                    state.seen += 1  # an unsampled step: counted, nothing collected
+                    # A call begun in a traced step that ends in one left out: counted, its
+                    # pre-hook's entry dropped (spec's was popped above).
+                    if spec is None and not inputs_after and not popped:
+                        stack = local.get("inputs")
+                        if stack:
+                            stack.pop()
+                    state.seen += 1
                     return None
                 items = outputs_of(output, args, kwargs) if outputs_of is not None else None
                 plain = None
@@ -847,11 +876,10 @@ class Tracer:
         its first input's version before the call, then the call; shapes only keeps the call.
         Any other call runs the pre-hook, the forward and the post-hook. Each hook costs
         more here than in a loop (cold, between the model's kernels): one entry, not three.
-        With sampling, a call of a step that is not sampled runs the forward alone and is
-        counted; a sampled step's calls are kept as without sampling."""
+        With sampling, a call of a step that is left out runs the forward alone and is
+        counted; a traced step's calls are kept as without sampling."""
         spec = (name, module_type, root, role)
         keeps = view is None and self.stats_mode != "full"
-        sampling = self._sampling
         local_of = self._local
 
         keep = self._keep
@@ -929,8 +957,7 @@ class Tracer:
                         stack = local.get("inputs")
                         if stack is None:
                             stack = local["inputs"] = []
-                        # (with sampling the post-hook takes no kept call: its inputs, none)
-                        stack.append([] if sampling else version)
+                        stack.append(version)
                     post(module, args, kwargs, output)
                 else:
                     keep(state, spec, args, kwargs, output, version)
@@ -952,12 +979,25 @@ class Tracer:
             pending.append((spec, args, kwargs, output, time.time(), version, output, output._version))
         else:  # no output tensor whose version proves its values later: read now
             pending.append((spec, args, kwargs, output, time.time(), version, None, 0))
-            self._read_pending(state)
+            self._read_pending_counted(state)
             return
         if type(output) is torch.Tensor:
             state.pending_bytes += output.nbytes
         if len(pending) >= PENDING_CALLS or state.pending_bytes > PENDING_BYTES or _holds_mutable(args, kwargs):
-            self._read_pending(state)  # (a list or dict argument may change before a later read)
+            self._read_pending_counted(state)  # (a list or dict argument may change before a later read)
+
+    def _read_pending_counted(self, state: _ThreadSteps) -> None:
+        """:meth:`_read_pending` from a hook, its time handed to the budget (its floor of a
+        traced step's cost)."""
+        budget = self.budget
+        if budget is None:
+            self._read_pending(state)
+            return
+        began = time.perf_counter()
+        try:
+            self._read_pending(state)
+        finally:
+            budget.spent(time.perf_counter() - began)
 
     def observe(self, name: str, module_type: str, role: str | None, items: list[ViewItem], root: str = "") -> None:
         """A call the engine did not see as a module call (a function an integration
