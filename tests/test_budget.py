@@ -117,37 +117,38 @@ def test_a_traced_model_under_a_budget_traces_fewer_steps_and_says_so(capsys, on
     assert layers and all(m.stats is not None for m in layers)  # (an embedding's output keeps none: privacy)
 
 
+def pair_loop(settings: Settings, iterations: int, drafts: int) -> tuple[spectrace.Trace, dict[int, set[str]]]:
+    """A loop of a target forward and ``drafts`` draft forwards (two tiny Llamas): its trace,
+    and the models each recorded step's calls came from."""
+    target, draft = tiny_llama(layers=2), tiny_llama(layers=1)
+    ids = torch.randint(0, 128, (1, 4), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), spectrace.trace({"target": target, "draft": draft}, settings=settings) as t:
+        for _ in range(iterations):
+            target(ids)
+            for _ in range(drafts):
+                draft(ids)
+    by_step: dict[int, set[str]] = {}
+    for c in t.calls():
+        by_step.setdefault(c.step, set()).add(c.module.split(".")[0])
+    return t, by_step
+
+
 def test_sampling_takes_whole_loop_iterations_of_a_target_and_its_draft():
     """A loop that runs a target forward and then two draft forwards: with one step in 2
     traced, counting every forward alike traced the target's forwards only (steps 0, 2, 4
     ... fall on the target every other iteration, never on a draft's first forward at an
     even interval); by iteration, every traced iteration holds the target and its drafts."""
-    target, draft = tiny_llama(layers=2), tiny_llama(layers=1)
-    ids = torch.randint(0, 128, (1, 4), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad(), spectrace.trace({"target": target, "draft": draft}, settings=Settings(sample=2)) as t:
-        for _ in range(6):
-            target(ids)
-            draft(ids)
-            draft(ids)
-    by_step = {}
-    for c in t.calls():
-        by_step.setdefault(c.step, set()).add(c.module.split(".")[0])
+    t, by_step = pair_loop(Settings(sample=2), 6, drafts=2)
     assert sorted(by_step) == [0, 1, 2, 6, 7, 8, 12, 13, 14]  # iterations 0, 2 and 4, whole
     assert [by_step[s] for s in (0, 1, 2)] == [{"target"}, {"draft"}, {"draft"}]
     assert t.recorder.counters.steps_untraced == 9
 
 
 def test_a_budget_traces_whole_iterations_too(one_thread):
-    target, draft = tiny_llama(layers=2), tiny_llama(layers=1)
-    ids = torch.randint(0, 128, (1, 4), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad(), spectrace.trace({"target": target, "draft": draft}, settings=Settings(budget=0.02)) as t:
-        for _ in range(60):
-            target(ids)
-            draft(ids)
-    steps = sorted({c.step for c in t.calls()})
-    roots = {s: {c.module.split(".")[0] for c in t.calls() if c.step == s} for s in steps}
+    _t, by_step = pair_loop(Settings(budget=0.02), 60, drafts=1)
+    steps = sorted(by_step)
     assert len(steps) < 60  # most iterations left out
-    assert all(roots[s] == ({"target"} if s % 2 == 0 else {"draft"}) for s in steps)
+    assert all(by_step[s] == ({"target"} if s % 2 == 0 else {"draft"}) for s in steps)
     assert {s + 1 for s in steps if s % 2 == 0} == {s for s in steps if s % 2 == 1}  # each traced target with its draft
 
 
