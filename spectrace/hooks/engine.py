@@ -228,6 +228,18 @@ class Tracer:
         self._lead: weakref.ref[nn.Module] | None = None  # the model whose forwards start an iteration
         self._lead_untraced = False  # the current iteration's decision
         self._iterations = 0  # the lead's forwards so far
+        # What the first step left out says (once; later ones are counted under it)
+        if self.budget is not None:
+            self._untraced_detail = (
+                f"SPECTRACE_BUDGET={self.budget.fraction:.3g}: loop iterations are traced one in N, N measured to keep tracing "
+                "under that share of an iteration; the other steps' calls are counted (calls_seen), not recorded "
+                "(counted in steps_untraced)"
+            )
+        else:
+            self._untraced_detail = (
+                f"SPECTRACE_SAMPLE={self.sample}: one loop iteration in {self.sample} is traced; the other steps' calls are "
+                "counted (calls_seen), not recorded (counted in steps_untraced)"
+            )
         self.step = -1
         self.auto_step = True
         self._handles: list[Any] = []
@@ -480,10 +492,7 @@ class Tracer:
         state = self._thread()
         state.step, state.start_ns = step, time.time_ns()
         state.capturing = _capturing()
-        if self.budget is not None:
-            self._decide(state, not self.budget.decide(time.perf_counter()))
-        else:
-            self._decide(state, self.sample > 1 and step >= 0 and step % self.sample != 0)
+        self._decide(state, self._untraced_at(step))
 
     def _depth(self) -> int:
         return getattr(self._local, "depth", 0)
@@ -514,12 +523,16 @@ class Tracer:
             lead = root
             self._lead = weakref.ref(root) if root is not None else None
         if root is lead:
-            if self.budget is not None:
-                self._lead_untraced = not self.budget.decide(time.perf_counter())
-            else:
-                self._lead_untraced = self._iterations % self.sample != 0
+            self._lead_untraced = self._untraced_at(self._iterations)
             self._iterations += 1
         return self._lead_untraced
+
+    def _untraced_at(self, count: int) -> bool:
+        """Whether the iteration (or marked step) numbered ``count`` is left out: the
+        budget's decision, else every SAMPLE-th one is traced."""
+        if self.budget is not None:
+            return not self.budget.decide(time.perf_counter())
+        return self.sample > 1 and count >= 0 and count % self.sample != 0
 
     def _decide(self, state: _ThreadSteps, untraced: bool) -> None:
         """Mark the step just opened as left out by sampling or not; say the first one once."""
@@ -527,18 +540,7 @@ class Tracer:
         if not untraced:
             return
         self.recorder.count("steps_untraced", 1)
-        if self.budget is not None:
-            detail = (
-                f"SPECTRACE_BUDGET={self.budget.fraction:.3g}: loop iterations are traced one in N, N measured to keep tracing "
-                "under that share of an iteration; the other steps' calls are counted (calls_seen), not recorded "
-                "(counted in steps_untraced)"
-            )
-        else:
-            detail = (
-                f"SPECTRACE_SAMPLE={self.sample}: one loop iteration in {self.sample} is traced; the other steps' calls are "
-                "counted (calls_seen), not recorded (counted in steps_untraced)"
-            )
-        self.recorder.coverage("not_covered", detail, step=state.step)
+        self.recorder.coverage("not_covered", self._untraced_detail, step=state.step)
 
     def finish_step(self, wait: bool = True) -> None:
         """End this thread's step: start its statistics copy and queue it for the worker.
