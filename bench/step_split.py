@@ -8,7 +8,8 @@ shapes-only and statistics mode, and wraps the tracer's and the read-back's func
 perf_counter timers (host thread only; the record worker is left alone). Each figure is the
 median over steps of the milliseconds spent inside that function per step, its callees
 included (``not_running``: the part of it the thread's CPU clock did not count, a wait for the
-GIL or the device): the parts overlap (``finish_step`` holds ``_read_pending``, which holds ``_note``).
+GIL or the device): the parts overlap (``_read_pending`` holds ``_note``; it runs inside
+``finish_step`` and also from a hook, when a call's output cannot prove its values later).
 The timers add their own cost, so the sum exceeds what ``bench/overhead.py`` accounts.
 ``buffers_made``: statistics buffers built so far (a steady loop builds none after its first
 step). ``--profile``: the CUDA runtime calls of five steps (``cudaHostAlloc`` in a steady loop
