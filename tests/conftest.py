@@ -15,7 +15,10 @@ os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")  # DeepSeek routing is torch.c
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Two workers on two cores: OpenMP pools of two threads each spin against each other
     # and tiny-model tests crawl. One thread per worker keeps the cores busy, not fighting.
+    # The same for the processes a test starts (the demo in a tmux pane, a bench script):
+    # two demos side by side took 66 s with a pool each, 15 s with one thread each.
     torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def load_script(path: str | os.PathLike[str]) -> ModuleType:
