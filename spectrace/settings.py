@@ -142,8 +142,11 @@ def _positive_float(env: Mapping[str, str], name: str, default: float, maximum: 
     return default
 
 
+BUDGET_MIN = 1e-6  # the smallest budget share (0.0001 %): below it the interval's arithmetic overflows
+
+
 def _budget(env: Mapping[str, str], name: str) -> float:
-    """A share of the step time: ``3%`` or ``0.03``, above 0 and at most 100 %; 0 (off) when unset."""
+    """A share of the step time: ``3%`` or ``0.03``, from 0.0001 % to 100 %; 0 (off) when unset."""
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return 0.0
@@ -155,9 +158,9 @@ def _budget(env: Mapping[str, str], name: str) -> float:
         value = math.nan
     if percent:
         value /= 100
-    if value == 0 or (math.isfinite(value) and 0 < value <= 1):
+    if value == 0 or (math.isfinite(value) and BUDGET_MIN <= value <= 1):
         return value
-    _bad(name, raw, f"{name}={_shown(raw)} is not a share of the step time (3% or 0.03, at most 100%); using 0 (off: every step traced)")
+    _bad(name, raw, f"{name}={_shown(raw)} is not a share of the step time (3% or 0.03, 0.0001% to 100%); using 0 (off: every step traced)")
     return 0.0
 
 
@@ -225,8 +228,12 @@ class Settings:
             )
             object.__setattr__(self, "flush_seconds", DEFAULT_FLUSH_SECONDS)
         budget = self.budget
-        if not isinstance(budget, (int, float)) or isinstance(budget, bool) or not (math.isfinite(budget) and 0 <= budget <= 1):
-            _bad("budget", repr(budget), f"Settings(budget={budget!r}) is not a share from 0 (off) to 1; using 0 (off)")
+        if (
+            not isinstance(budget, (int, float))
+            or isinstance(budget, bool)
+            or not (budget == 0 or math.isfinite(budget) and BUDGET_MIN <= budget <= 1)
+        ):
+            _bad("budget", repr(budget), f"Settings(budget={budget!r}) is not 0 (off) or a share from {BUDGET_MIN:g} to 1; using 0 (off)")
             object.__setattr__(self, "budget", 0.0)
         values = self.capture_values
         if not isinstance(values, int) or isinstance(values, bool) or not 0 <= values <= MAX_CAPTURE_VALUES:

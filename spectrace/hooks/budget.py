@@ -22,7 +22,10 @@ time in a traced step's read of its calls and its end (handed in with :meth:`spe
 clock readings a step) is a floor under the cost, measured without that noise.
 
 It starts by alternating untraced and traced steps after the first one (a prefill or a
-warm-up: traced, not measured) until it has :data:`BOOTSTRAP` costs. Where the budget
+warm-up: traced, not measured) until it has :data:`BOOTSTRAP` costs. An estimate raises the
+interval at most :data:`GROWTH` times (lowers it at once): a step or two run cold at the
+start (lazy set-up, caches filled) would otherwise leave thousands of steps untraced until
+the medians forget them. Where the budget
 allows every step, one step in :data:`REPROBE` is still left untraced, for a fresh
 baseline, so the interval follows a loop whose steps change. No torch here: only the
 clock's readings, handed in by the engine.
@@ -34,10 +37,13 @@ import math
 import statistics
 from collections import deque
 
+from ..settings import BUDGET_MIN
+
 BOOTSTRAP = 3  # costs measured before the interval is estimated
 WINDOW = 16  # the last costs and baseline periods the medians are taken over
 REPROBE = 16  # with room for every step, one untraced step in this many (a fresh baseline)
 MAX_INTERVAL = 1_000_000
+GROWTH = 4  # an estimate raises the interval at most this many times (a cold first step or two)
 
 
 class StepBudget:
@@ -49,8 +55,8 @@ class StepBudget:
     """
 
     def __init__(self, fraction: float, floor: int = 1) -> None:
-        if not (math.isfinite(fraction) and 0 < fraction <= 1):
-            raise ValueError(f"budget fraction {fraction!r} is not in (0, 1]")
+        if not (math.isfinite(fraction) and BUDGET_MIN <= fraction <= 1):
+            raise ValueError(f"budget fraction {fraction!r} is not in [{BUDGET_MIN:g}, 1]")
         self.fraction = fraction
         self.floor = max(1, floor)
         self.interval = self.floor
@@ -140,5 +146,9 @@ class StepBudget:
         period = self.period()
         if period <= 0:
             return MAX_INTERVAL
-        wanted = math.ceil(self.cost() / (self.fraction * period) - 1e-9)  # (10.000000001 is 10)
-        return min(MAX_INTERVAL, max(self.floor, wanted))
+        ratio = self.cost() / (self.fraction * period)
+        if not ratio < MAX_INTERVAL:  # (also a ratio that is not finite)
+            wanted = MAX_INTERVAL
+        else:
+            wanted = math.ceil(ratio - 1e-9)  # (10.000000001 is 10)
+        return min(MAX_INTERVAL, GROWTH * self.interval, max(self.floor, wanted))

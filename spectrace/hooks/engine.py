@@ -202,6 +202,9 @@ _UNTRACED: list[RawTensor] = []
 # then on (Tracer._read_at_once).
 PENDING_CALLS = 64
 PENDING_BYTES = 64 << 20
+# Sampling by loop iteration: a lead that has not run for this many forwards of other models
+# (a warm-up before another model's loop) gives way to the model running now.
+LEAD_LAPSE = 64
 
 GRAPH_DRAIN_EVERY = 8  # sampled replays per hand-off to the record worker (the ring holds 128)
 GRAPH_OBSERVE_EVERY = 4  # graph read-backs per one the live checks see
@@ -228,6 +231,9 @@ class Tracer:
         self._lead: weakref.ref[nn.Module] | None = None  # the model whose forwards start an iteration
         self._lead_untraced = False  # the current iteration's decision
         self._iterations = 0  # the lead's forwards so far
+        self._since_lead = 0  # other models' forwards since the lead's last one
+        self._drafts: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # roots whose modules have draft roles
+        self._marked: int | None = None  # the marked step (set_step) decided last
         # What the first step left out says (once; later ones are counted under it)
         if self.budget is not None:
             self._untraced_detail = (
@@ -304,6 +310,8 @@ class Tracer:
         """
         chosen = select(root, modules, types=types, profile=profile)
         names: list[str] = []
+        if prefix.split("#")[0].lower() == "draft":
+            self._drafts.add(root)  # (or a module's draft role, below)
         root_name = prefix or type(root).__name__
         # A class's wrapper costs every untraced instance of it a lookup per call (about half
         # what it saves a traced one): only classes mostly traced here get one. A traced
@@ -326,6 +334,8 @@ class Tracer:
             role = self._role(root, name, module, prefix)
             if role is not None:
                 self.roles[full] = role
+                if role.startswith("draft"):
+                    self._drafts.add(root)  # never the lead of a loop while a target runs too
             view = self._view(full, module)
             # Shapes only: one hook, the inputs read after the call (a shape or dtype does
             # not change in the forward; a statistic may, so then the inputs are read before).
@@ -485,14 +495,21 @@ class Tracer:
         return state
 
     def set_step(self, step: int) -> None:
-        """Take over step numbering (a speculative loop marks its own steps)."""
+        """Take over step numbering (a speculative loop marks its own steps). A step marked
+        again (before its target and before its draft) keeps its first decision."""
+        budget = self.budget
+        began = time.perf_counter()
         self.finish_step(wait=False)
+        if budget is not None and self._marked is not None:
+            budget.spent(time.perf_counter() - began)  # (the step decided last: its end is its cost)
         self.auto_step = False
         self.step = step
         state = self._thread()
         state.step, state.start_ns = step, time.time_ns()
         state.capturing = _capturing()
-        self._decide(state, self._untraced_at(step))
+        if step != self._marked:
+            self._marked = step
+            self._decide(state, self._untraced_at(step))
 
     def _depth(self) -> int:
         return getattr(self._local, "depth", 0)
@@ -514,24 +531,37 @@ class Tracer:
 
     def _iteration_untraced(self, root: nn.Module | None) -> bool:
         """Whether the step ``root`` opens is left out by sampling. Steps are sampled by loop
-        iteration: the first model to run (the lead: a target, or the one model of a
-        ``generate``) decides at each of its forwards, and the other models' forwards up to
-        its next one follow. Counting every model's forwards alike would trace one model
-        only in a loop that alternates two (a target and its draft) at an even interval."""
+        iteration: the lead (a target, or the one model of a ``generate``) decides at each of
+        its forwards, and the other models' forwards up to its next one follow. Counting every
+        model's forwards alike would trace one model only in a loop that alternates two (a
+        target and its draft) at an even interval.
+
+        The lead is the first model to run, unless it is a draft (its modules have draft
+        roles) and another model runs, or it has not run for :data:`LEAD_LAPSE` forwards of
+        other models (a warm-up before another model's loop): then the model running now."""
+        if root is None:
+            return self._lead_untraced
         lead = self._lead() if self._lead is not None else None
-        if lead is None or root is None:
+        if lead is None or root is not lead and (self._since_lead >= LEAD_LAPSE or lead in self._drafts and root not in self._drafts):
             lead = root
-            self._lead = weakref.ref(root) if root is not None else None
+            self._lead = weakref.ref(root)
         if root is lead:
+            self._since_lead = 0
             self._lead_untraced = self._untraced_at(self._iterations)
             self._iterations += 1
+        else:
+            self._since_lead += 1
         return self._lead_untraced
 
     def _untraced_at(self, count: int) -> bool:
         """Whether the iteration (or marked step) numbered ``count`` is left out: the
-        budget's decision, else every SAMPLE-th one is traced."""
+        budget's decision, else every SAMPLE-th one is traced. Never raises (traced then)."""
         if self.budget is not None:
-            return not self.budget.decide(time.perf_counter())
+            try:
+                return not self.budget.decide(time.perf_counter())
+            except Exception as exc:
+                self.recorder.internal_error(f"budget: {type(exc).__name__}: {exc}")
+                return False
         return self.sample > 1 and count >= 0 and count % self.sample != 0
 
     def _decide(self, state: _ThreadSteps, untraced: bool) -> None:
@@ -755,8 +785,10 @@ class Tracer:
                 stack = local.get("inputs")
                 if stack is None:
                     stack = local["inputs"] = []
-                if state.untraced:
-                    stack.append(_UNTRACED)  # counted by the post-hook
+                if state.untraced and local.get("depth", 0):
+                    # Counted by the post-hook. (At depth 0 a hooked root's step is not
+                    # decided yet: its inputs are noted, and dropped if it is left out.)
+                    stack.append(_UNTRACED)
                     return
                 if (
                     keep
@@ -826,6 +858,7 @@ class Tracer:
                     and (type(entry) is int or inputs_after)
                     and not state.capturing
                     and not state.warming
+                    and not state.untraced
                     and local.get("depth", 0)
                 ):
                     self._keep(state, spec, args, kwargs, output, None if inputs_after else entry)
