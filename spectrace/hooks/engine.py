@@ -232,7 +232,7 @@ class Tracer:
         self._lead_untraced = False  # the current iteration's decision
         self._iterations = 0  # the lead's forwards so far
         self._since_lead = 0  # other models' forwards since the lead's last one
-        self._drafts: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # roots whose modules have draft roles
+        self._drafts: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # roots keyed draft or with draft roles
         self._marked: int | None = None  # the marked step (set_step) decided last
         # What the first step left out says (once; later ones are counted under it)
         if self.budget is not None:
