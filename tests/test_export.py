@@ -200,7 +200,11 @@ def test_sub_module_calls_nest_inside_their_parent(tmp_path: Path, nested: Path)
     assert order[:3] == ["model", "model.embed_tokens", "model.rotary_emb"]  # parent, then its children as they ran
     assert by_key[(0, "model.embed_tokens")]["dur"] == 0 and by_key[(0, "model.rotary_emb")]["ts"] == by_key[(0, "model")]["ts"]
     mlp = by_key[(0, "model.layers.0.mlp")]
-    assert end(by_key[(0, "model.layers.0.mlp.down_proj")]) == pytest.approx(end(mlp), abs=200)
+    # down_proj is the MLP's last call: it ends last of its children, inside the MLP (how
+    # long after it the MLP returns is the host's scheduling, not the exporter's doing)
+    children = [e for (step, module), e in by_key.items() if step == 0 and module.startswith("model.layers.0.mlp.")]
+    down = by_key[(0, "model.layers.0.mlp.down_proj")]
+    assert len(children) >= 3 and end(down) == max(end(e) for e in children) and end(down) <= end(mlp) + EPS
     assert by_key[(0, "model.layers.0.mlp.gate_proj")]["ts"] == pytest.approx(mlp["ts"], abs=EPS)
 
 
