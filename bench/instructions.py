@@ -8,10 +8,12 @@
 On a shared machine wall-clock differences of 10 % drown in the noise; an instruction
 count is nearly the same from run to run, whatever else the machine does (each measured
 process gets one fixed ``PYTHONHASHSEED``; the record worker's waits still move it by a
-few percent). Each measurement is
-a process under ``valgrind --tool=callgrind`` with counting off: it builds the tiny Llama
-of ``bench/host_cost.py`` (8 layers, hidden 64, 16 tokens, 11 hooked modules), warms up,
-and only the timed forwards are counted (switched on and off with ``callgrind_control``).
+few percent). Each version's
+measurements run in one process under ``valgrind --tool=callgrind`` with counting off: it
+builds the tiny Llama of ``bench/host_cost.py`` (8 layers, hidden 64, 16 tokens, 11
+hooked modules), and for bare, shapes only and statistics in turn warms up and counts only
+the timed forwards (switched on and off with ``callgrind_control``, each mode's count
+dumped on its own).
 The figure is (traced - bare) / (forwards x hooked modules): every instruction the
 hooks, the class wrappers, the step wrapper, the read pass and the record build add.
 ``--split`` counts this code again with its later phases taken out, one process each, to
@@ -72,17 +74,16 @@ def _without(package: str, upto: str) -> None:
         engine.Tracer._make_around = _make_around
 
 
-def child(mode: str, control: str, forwards: int, package: str) -> None:
-    """The measured process: ready, wait for "go", run the forwards, done, wait for "stop".
-    ``mode``: "bare", a stats mode, or a stats mode and the phase to stop after ("off:read")."""
+def child(modes: str, control: str, forwards: int, package: str) -> None:
+    """The measured process: for each of ``modes`` (comma-separated) in turn, ready, wait for
+    "go", run the forwards, done, wait for "stop" (the files numbered by the mode's place).
+    A mode: "bare", a stats mode, or one stats mode and the phase to stop after ("off:read",
+    alone in its process: the phase is taken out of the engine for good)."""
     sys.path.insert(0, str(ROOT / "tests"))
     import torch
     from conftest import tiny_llama
 
-    mode, _, upto = mode.partition(":")
     spectrace = importlib.import_module(package)
-    if upto:
-        _without(package, upto)
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = tiny_llama(layers=8, hidden=64)
@@ -95,32 +96,38 @@ def child(mode: str, control: str, forwards: int, package: str) -> None:
         while not Path(control, name).exists():
             time.sleep(0.05)
 
-    tracing = spectrace.trace(model, stats=mode) if mode != "bare" else contextlib.nullcontext()
-    with torch.no_grad(), tracing as t:
-        for _ in range(5):
-            model(ids)
-        if t is not None:
-            t.tracer.finish_step()
-        mark("ready")
-        wait("go")
-        for _ in range(forwards):
-            model(ids)
-        if t is not None:
-            t.tracer.finish_step(wait=True)
-        mark("done")
-        wait("stop")
-        Path(control, "hooked").write_text(str(len(t.hooked) if t is not None else 0))
+    for n, one in enumerate(modes.split(",")):
+        mode, _, upto = one.partition(":")
+        if upto:
+            _without(package, upto)
+        tracing = spectrace.trace(model, stats=mode) if mode != "bare" else contextlib.nullcontext()
+        with torch.no_grad(), tracing as t:
+            for _ in range(5):
+                model(ids)
+            if t is not None:
+                t.tracer.finish_step()
+            mark(f"ready{n}")
+            wait(f"go{n}")
+            for _ in range(forwards):
+                model(ids)
+            if t is not None:
+                t.tracer.finish_step(wait=True)
+            mark(f"done{n}")
+            wait(f"stop{n}")
+            Path(control, f"hooked{n}").write_text(str(len(t.hooked) if t is not None else 0))
 
 
-def _count(mode: str, forwards: int, package: str, pythonpath: str) -> tuple[int, int]:
-    """(instructions counted, hooked modules) of one measured process."""
+def _count(modes: list[str], forwards: int, package: str, pythonpath: str) -> list[tuple[int, int]]:
+    """(instructions counted, hooked modules) of each of ``modes``, one after another in one
+    measured process (starting one under valgrind takes a minute: the interpreter, torch and
+    transformers translated); each mode's count is dumped on its own."""
     with tempfile.TemporaryDirectory() as control:
         out = Path(control, "callgrind.out")
         # A fixed hash seed: string hashes decide dict probe sequences and collisions, and
         # with a random seed per process the same code counted 78 K and 89 K a call.
         env = dict(os.environ, PYTHONPATH=pythonpath, PYTHONHASHSEED="0")
         cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
-        cmd += [sys.executable, __file__, "--child", mode, control, str(forwards), package]
+        cmd += [sys.executable, __file__, "--child", ",".join(modes), control, str(forwards), package]
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
         def wait(name: str) -> None:
@@ -129,28 +136,33 @@ def _count(mode: str, forwards: int, package: str, pythonpath: str) -> tuple[int
                     raise RuntimeError(f"the measured process ended early: {proc.stderr.read()[-2000:] if proc.stderr else ''}")
                 time.sleep(0.1)
 
-        def switch(on: bool) -> None:
-            subprocess.run(["callgrind_control", "-i", "on" if on else "off", str(proc.pid)], check=True, capture_output=True)
+        def control_(*what: str) -> None:
+            subprocess.run(["callgrind_control", *what, str(proc.pid)], check=True, capture_output=True)
 
+        def counted(part: Path) -> int:
+            # ("summary:" near the top holds what was counted before counting was on: 0)
+            lines = part.read_text(errors="replace").splitlines()
+            return max((int(line.split()[1]) for line in lines if line.startswith(("summary:", "totals:"))), default=0)
+
+        results = []
         try:
-            wait("ready")
-            switch(True)
-            Path(control, "go").touch()
-            wait("done")
-            switch(False)
-            Path(control, "stop").touch()
+            for n in range(len(modes)):
+                wait(f"ready{n}")
+                before = set(Path(control).glob("callgrind.out*"))
+                control_("-i", "on")
+                Path(control, f"go{n}").touch()
+                wait(f"done{n}")
+                control_("-i", "off")
+                control_("-d")  # this mode's count, in a file of its own; the counters start again
+                dumped = set(Path(control).glob("callgrind.out*")) - before
+                results.append(sum(counted(part) for part in dumped))
+                Path(control, f"stop{n}").touch()
+                wait(f"hooked{n}")
             proc.wait(timeout=600)
         finally:
             if proc.poll() is None:
                 proc.kill()
-        total = 0
-        for part in Path(control).glob("callgrind.out*"):
-            # ("summary:" near the top holds what was counted before counting was on: 0)
-            counted = [
-                int(line.split()[1]) for line in part.read_text(errors="replace").splitlines() if line.startswith(("summary:", "totals:"))
-            ]
-            total += max(counted, default=0)
-        return total, int(Path(control, "hooked").read_text())
+        return [(total, int(Path(control, f"hooked{n}").read_text())) for n, total in enumerate(results)]
 
 
 def main() -> None:
@@ -186,8 +198,20 @@ def main() -> None:
         jobs += [(label, mode, package, path) for label, (package, path) in versions.items() for mode in MODES]
         if args.split:
             jobs += [("split", f"{mode}:{upto}", "spectrace", str(ROOT)) for mode in MODES for upto in PHASES[:-1]]
+        # One process per version (its modes one after another), and one per split phase (it
+        # takes a phase out of the engine for good); two processes at a time.
+        groups: dict[tuple[str, str, str], list[int]] = {}
+        for k, (_label, mode, package, path) in enumerate(jobs):
+            groups.setdefault((package, path, mode if ":" in mode else ""), []).append(k)
+        counts: list[tuple[int, int]] = [(0, 0)] * len(jobs)
+
+        def run_group(key: tuple[str, str, str]) -> None:
+            members = groups[key]
+            for k, found in zip(members, _count([jobs[k][1] for k in members], args.forwards, key[0], key[1])):
+                counts[k] = found
+
         with ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1))) as pool:
-            counts = list(pool.map(lambda job: _count(job[1], args.forwards, job[2], job[3]), jobs))
+            list(pool.map(run_group, groups))
         bare = counts[0][0]
         result: dict[str, Any] = {"forwards": args.forwards, "bare_instructions_per_forward": bare // args.forwards, "per_hooked_call": {}}
         for (label, mode, _package, _path), (total, hooked) in zip(jobs[1:], counts[1:]):
