@@ -29,11 +29,9 @@ _state: dict[str, Any] = {}
 
 
 def _env_rank() -> int | None:
-    for name in ("SPECTRACE_RANK", "RANK"):
-        value = os.environ.get(name, "")
-        if value.isdigit():
-            return int(value)
-    return None
+    """``SPECTRACE_RANK``, else ``RANK``, parsed once with the other settings: a bad value
+    is one warning and no rank, never an exception in the host's constructor."""
+    return settings().rank
 
 
 def settings() -> Settings:

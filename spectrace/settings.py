@@ -99,47 +99,97 @@ def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
 
 
 def _shown(raw: str) -> str:
-    """A bad value as a warning quotes it: at most 40 characters (it may be anything)."""
-    return repr(raw) if len(raw) <= 40 else repr(raw[:40]) + "..."
+    """A bad value as a warning quotes it: ASCII only (a terminal escape or a stray byte in
+    the environment must not reach the terminal, and an ASCII-only stderr must not fail to
+    write it), at most 40 characters of it (it may be 5,000 digits)."""
+    return ascii(raw) if len(raw) <= 40 else ascii(raw[:40]) + f"... ({len(raw)} characters)"
 
 
-def _positive_int(env: Mapping[str, str], name: str, default: int, maximum: int) -> int:
+# ASCII digits only: str.isdigit() and int() accept '²', '①', '١' (and int('²') raises), so
+# neither decides what a number is here. A float is plain decimal notation (no '_', no
+# 'inf' or 'nan', an exponent of at most 4 digits).
+_INTEGER = re.compile(r"[0-9]+", re.ASCII)
+_DECIMAL = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,4})?", re.ASCII)
+
+
+def parse_number(
+    env: Mapping[str, str],
+    name: str,
+    default: Any,
+    low: float,
+    high: float,
+    *,
+    integer: bool = True,
+    percent: bool = False,
+    low_open: bool = False,
+    zero: bool = False,
+    want: str = "",
+    fallback: str = "",
+) -> Any:
+    """The one parser of every numeric setting: ``env[name]`` as a number in its bounds, or
+    ``default`` (unset or blank: silently; a bad value: with one warning, once per process,
+    naming the variable, the value and the fallback). Never raises.
+
+    ``integer``: ASCII digits only; else plain decimal notation. ``low_open``: the low bound
+    itself is refused (above 0). ``zero``: 0 is also accepted (off). ``percent``: a trailing
+    ``%`` divides by 100. ``want`` and ``fallback`` word the warning.
+
+    >>> parse_number({"N": "12"}, "N", 1, 1, 100)
+    12
+    """
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
-    text = raw.strip()
-    # Digits only, and few of them: int() of a 5,000-digit string raises, and a huge
-    # value would overflow the C size of the buffer it sets.
-    if text.isdigit() and len(text) <= 19 and 1 <= int(text) <= maximum:
-        return int(text)
-    _bad(name, raw, f"{name}={_shown(raw)} is not an integer from 1 to {maximum}; using {default}")
+    value = _number(raw.strip(), high, integer=integer, percent=percent)
+    if value is not None and ((zero and value == 0) or ((low < value if low_open else low <= value) and value <= high)):
+        return value
+    if not want:
+        kind = "an integer" if integer else "a number"
+        span = f"above {_plain(low)}" if low_open else f"from {_plain(low)}"
+        want = f"{kind} {span} {'and at most' if low_open else 'to'} {_plain(high)}" + (" (or 0: off)" if zero else "")
+    _bad(name, raw, f"{name}={_shown(raw)} is not {want}; using {fallback or default}")
     return default
+
+
+def _plain(x: float) -> str:
+    """A bound as a warning writes it: 10000000, 86400, 1e-06."""
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def _number(text: str, high: float, *, integer: bool, percent: bool) -> int | float | None:
+    """``text`` as a number, or None when it is not one in this notation (never raises)."""
+    if percent and text.endswith("%"):
+        inner = _number(text[:-1].strip(), high * 100, integer=False, percent=False)
+        return None if inner is None else inner / 100
+    if integer:
+        if not _INTEGER.fullmatch(text):
+            return None
+        digits = text.lstrip("0") or "0"
+        # A digit more than the bound has cannot be in bounds: int() is never asked to
+        # convert 5,000 digits (Python refuses past 4,300, and it costs quadratic time).
+        if len(digits) > len(str(int(high))):
+            return None
+        return int(digits)
+    if len(text) > 64 or not _DECIMAL.fullmatch(text):
+        return None
+    try:
+        value = float(text)
+    except (ValueError, OverflowError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _positive_int(env: Mapping[str, str], name: str, default: int, maximum: int) -> int:
+    return int(parse_number(env, name, default, 1, maximum))
 
 
 def _count(env: Mapping[str, str], name: str, maximum: int) -> int:
     """An integer from 0 (off, the default) to ``maximum``."""
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return 0
-    text = raw.strip()
-    if text.isdigit() and len(text) <= 19 and int(text) <= maximum:
-        return int(text)
-    _bad(name, raw, f"{name}={_shown(raw)} is not an integer from 0 (off) to {maximum}; using 0 (off)")
-    return 0
+    return int(parse_number(env, name, 0, 0, maximum, want=f"an integer from 0 (off) to {maximum}", fallback="0 (off)"))
 
 
 def _positive_float(env: Mapping[str, str], name: str, default: float, maximum: float) -> float:
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = float(raw) if len(raw) <= 64 else math.nan
-    except ValueError:
-        value = math.nan
-    if math.isfinite(value) and 0 < value <= maximum:
-        return value
-    _bad(name, raw, f"{name}={_shown(raw)} is not a number above 0 and at most {maximum:g}; using {default}")
-    return default
+    return float(parse_number(env, name, default, 0, maximum, integer=False, low_open=True))
 
 
 BUDGET_MIN = 1e-6  # the smallest budget share (0.0001 %): below it the interval's arithmetic overflows
@@ -147,21 +197,42 @@ BUDGET_MIN = 1e-6  # the smallest budget share (0.0001 %): below it the interval
 
 def _budget(env: Mapping[str, str], name: str) -> float:
     """A share of the step time: ``3%`` or ``0.03``, from 0.0001 % to 100 %; 0 (off) when unset."""
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return 0.0
-    text = raw.strip()
-    percent = text.endswith("%")
-    try:
-        value = float(text[:-1] if percent else text) if len(text) <= 64 else math.nan
-    except ValueError:
-        value = math.nan
-    if percent:
-        value /= 100
-    if value == 0 or (math.isfinite(value) and BUDGET_MIN <= value <= 1):
-        return value
-    _bad(name, raw, f"{name}={_shown(raw)} is not a share of the step time (3% or 0.03, 0.0001% to 100%); using 0 (off: every step traced)")
-    return 0.0
+    return float(
+        parse_number(
+            env, name, 0.0, BUDGET_MIN, 1, integer=False, percent=True, zero=True,
+            want="a share of the step time (3% or 0.03, 0.0001% to 100%)",
+            fallback="0 (off: every step traced)",
+        )
+    )  # fmt: skip
+
+
+# The largest rank a trace may name: the viewer refuses any integer in a record beyond
+# +-2^63 (viewers/loader.py MAX_INT), so a larger one would make the whole header unreadable.
+MAX_RANK = 2**63
+RANK_VARIABLES = ("SPECTRACE_RANK", "RANK")
+
+
+def env_rank(env: Mapping[str, str]) -> int | None:
+    """The rank from ``SPECTRACE_RANK``, else ``RANK``: an integer from 0 to 2^63, or None.
+
+    A bad value warns once, naming what is used instead (the next variable's rank, or no
+    rank), and never raises."""
+    bad: list[str] = []
+    rank: int | None = None
+    fallback = "no rank"
+    for name in RANK_VARIABLES:
+        raw = env.get(name)
+        if raw is None or raw.strip() == "":
+            continue
+        value = _number(raw.strip(), MAX_RANK, integer=True, percent=False)
+        if value is not None and value <= MAX_RANK:
+            rank, fallback = int(value), f"{value} (from {name})"
+            break
+        bad.append(name)
+    for name in bad:
+        raw = env.get(name, "")
+        _bad(name, raw, f"{name}={_shown(raw)} is not a rank (an integer from 0 to 2^63); using {fallback}")
+    return rank
 
 
 def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...], default: str) -> str:
@@ -178,6 +249,24 @@ def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...], default
 def _patterns(env: Mapping[str, str], name: str) -> tuple[str, ...]:
     raw = env.get(name, "")
     return tuple(p.strip() for p in raw.split(",") if p.strip())
+
+
+def control_path(env: Mapping[str, str] | None = None) -> str:
+    """``SPECTRACE_CONTROL``: the file that pauses per-step work (control.py reads it), or ""."""
+    env = os.environ if env is None else env
+    return env.get("SPECTRACE_CONTROL", "").strip()
+
+
+def fingerprint_path(env: Mapping[str, str] | None = None) -> str:
+    """``SPECTRACE_FINGERPRINT``: the training fingerprint to compare with (checks/live.py), or ""."""
+    env = os.environ if env is None else env
+    return env.get("SPECTRACE_FINGERPRINT", "").strip()
+
+
+def fused_stats_on(env: Mapping[str, str] | None = None) -> bool:
+    """``SPECTRACE_FUSED_STATS``: whether the fused Triton statistics kernels may be used
+    (the eager and the in-graph one ask here, each once per process)."""
+    return _flag(os.environ if env is None else env, "SPECTRACE_FUSED_STATS", True)
 
 
 @dataclass(frozen=True)
@@ -210,6 +299,9 @@ class Settings:
     # Tensor VALUES (user data): the first N tokens of the fused draft input and their ids,
     # for a few steps, in a safetensors file beside the trace (hooks/values.py). 0: off.
     capture_values: int = 0
+    # SPECTRACE_RANK, else RANK: the rank in the trace's name and header (None: no rank).
+    rank: int | None = None
+    fused_stats: bool = True  # SPECTRACE_FUSED_STATS: the fused Triton statistics kernels on GPUs
 
     def __post_init__(self) -> None:
         # Settings built in code get the bounds the environment gets (a deque of 10^20 raises).
@@ -235,6 +327,10 @@ class Settings:
         ):
             _bad("budget", repr(budget), f"Settings(budget={budget!r}) is not 0 (off) or a share from {BUDGET_MIN:g} to 1; using 0 (off)")
             object.__setattr__(self, "budget", 0.0)
+        rank = self.rank
+        if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank <= MAX_RANK):
+            _bad("rank", repr(rank), f"Settings(rank={rank!r}) is not None or an integer from 0 to 2^63; using None")
+            object.__setattr__(self, "rank", None)
         values = self.capture_values
         if not isinstance(values, int) or isinstance(values, bool) or not 0 <= values <= MAX_CAPTURE_VALUES:
             _bad(
@@ -275,9 +371,11 @@ class Settings:
             sglang_skip=_patterns(env, "SPECTRACE_SGLANG_SKIP"),
             sglang_layers=_choice(env, "SPECTRACE_SGLANG_LAYERS", ("captured", "all"), "captured"),
             graph_sample=_positive_int(env, "SPECTRACE_GRAPH_SAMPLE", 64, MAX_SAMPLE),
-            fingerprint=env.get("SPECTRACE_FINGERPRINT", "").strip(),
-            control=env.get("SPECTRACE_CONTROL", "").strip(),
+            fingerprint=fingerprint_path(env),
+            control=control_path(env),
             capture_values=capture_values,
+            rank=env_rank(env),
+            fused_stats=fused_stats_on(env),
             # Only "is an endpoint set" (spans on) and what to show: the OTLP exporter reads
             # the URL and the rest from the environment itself (sinks/otel.py). The signal
             # variable wins, as in the spec.

@@ -14,12 +14,12 @@ use only; ``SPECTRACE_FUSED_STATS=0`` disables the kernel.
 from __future__ import annotations
 
 import math
-import os
 import threading
 from typing import Any
 
 import torch
 
+from ..settings import fused_stats_on
 from .tensor_stats import ABSMAX, INF, NAN, ROW, SUM, SUMSQ, reduce_rows
 
 # The dtypes the fused kernel reads as they are.
@@ -45,7 +45,7 @@ def load_triton() -> Any | None:
     if "kernel" in _triton_state:
         return _triton_state["kernel"]
     kernel = None
-    if os.environ.get("SPECTRACE_FUSED_STATS", "1").strip().lower() not in ("0", "false", "no", "off"):
+    if fused_stats_on():  # settings.py parses SPECTRACE_FUSED_STATS (a bad value: one warning)
         try:
             kernel = _build_kernel()
         except Exception:

@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 
+from ..settings import fused_stats_on
 from .fused_stats import BLOCK, TRITON_DTYPES, WARPS, programs_for
 from .graph_branch import GraphBranch
 from .graph_branch import capturing as _capturing
@@ -75,7 +76,7 @@ def load_kernel() -> Any | None:
     """The masked Triton kernel, or None when Triton is missing or ``SPECTRACE_FUSED_STATS=0``."""
     if "kernel" not in _kernel_state:
         kernel = None
-        if os.environ.get("SPECTRACE_FUSED_STATS", "1").strip().lower() not in ("0", "false", "no", "off"):
+        if fused_stats_on():  # settings.py parses SPECTRACE_FUSED_STATS (a bad value: one warning)
             try:
                 # Imported on first use only: Triton is optional and slow to import.
                 from .graph_slots_kernel import masked_stats as kernel
