@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from .safe_files import FileMissing, SafeFileError, open_regular, shown
 from .sinks.jsonl import create_own_file
 
 VALUES_SUFFIX = ".values.safetensors"
@@ -113,9 +114,26 @@ def encode(meta: ValuesMeta, steps: list[ValuesStepData]) -> bytes:
 def read_values(path: str) -> tuple[ValuesMeta, list[ValuesStepData]]:
     """The metadata and the kept steps of a values file; :class:`ValuesFileError` when unusable."""
     try:
+        fd, _size = open_regular(path)
+    except FileMissing:
+        raise ValuesFileError(f"no values file at {shown(path)}") from None
+    except SafeFileError as exc:  # a FIFO would block safetensors' open, a device never end
+        raise ValuesFileError(str(exc)) from None
+    try:
+        return _read_open(path, fd)
+    finally:
+        os.close(fd)
+
+
+def _read_open(path: str, fd: int) -> tuple[ValuesMeta, list[ValuesStepData]]:
+    # safetensors opens by name: the name of the descriptor checked above (Linux's
+    # /proc/self/fd) keeps a file swapped in at ``path`` since from being read instead.
+    by_fd = f"/proc/self/fd/{fd}"
+    source = by_fd if os.path.exists(by_fd) else path
+    try:
         from safetensors import safe_open
 
-        with safe_open(path, framework="pt") as handle:
+        with safe_open(source, framework="pt") as handle:
             raw = (handle.metadata() or {}).get(META_KEY)
             if raw is None:
                 raise ValuesFileError(f"{path} is a safetensors file without spectrace's metadata: not a values file")
@@ -136,5 +154,5 @@ def read_values(path: str) -> tuple[ValuesMeta, list[ValuesStepData]]:
     except FileNotFoundError:
         raise ValuesFileError(f"no values file at {path}") from None
     except Exception as exc:  # a truncated or foreign file: safetensors' and pydantic's errors
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ValuesFileError(f"{path} is not a readable values file: {first}") from None
+        first = str(exc).splitlines()[0].replace(source, "the file") if str(exc) else type(exc).__name__
+        raise ValuesFileError(f"{shown(path)} is not a readable values file: {first}") from None

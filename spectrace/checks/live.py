@@ -28,6 +28,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..records import Finding, Fingerprint, TensorStats
+from ..safe_files import FileMissing, NotRegularFile, SafeFileError, read_regular, shown
+from ..settings import fingerprint_path
 from .calls import check_feature_skew
 from .provenance import TOLERANCE, Key, ProvenanceTally, describe_provenance, read_call, stats_key
 
@@ -259,32 +261,45 @@ def _const(record: Finding) -> Callable[[], Finding]:
     return lambda: record
 
 
+# A fingerprint is a few chunks' statistics (a few KB): past 1 MiB a file is something else,
+# and never read whole (``/dev/zero`` is refused before a byte is read, as any device is).
+MAX_FINGERPRINT_BYTES = 1 << 20
+
+
 def read_fingerprint(path: str) -> Fingerprint:
     """A fingerprint file, or ValueError with a one-line reason.
 
     The same messages as :func:`spectrace.eagle3.fingerprint.load_fingerprint`, without
-    its torch import (checks stay torch-free).
+    its torch import (checks stay torch-free). Only a regular file of at most
+    :data:`MAX_FINGERPRINT_BYTES`, never through a symlink: a FIFO named here would block
+    a server's start-up, a device would be read until memory runs out.
     """
     try:
-        with open(path, encoding="utf-8") as handle:
-            data: Any = json.load(handle)
-        return Fingerprint.model_validate(data)
-    except FileNotFoundError:
-        raise ValueError(f"no fingerprint at {path}") from None
-    except IsADirectoryError:
-        raise ValueError(f"{path} is a folder, not a fingerprint file") from None
+        blob = read_regular(path, MAX_FINGERPRINT_BYTES)
+    except FileMissing:
+        raise ValueError(f"no fingerprint at {shown(path)}") from None
+    except NotRegularFile as exc:
+        if exc.kind == "a folder":
+            raise ValueError(f"{shown(path)} is a folder, not a fingerprint file") from None
+        raise ValueError(str(exc)) from None
+    except OSError as exc:  # SafeFileError included: its text is the one-line reason
+        raise ValueError(str(exc) if isinstance(exc, SafeFileError) else f"cannot read {shown(path)}: {exc.strerror or exc}") from None
+    try:
+        data: Any = json.loads(blob.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ValueError(f"{path} is not a JSON fingerprint") from None
-    except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+        raise ValueError(f"{shown(path)} is not a JSON fingerprint") from None
+    except (ValueError, RecursionError):  # an integer of more than 4,300 digits, nesting past the stack
+        raise ValueError(f"{shown(path)} is not a usable JSON fingerprint") from None
+    try:
+        return Fingerprint.model_validate(data)
     except Exception as exc:  # pydantic validation
-        raise ValueError(f"{path} is not a valid fingerprint: {str(exc).splitlines()[0]}") from None
+        raise ValueError(f"{shown(path)} is not a valid fingerprint: {str(exc).splitlines()[0]}") from None
 
 
 def fingerprint_from_env(environ: Mapping[str, str]) -> tuple[Fingerprint | None, str | None]:
     """``SPECTRACE_FINGERPRINT=PATH``: ``(fingerprint, None)``, ``(None, None)`` when unset, and
-    ``(None, one-line warning)`` for a path that cannot be used. Never raises."""
-    path = (environ.get(ENV_FINGERPRINT) or "").strip()
+    ``(None, one-line warning)`` for a path that cannot be used. Never raises, never blocks."""
+    path = fingerprint_path(environ)
     if not path:
         return None, None
     try:

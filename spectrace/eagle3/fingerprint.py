@@ -13,14 +13,13 @@ and compare the serving run's fingerprint with it (``feature_skew``).
 
 from __future__ import annotations
 
-import json
 import math
-import os
-from typing import Any
 
 import torch
 
+from ..checks.live import read_fingerprint
 from ..records import Fingerprint, TensorStats
+from ..safe_files import SafeFileError, write_private
 
 
 class FingerprintCollector:
@@ -72,10 +71,13 @@ class FingerprintCollector:
 
 
 def save_fingerprint(fingerprint: Fingerprint, path: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(fingerprint.model_dump_json(indent=2) + "\n")
+    """Write ``fingerprint`` as JSON at ``path``: a 0600 file put in place by a rename (a
+    symlink planted at the name is replaced, its target never written), missing folders
+    0700. Raises :class:`FingerprintError` with a one-line reason."""
+    try:
+        write_private(path, (fingerprint.model_dump_json(indent=2) + "\n").encode("utf-8"))
+    except SafeFileError as exc:
+        raise FingerprintError(str(exc)) from None
 
 
 class FingerprintError(ValueError):
@@ -83,13 +85,9 @@ class FingerprintError(ValueError):
 
 
 def load_fingerprint(path: str) -> Fingerprint:
+    """A fingerprint file (a regular file, never a FIFO, device or symlink), or
+    :class:`FingerprintError` with a one-line reason."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            data: Any = json.load(handle)
-        return Fingerprint.model_validate(data)
-    except FileNotFoundError:
-        raise FingerprintError(f"no fingerprint at {path}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise FingerprintError(f"{path} is not a JSON fingerprint") from None
-    except Exception as exc:  # pydantic validation
-        raise FingerprintError(f"{path} is not a valid fingerprint: {str(exc).splitlines()[0]}") from None
+        return read_fingerprint(path)
+    except ValueError as exc:
+        raise FingerprintError(str(exc)) from None
