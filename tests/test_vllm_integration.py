@@ -28,6 +28,7 @@ except ImportError:  # pragma: no cover
     from tests import vllm_harness as vh
 
 from spectrace.integrations import vllm as st_vllm
+from spectrace.integrations.core.patcher import owner
 from spectrace.integrations.vllm import capture as st_capture
 from spectrace.integrations.vllm import patching as st_patching
 from spectrace.integrations.vllm import state as st_state
@@ -102,7 +103,7 @@ def test_every_point_exists_on_the_installed_vllm(installed) -> None:
             if f"class {cls}(" not in source or f"def {method}(" not in source:
                 missing.append(point.target)
             continue
-        if st_patching._owner(module, point.qualname) is None:
+        if owner(module, point.qualname) is None:
             missing.append(point.target)
     assert missing == []
     applied = st_vllm.applied()

@@ -19,39 +19,15 @@ per verify (``acceptance``), graph-replay coverage; findings per spectrace.rules
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
+from ..core.package import lazy_attributes
+
 # Nothing is imported eagerly: the import-hook route reads .points in every process
-# under SPECTRACE=1, and must not pull the hooks in with it.
-_LAZY = {
-    "state": (".state", None),
-    "applied": (".patching", "applied"),
-    "hooked": (".patching", "hooked"),
-    "install_direct": (".patching", "install_direct"),
-    "is_patched": (".patching", "is_patched"),
-    "POINTS": (".points", "POINTS"),
-    "Point": (".points", "Point"),
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, attr = _LAZY[name]
-    loaded = importlib.import_module(module, __name__)
-    return loaded if attr is None else getattr(loaded, attr)
-
-
-def install(recorder: Any = None) -> list[str]:
-    """Patch SGLang now (imported modules) and on import (the rest); records go to ``recorder``
-    (default: the process recorder). Returns the point keys patched by this call."""
-    from . import state
-    from .patching import install_direct
-
-    if recorder is not None:
-        state.use_recorder(recorder)
-    return install_direct()
+# under SPECTRACE=1, and must not pull the hooks in with it. ``install(recorder=None)``
+# patches SGLang now (imported modules) and on import (the rest), records going to
+# ``recorder`` (default: the process recorder), and returns the point keys it patched.
+__getattr__ = lazy_attributes(__name__, {"hooked": (".patching", "hooked"), "install_direct": (".patching", "install_direct")})
 
 
 def note_draft_config(config: Any, source: str = "explicit") -> None:

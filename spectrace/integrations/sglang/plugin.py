@@ -2,29 +2,25 @@
 
 ``sglang.srt.plugins.load_plugins()`` calls ``register()`` with no arguments in every
 SGLang process (scheduler/TP workers included), then applies the hooks. It does nothing
-unless ``SPECTRACE=1``. Each point whose module exists is registered with
-``HookRegistry`` on its dotted path and *claimed*, so the ``.pth`` import hook (if also
-active) does not patch it a second time; points already patched by the import hook are
-skipped. The process's exit flush comes from ``spectrace.runtime.activate()``.
+unless ``SPECTRACE=1`` (and ``SGLANG_PLUGINS``, when set, names ``spectrace``), and once
+per process. Each point whose module is imported is registered with ``HookRegistry`` on
+its dotted path and *claimed*, so the ``.pth`` import hook (if also active) does not
+patch it a second time; points already patched by the import hook are skipped. The
+process's exit flush comes from ``spectrace.runtime.activate()``.
 """
 
 from __future__ import annotations
 
-import os
+from ..core.plugin import EnginePlugin
 
-
-def _enabled() -> bool:
-    return os.environ.get("SPECTRACE", "").strip().lower() in ("1", "true", "yes", "on")
+PLUGIN = EnginePlugin("SGLang", "SGLANG_PLUGINS", lenient=True)
 
 
 def register() -> None:
-    if not _enabled():
-        return
-    try:
-        from .patching import register_with_hook_registry
+    PLUGIN.register(_start)
 
-        register_with_hook_registry()
-    except Exception as exc:  # never break SGLang's start-up
-        import sys
 
-        sys.stderr.write(f"spectrace: warning: SGLang plugin registration failed: {type(exc).__name__}: {exc}\n")
+def _start() -> None:
+    from .patching import register_with_hook_registry
+
+    register_with_hook_registry()

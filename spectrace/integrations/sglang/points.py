@@ -9,36 +9,16 @@ Line numbers and semantics: docs/sglang-patch-points.md.
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from ..core.points import Point as _CorePoint
+from ..core.points import PointTable
 
 _PKG = "spectrace.integrations.sglang"
 
 
-@dataclass(frozen=True)
-class Point:
-    module: str
-    qualname: str  # Class.method inside module
-    kind: str  # "BEFORE" | "AFTER" | "AROUND" (HookType names)
-    hook: str  # "submodule:function" inside this package
-    feature: str
-    # A fallback: left unpatched (and unreported) where this module exists, because a point
-    # there does the same job more cheaply (a hook that runs on every step costs each time).
-    unless: str = ""
+class Point(_CorePoint):
+    """A patch point whose hook lives in this package."""
 
-    @property
-    def target(self) -> str:
-        return f"{self.module}.{self.qualname}"
-
-    @property
-    def key(self) -> str:
-        return f"{self.target}:{self.kind}:{self.hook}"
-
-    def resolve_hook(self) -> Callable[..., Any]:
-        sub, _, name = self.hook.partition(":")
-        return getattr(importlib.import_module(f"{_PKG}.{sub}"), name)
+    package = _PKG
 
 
 M = "sglang.srt.models"
@@ -166,19 +146,6 @@ POINTS: tuple[Point, ...] = (
     Point("sglang.srt.managers.scheduler", "Scheduler.__init__", "BEFORE", "rank:before_scheduler_init", "rank"),
 )
 
-# Every SGLang module with a point, in table order (a version may lack some: never "not covered" alone).
-MODULES: tuple[str, ...] = tuple(dict.fromkeys(p.module for p in POINTS))
-
-
-def import_targets() -> list[tuple[str, str]]:
-    """The import hooks this integration registers: each module of the point table, and the
-    callback (``module:function``) that patches its points right after SGLang imports it."""
-    return [(module, f"{_PKG}.patching:patch_module") for module in MODULES]
-
-
-def points_for(module: str) -> list[Point]:
-    return [p for p in POINTS if p.module == module]
-
-
-def alternatives(point: Point) -> list[Point]:
-    return [p for p in POINTS if p.feature == point.feature and p is not point]
+TABLE = PointTable(POINTS, on_import=f"{_PKG}.patching:patch_module")
+MODULES: tuple[str, ...] = TABLE.modules  # every module with a point, in table order
+import_targets = TABLE.import_targets  # the import hooks this integration registers

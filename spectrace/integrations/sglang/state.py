@@ -13,18 +13,15 @@ Findings that could repeat every step are emitted once and counted afterwards
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from ...records import Capture
-
-_lock = threading.RLock()
+from ..core.state import EngineState, HookState
 
 
 @dataclass
-class State:
-    recorder: Any = None  # None: the process recorder (spectrace.runtime.recorder())
+class State(HookState):
     capture: Capture | None = None
     draft_config: dict[str, Any] | None = None
     draft_config_source: str = ""
@@ -60,31 +57,10 @@ class _Said:
 
 
 STATE = State()
-
-
-def reset(recorder: Any = None) -> State:
-    """Forget everything learned so far (tests); patches stay installed."""
-    global STATE
-    with _lock:
-        STATE = State(recorder=recorder)
-    return STATE
-
-
-def lock() -> Any:
-    """The state's lock, for work that must not interleave with itself across threads."""
-    return _lock
-
-
-def use_recorder(recorder: Any) -> None:
-    STATE.recorder = recorder
-
-
-def recorder() -> Any:
-    if STATE.recorder is not None:
-        return STATE.recorder
-    from ... import runtime
-
-    return runtime.recorder()
+SHARED = EngineState("sglang", globals(), State)
+# The names the hooks call (state.recorder(), state.lock(), ...), bound to this engine's STATE.
+reset, lock, use_recorder, recorder, emit = SHARED.reset, SHARED.lock, SHARED.use_recorder, SHARED.recorder, SHARED.emit
+internal_error = SHARED.internal_error
 
 
 def tracer() -> Any:
@@ -101,10 +77,6 @@ def tracer() -> Any:
     return STATE.tracer
 
 
-def emit(record: Any) -> None:
-    recorder().emit(record)
-
-
 def emit_once(key: str, make: Any) -> None:
     """Emit the finding ``make()`` the first time ``key`` is seen; count repeats on it.
 
@@ -113,10 +85,3 @@ def emit_once(key: str, make: Any) -> None:
     ``evidence["occurrences"]`` follows along.
     """
     recorder().once(key, make)
-
-
-def internal_error(where: str, exc: BaseException) -> None:
-    try:
-        recorder().internal_error(f"sglang {where}: {type(exc).__name__}: {exc}")
-    except Exception:
-        pass

@@ -11,12 +11,12 @@ consumed; ``t2d`` is skipped by design.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 from ...checks.weights import check_weights
 from ...hooks.weights import observe_load
 from ...records import Finding, Weights
+from ..core.loads import DraftLoad
 from . import correlate, server, state
 from .graphs import capturing
 
@@ -84,24 +84,16 @@ def _sglang_fix(found: Finding, record: Weights, model: Any) -> Finding:
 
 def around_draft_load(original: Any, *args: Any, **kwargs: Any) -> Any:
     """HookRegistry AROUND signature: ``(original_fn, self, weights, ...)``."""
-    model = args[0]
-    weights: Iterable[Any] = args[1] if len(args) > 1 else kwargs.pop("weights")
-    rest = args[2:]
+    call = DraftLoad(original, args, kwargs)
     if capturing():
-        return original(model, weights, *rest, **kwargs)
-    called = [False]
-
-    def load(items: Iterable[Any]) -> Any:
-        called[0] = True
-        return original(model, items, *rest, **kwargs)
-
-    try:
-        result, record = observe_load(model, load, weights, module="draft", exempt=exempt_params(model), source=_source())
-    except Exception as exc:
-        if called[0]:
-            raise  # the load itself failed: SGLang's error, unchanged
-        state.internal_error("draft load_weights", exc)
-        return original(model, weights, *rest, **kwargs)
+        return call.plain()
+    model = call.model
+    result, record = call.observed(
+        lambda: observe_load(model, call.load, call.weights, module="draft", exempt=exempt_params(model), source=_source()),
+        state.internal_error,
+    )
+    if record is None:
+        return result
     try:
         _report(model, record)
     except Exception as exc:

@@ -19,36 +19,11 @@ fixes vLLM's code gives (spectrace.checks.vllm).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ..core.package import lazy_attributes
 
-# Nothing is imported eagerly: the import-hook route reads .points in every process.
-_LAZY = {
-    "state": (".state", None),
-    "applied": (".patching", "applied"),
-    "is_patched": (".patching", "is_patched"),
-    "POINTS": (".points", "POINTS"),
-    "Point": (".points", "Point"),
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, attr = _LAZY[name]
-    loaded = importlib.import_module(module, __name__)
-    return loaded if attr is None else getattr(loaded, attr)
-
-
-def install(recorder: Any = None) -> list[str]:
-    """Patch vLLM now (imported modules) and on import (the rest); records go to ``recorder``
-    (default: the process recorder). Returns the point keys patched by this call."""
-    from . import state
-    from .patching import install_direct
-
-    if recorder is not None:
-        state.use_recorder(recorder)
-    return install_direct()
+# Nothing is imported eagerly (the import-hook route reads .points in every process).
+# ``install(recorder=None)`` patches vLLM now and on import; records go to ``recorder``.
+__getattr__ = lazy_attributes(__name__)
 
 
 __all__ = ["install", "applied", "is_patched", "POINTS", "Point", "state"]

@@ -8,33 +8,16 @@ numbers and semantics: docs/vllm.md ("Patch points").
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from ..core.points import Point as _CorePoint
+from ..core.points import PointTable
 
 _PKG = "spectrace.integrations.vllm"
 
 
-@dataclass(frozen=True)
-class Point:
-    module: str
-    qualname: str  # Class.method, or a module-level function
-    kind: str  # "BEFORE" | "AFTER" | "AROUND"
-    hook: str  # "submodule:function" inside this package
-    feature: str
+class Point(_CorePoint):
+    """A patch point whose hook lives in this package."""
 
-    @property
-    def target(self) -> str:
-        return f"{self.module}.{self.qualname}"
-
-    @property
-    def key(self) -> str:
-        return f"{self.target}:{self.kind}:{self.hook}"
-
-    def resolve_hook(self) -> Callable[..., Any]:
-        sub, _, name = self.hook.partition(":")
-        return getattr(importlib.import_module(f"{_PKG}.{sub}"), name)
+    package = _PKG
 
 
 M = "vllm.model_executor.models"
@@ -71,28 +54,28 @@ POINTS: tuple[Point, ...] = (
     ),
     # which runner set the capture up, and from which config
     Point(
-        "vllm.v1.worker.gpu_model_runner",
-        "GPUModelRunner._setup_eagle3_aux_hidden_state_outputs",
-        "AROUND",
-        "capture:around_v1_setup",
-        "runner_v1",
+        module="vllm.v1.worker.gpu_model_runner",
+        qualname="GPUModelRunner._setup_eagle3_aux_hidden_state_outputs",
+        kind="AROUND",
+        hook="capture:around_v1_setup",
+        feature="runner_v1",
     ),
     Point(
-        "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils",
-        "set_eagle3_aux_hidden_state_layers",
-        "AROUND",
-        "capture:around_mrv2_setup",
-        "runner_mrv2",
+        module="vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils",
+        qualname="set_eagle3_aux_hidden_state_layers",
+        kind="AROUND",
+        hook="capture:around_mrv2_setup",
+        feature="runner_mrv2",
     ),
     # Model Runner V2 imports the function by name: its own binding is patched too.
     Point("vllm.v1.worker.gpu.model_runner", "set_eagle3_aux_hidden_state_layers", "AROUND", "capture:around_mrv2_setup", "runner_mrv2"),
     # the speculators-format reader: the raw config.json of a speculators checkpoint
     Point(
-        "vllm.transformers_utils.configs.speculators.base",
-        "SpeculatorsConfig.extract_transformers_pre_trained_config",
-        "AFTER",
-        "draft:after_speculators_reader",
-        "speculators_config",
+        module="vllm.transformers_utils.configs.speculators.base",
+        qualname="SpeculatorsConfig.extract_transformers_pre_trained_config",
+        kind="AFTER",
+        hook="draft:after_speculators_reader",
+        feature="speculators_config",
     ),
     # accepted drafts per position: host ints the scheduler already has
     Point("vllm.v1.spec_decode.metrics", "SpecDecodingStats.observe_draft", "AFTER", "acceptance:after_observe_draft", "acceptance"),
@@ -101,17 +84,6 @@ POINTS: tuple[Point, ...] = (
     Point("vllm.v1.executor.multiproc_executor", "WorkerProc.shutdown", "BEFORE", "lifecycle:before_worker_shutdown", "close_worker"),
 )
 
-MODULES: tuple[str, ...] = tuple(dict.fromkeys(p.module for p in POINTS))
-
-
-def import_targets() -> list[tuple[str, str]]:
-    """The import hooks this integration registers: each module of the point table."""
-    return [(module, f"{_PKG}.patching:patch_module") for module in MODULES]
-
-
-def points_for(module: str) -> list[Point]:
-    return [p for p in POINTS if p.module == module]
-
-
-def alternatives(point: Point) -> list[Point]:
-    return [p for p in POINTS if p.feature == point.feature and p is not point]
+TABLE = PointTable(POINTS, on_import=f"{_PKG}.patching:patch_module")
+MODULES: tuple[str, ...] = TABLE.modules  # every module with a point, in table order
+import_targets = TABLE.import_targets  # the import hooks this integration registers

@@ -11,19 +11,16 @@ counted by the recorder (``emit_once``).
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from ...hooks.identity import ByIdentity
 from ...records import Capture
-
-_lock = threading.RLock()
+from ..core.state import EngineState, HookState
 
 
 @dataclass
-class State:
-    recorder: Any = None  # None: the process recorder (spectrace.runtime.recorder())
+class State(HookState):
     capture: Capture | None = None
     runner: str | None = None  # "v1" | "mrv2" while a runner sets the capture up, then what it was
     draft_config: dict[str, Any] | None = None
@@ -46,48 +43,17 @@ class State:
 
 
 STATE = State()
-
-
-def reset(recorder: Any = None) -> State:
-    """Forget everything learned so far (tests); patches stay installed."""
-    global STATE
-    with _lock:
-        STATE = State(recorder=recorder)
-    return STATE
-
-
-def lock() -> Any:
-    return _lock
-
-
-def use_recorder(recorder: Any) -> None:
-    STATE.recorder = recorder
-
-
-def recorder() -> Any:
-    if STATE.recorder is not None:
-        return STATE.recorder
-    from ... import runtime
-
-    return runtime.recorder()
-
-
-def emit(record: Any) -> None:
-    recorder().emit(record)
+SHARED = EngineState("vllm", globals(), State)
+# The names the hooks call (state.recorder(), state.lock(), ...), bound to this engine's STATE.
+recorder, emit, internal_error = SHARED.recorder, SHARED.emit, SHARED.internal_error
+reset, lock, use_recorder = SHARED.reset, SHARED.lock, SHARED.use_recorder
 
 
 def emit_finding(found: Any) -> None:
     """Emit a finding unless the very same one was emitted already in this process."""
     key = (found.code, found.severity, found.module, found.message)
-    with _lock:
+    with lock():
         if key in STATE.emitted:
             return
         STATE.emitted.add(key)
     recorder().emit(found)
-
-
-def internal_error(where: str, exc: BaseException) -> None:
-    try:
-        recorder().internal_error(f"vllm {where}: {type(exc).__name__}: {exc}")
-    except Exception:
-        pass

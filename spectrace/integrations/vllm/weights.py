@@ -20,6 +20,7 @@ from typing import Any
 
 from ...checks.vllm import check_vllm_weights
 from ...hooks.weights import observe_load
+from ..core.loads import DraftLoad
 from . import state
 
 _SKIPPED_BY_DESIGN = ("t2d",)
@@ -81,33 +82,28 @@ class _Consumed:
 
 def around_draft_load(original: Any, *args: Any, **kwargs: Any) -> Any:
     """``(original, self, weights)``: the load runs unchanged; what it did is recorded."""
-    model = args[0]
-    weights: Iterable[Any] = args[1] if len(args) > 1 else kwargs.pop("weights")
-    rest = args[2:]
-    called = [False]
+    call = DraftLoad(original, args, kwargs)
+    model = call.model
     offered: list[tuple[str, Any]] = []  # keeps the tensors alive, so their ids stay unique
+    consumed: _Consumed | None = None
 
     def feed(items: Iterable[Any]) -> Iterator[Any]:
         for name, tensor in items:
             offered.append((name, tensor))
             yield name, tensor
 
-    def load(items: Iterable[Any]) -> Any:
-        called[0] = True
-        return original(model, items, *rest, **kwargs)
-
-    consumed = None
-    try:
+    def observe() -> tuple[Any, Any]:
+        nonlocal consumed
         consumed = _Consumed(model)
-        result, record = observe_load(model, load, feed(weights), module="draft", exempt=exempt_params(model), source=_source(model))
-    except Exception as exc:
-        if called[0]:
-            raise  # the load itself failed: vLLM's error, unchanged
-        state.internal_error("draft load_weights", exc)
-        return original(model, weights, *rest, **kwargs)
+        return observe_load(model, call.load, feed(call.weights), module="draft", exempt=exempt_params(model), source=_source(model))
+
+    try:
+        result, record = call.observed(observe, state.internal_error)
     finally:
         if consumed is not None:
             consumed.restore()
+    if record is None:
+        return result
     try:
         taken = consumed.ids if consumed is not None else set()
         ignored = [
