@@ -1,7 +1,10 @@
 """Read a draft checkpoint without trusting it: config.json and tensor names/shapes only.
 
 Safetensors headers are parsed by hand with bounded reads, so a header that claims
-gigabytes is refused before anything is allocated, and no tensor data is ever read.
+gigabytes is refused before anything is allocated. The only tensor data ever read are
+the vocabulary maps ``d2t`` and ``t2d`` (:func:`read_vocab_maps`): integers, read within
+the byte range their header entry was checked to occupy, and only up to
+:data:`MAX_MAP_ENTRIES` entries.
 A ``.bin`` goes through ``torch.load(weights_only=True)`` only: a pickle that would run
 code is refused by torch, not executed; a zip ``.bin`` is memory-mapped, and its pickle
 and other records are size-checked in the zip directory before torch inflates any of
@@ -61,6 +64,20 @@ MAX_SHAPE_RANK = 64
 # lists them, so a list of 100,000 would be printed many times over.
 MAX_AUX_IDS = 64
 
+# The vocabulary maps are read by value: d2t has draft_vocab_size entries, t2d one per
+# target token. Real vocabularies stay below ~300k; past this many entries the values
+# are not read (the names and shapes are still checked).
+MAX_MAP_ENTRIES = 1 << 22
+# The integer dtypes a map is stored in, as (struct code, bytes per entry).
+MAP_DTYPES: dict[str, tuple[str, int]] = {
+    "BOOL": ("B", 1), "U8": ("B", 1), "I8": ("b", 1), "I16": ("h", 2), "U16": ("H", 2),
+    "I32": ("i", 4), "U32": ("I", 4), "I64": ("q", 8), "U64": ("Q", 8),
+}  # fmt: skip
+# Config dicts of the rotary embedding are kept as written, bounded: so many keys, so
+# long a string.
+MAX_ROPE_KEYS = 64
+MAX_ROPE_STRING = 64
+
 # Bits per element, so sizes stay integers (F4 is half a byte; no float can overflow).
 DTYPE_BITS: dict[str, int] = {
     "BOOL": 8, "U8": 8, "I8": 8, "F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8, "F4": 4, "F6_E2M3": 6,
@@ -85,6 +102,36 @@ class TensorInfo(BaseModel):
     shape: list[int]
     dtype: str
     file: str
+    # Absolute byte range of the data in a safetensors file (None for a torch pickle):
+    # where read_vocab_maps may read a map's values, checked against the file's size.
+    span: tuple[int, int] | None = None
+
+
+class RopeKeys(BaseModel):
+    """The rotary-embedding keys of one config.json as written, for :mod:`spectrace.checks.rope`
+    to read the way the engine does (values type-checked, dicts bounded)."""
+
+    where: str = Field("", description="the prefix of the config the model is built from: '', 'transformer_layer_config.', 'text_config.'")
+    model_type: str = ""
+    rope_theta: float | None = None
+    rope_parameters: dict[str, Any] | None = None
+    rope_scaling: dict[str, Any] | None = None
+    partial_rotary_factor: float | None = None
+    rope_is_neox_style: bool | None = None
+    head_dim: int | None = None
+    hidden_size: int | None = None
+    num_attention_heads: int | None = None
+    stray: dict[str, float] = Field(
+        default={}, description="rope_theta values written where the engine builds nothing from (path -> value)"
+    )
+
+
+class VocabMaps(BaseModel):
+    """The values of a draft checkpoint's vocabulary maps, where they could be read."""
+
+    d2t: list[int] | None = Field(None, description="draft id i -> target id i + d2t[i]")
+    t2d: list[bool] | None = Field(None, description="one flag per target id: is it in the draft vocabulary")
+    notes: list[str] = Field(default=[], description="why a map's values were not read")
 
 
 class DraftConfigFile(BaseModel):
@@ -114,6 +161,7 @@ class DraftConfigFile(BaseModel):
     stated: Reading | None = Field(
         None, description="what the config states it was trained on (trainer_convention + trained_aux_boundaries or ids)"
     )
+    rope: RopeKeys = RopeKeys()
 
 
 class TargetConfig(BaseModel):
@@ -123,6 +171,7 @@ class TargetConfig(BaseModel):
     hidden_size: int
     vocab_size: int | None = None
     path: str = ""
+    rope: RopeKeys | None = None
 
 
 class DraftCheckpoint(BaseModel):
@@ -130,6 +179,7 @@ class DraftCheckpoint(BaseModel):
     config: DraftConfigFile
     tensors: dict[str, TensorInfo]
     files: list[str]
+    maps: VocabMaps = VocabMaps()
 
 
 # ---------------------------------------------------------------- config.json
@@ -258,6 +308,83 @@ def _require(d: dict[str, Any], key: str, where: str) -> int:
     return value
 
 
+# ---------------------------------------------------------------- rotary keys
+
+
+def _number(d: dict[str, Any], key: str, where: str) -> float | None:
+    """A JSON number (int or float, never a bool), or None when absent or null."""
+    if key not in d or d[key] is None:
+        return None
+    value = d[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise AuditInputError(f"config.json: {where}{key} must be a number, got {_clip(json.dumps(value), 60)}")
+    if isinstance(value, int) and abs(value) > 10**18:
+        raise AuditInputError(f"config.json: {where}{key} = {str(value)[:24]} is implausibly large")
+    return float(value)
+
+
+def _rope_entry(value: Any, nested: bool) -> Any:
+    """An entry of a rotary dict as kept: a scalar (a string clipped), or one level down a dict
+    of scalars (per-attention-type rope: full_attention/sliding_attention); lists (mrope
+    sections) and deeper nesting are not needed by any check and are left out."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return value if abs(value) <= 10**18 else None
+    if isinstance(value, str):
+        return value[:MAX_ROPE_STRING]
+    if isinstance(value, dict) and not nested:
+        return {str(k)[:MAX_ROPE_STRING]: _rope_entry(v, True) for k, v in list(value.items())[:MAX_ROPE_KEYS]}
+    return None
+
+
+def _rope_dict(d: dict[str, Any], key: str, where: str) -> dict[str, Any] | None:
+    value = _get(d, key, "dict", where)
+    if value is None:
+        return None
+    return {str(k)[:MAX_ROPE_STRING]: _rope_entry(v, False) for k, v in list(value.items())[:MAX_ROPE_KEYS]}
+
+
+def rope_keys(layer: dict[str, Any], where: str, stray: dict[str, float] | None = None) -> RopeKeys:
+    """The rotary keys of the config a model is built from (``layer``, found at ``where``)."""
+    return RopeKeys(
+        where=where,
+        model_type=_get(layer, "model_type", "str", where, "")[:MAX_ROPE_STRING],
+        rope_theta=_number(layer, "rope_theta", where),
+        rope_parameters=_rope_dict(layer, "rope_parameters", where),
+        rope_scaling=_rope_dict(layer, "rope_scaling", where),
+        partial_rotary_factor=_number(layer, "partial_rotary_factor", where),
+        rope_is_neox_style=_get(layer, "rope_is_neox_style", "bool", where),
+        head_dim=_get(layer, "head_dim", "int", where),
+        hidden_size=_get(layer, "hidden_size", "int", where),
+        num_attention_heads=_get(layer, "num_attention_heads", "int", where),
+        stray=stray or {},
+    )
+
+
+def _draft_strays(raw: dict[str, Any], layer: dict[str, Any]) -> dict[str, float]:
+    """rope_theta written where no engine builds the draft's rotary from: inside eagle_config,
+    and for a speculators config anywhere outside transformer_layer_config (the layer is
+    built from that nested config alone)."""
+    out: dict[str, float] = {}
+    eagle = raw.get("eagle_config")
+    if isinstance(eagle, dict):
+        value = _number(eagle, "rope_theta", "eagle_config.")
+        if value is not None:
+            out["eagle_config.rope_theta"] = value
+    if layer is not raw:
+        value = _number(raw, "rope_theta", "")
+        if value is not None:
+            out["rope_theta"] = value
+        for key in ("rope_parameters", "rope_scaling"):
+            inner = raw.get(key)
+            if isinstance(inner, dict):
+                value = _number(inner, "rope_theta", f"{key}.")
+                if value is not None:
+                    out[f"{key}.rope_theta"] = value
+    return out
+
+
 # SGLang's draft class takes config.target_hidden_size as fc's input size whenever the
 # attribute exists (hasattr), so a null left by a conversion is used as a size.
 NULL_SENSITIVE_KEYS = ("target_hidden_size",)
@@ -302,6 +429,7 @@ def parse_draft_config(raw: dict[str, Any]) -> DraftConfigFile:
         speculators_traces=traces,
         stated=_stated(raw),
         null_keys=[key for key in NULL_SENSITIVE_KEYS if key in raw and raw[key] is None],
+        rope=rope_keys(layer, where, _draft_strays(raw, layer)),
     )
 
 
@@ -327,6 +455,7 @@ def read_target_config(path: Path) -> TargetConfig:
             hidden_size=_require(text, "hidden_size", where),
             vocab_size=_get(text, "vocab_size", "int", where),
             path=str(p),
+            rope=rope_keys(text, where),
         )
     except AuditInputError as err:
         raise AuditInputError(str(err).replace("config.json:", f"target config {p}:", 1)) from None
@@ -364,7 +493,10 @@ def read_safetensors_header(path: Path, folder: Path | None = None) -> dict[str,
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        out[name] = _check_entry(path.name, name, entry, data_bytes)
+        info = _check_entry(path.name, name, entry, data_bytes)
+        # Offsets count from the end of the header; the span is where the bytes lie in the file.
+        info.span = (8 + n + entry["data_offsets"][0], 8 + n + entry["data_offsets"][1])
+        out[name] = info
     return out
 
 
@@ -439,6 +571,13 @@ def check_torch_zip(path: Path) -> None:
 
 def read_torch_bin(path: Path, folder: Path | None = None) -> dict[str, TensorInfo]:
     """A pickled state dict, through the weights-only unpickler (no code runs)."""
+    state = _torch_state(path, folder)
+    return {k: TensorInfo(shape=list(v.shape), dtype=str(v.dtype).removeprefix("torch."), file=path.name) for k, v in state.items()}
+
+
+def _torch_state(path: Path, folder: Path | None = None) -> dict[str, Any]:
+    """The named tensors of a pickled state dict, loaded by the weights-only unpickler with
+    every size check of :func:`read_torch_bin` (a zip's storages stay memory-mapped)."""
     import pickle
 
     import torch
@@ -466,7 +605,7 @@ def read_torch_bin(path: Path, folder: Path | None = None) -> dict[str, TensorIn
         obj = obj["state_dict"]
     if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()):
         raise AuditInputError(f"{path.name}: not a state dict of named tensors")
-    return {k: TensorInfo(shape=list(v.shape), dtype=str(v.dtype).removeprefix("torch."), file=path.name) for k, v in obj.items()}
+    return obj
 
 
 def _why_refused(text: str) -> str:
@@ -500,12 +639,76 @@ def read_tensors(root: Path) -> tuple[dict[str, TensorInfo], list[str]]:
     return tensors, [f.name for f in files]
 
 
+# ---------------------------------------------------------------- vocabulary maps
+
+
+def map_tensor(tensors: dict[str, TensorInfo], which: str) -> str | None:
+    """The checkpoint name of the ``d2t`` or ``t2d`` map (SGLang matches the substring; the
+    trainers save it at the root)."""
+    names = sorted(n for n in tensors if n.rsplit(".", 1)[-1] == which)
+    return names[0] if names else None
+
+
+def _map_values(root: Path, name: str, info: TensorInfo, cache: dict[str, dict[str, Any]]) -> tuple[list[int] | None, str]:
+    """One map's values as integers, or None and why not."""
+    if len(info.shape) != 1:
+        return None, f"{name}: shape {info.shape} is not one-dimensional; values not read"
+    if info.shape[0] > MAX_MAP_ENTRIES:
+        return None, f"{name}: {info.shape[0]} entries, more than the {MAX_MAP_ENTRIES} read; values not read"
+    if info.span is None:  # a torch pickle: the tensor is in hand once the weights-only load ran
+        state = cache.get(info.file)
+        if state is None:
+            state = cache[info.file] = _torch_state(root / info.file, root)
+        tensor = state[name]
+        if tensor.dtype.is_floating_point or tensor.dtype.is_complex:
+            return None, f"{name}: dtype {info.dtype} is not an integer type; values not read"
+        return [int(v) for v in tensor.tolist()], ""
+    code = MAP_DTYPES.get(info.dtype)
+    if code is None:
+        return None, f"{name}: dtype {info.dtype} is not an integer type; values not read"
+    fmt, width = code
+    start, end = info.span
+    if end - start != width * info.shape[0]:  # _check_entry made sure of it; a second look costs nothing
+        return None, f"{name}: {end - start} bytes for {info.shape[0]} entries; values not read"
+    f, size = _open_regular(contained(root / info.file, root))
+    with f:
+        if end > size:
+            raise AuditInputError(f"{info.file}: tensor {_clip(repr(name))} ends past the file; truncated")
+        f.seek(start)
+        blob = f.read(end - start)
+    if len(blob) != end - start:
+        raise AuditInputError(f"{info.file}: tensor {_clip(repr(name))} could not be read whole; truncated")
+    # safetensors stores little-endian; struct's "<" reads it so on any host.
+    return list(struct.unpack(f"<{info.shape[0]}{fmt}", blob)), ""
+
+
+def read_vocab_maps(root: Path, tensors: dict[str, TensorInfo]) -> VocabMaps:
+    """The values of ``d2t`` (int offsets) and ``t2d`` (a flag per target id), read within the
+    byte range each header entry was checked to occupy (safetensors), or from the weights-only
+    load (a torch pickle). A map that is absent, not 1-D, not integer or too long is not read."""
+    maps = VocabMaps()
+    cache: dict[str, dict[str, Any]] = {}
+    for which in ("d2t", "t2d"):
+        name = map_tensor(tensors, which)
+        if name is None:
+            continue
+        values, why = _map_values(root, name, tensors[name], cache)
+        if values is None:
+            maps.notes.append(why)
+        elif which == "d2t":
+            maps.d2t = values
+        else:
+            maps.t2d = [bool(v) for v in values]
+    return maps
+
+
 def read_checkpoint(path: Path) -> DraftCheckpoint:
-    """Config and tensor inventory of a draft checkpoint directory."""
+    """Config, tensor inventory and vocabulary maps of a draft checkpoint directory."""
     if not path.exists():
         raise AuditInputError(f"{path}: no such directory")
     if not path.is_dir():
         raise AuditInputError(f"{path}: not a directory (pass the draft checkpoint directory)")
     config = parse_draft_config(read_json(path / "config.json", "draft config", path))
     tensors, files = read_tensors(path)
-    return DraftCheckpoint(path=str(path), config=config, tensors=tensors, files=files)
+    maps = read_vocab_maps(path, tensors)
+    return DraftCheckpoint(path=str(path), config=config, tensors=tensors, files=files, maps=maps)
