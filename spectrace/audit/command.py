@@ -87,7 +87,7 @@ def run_audit(
         raise AuditInputError(str(err)) from None
     ckpt = read_checkpoint(draft_dir)
     target = read_target_config(Path(target_path)) if target_path else None
-    return ckpt, target, audit(ckpt.config, ckpt.tensors, engine, target)
+    return ckpt, target, audit(ckpt.config, ckpt.tensors, engine, target, ckpt.maps)
 
 
 def summary(ckpt: DraftCheckpoint, target: TargetConfig | None, result: AuditResult) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..audit.checkpoint import DraftConfigFile, TargetConfig, TensorInfo
+from ..audit.checkpoint import DraftConfigFile, TargetConfig, TensorInfo, VocabMaps
 from ..audit.engines import Dims, Engine, Param, dims_of
 from ..records import SEVERITY_RANK, Capture, Finding
 from ..rules.catalogue import finding
@@ -33,6 +33,8 @@ from ..rules.conventions import (
 from ..rules.readings import IDS_KEY, Reading
 from ..rules.readings import trained_readings as shared_readings
 from .capture import aux_ids_fix, check_engine_support, ids_for_boundaries
+from .rope import check_rope, effective_rotary
+from .vocab_map import check_vocab_map
 
 # Names the trainers use for the same aux-id list, for messages.
 TRAINER_MEANING = {
@@ -726,17 +728,42 @@ def check_flags(cfg: DraftConfigFile, engine: Engine) -> list[Finding]:
 # ---------------------------------------------------------------- all together
 
 
+def check_rotary(cfg: DraftConfigFile, engine: Engine, target: TargetConfig | None) -> list[Finding]:
+    """The draft's rotary embedding against the target's, each read as the engine reads it."""
+    return check_rope(cfg.rope, target.rope if target else None, engine=engine.name, label=_engine_label(engine))
+
+
+def check_maps(cfg: DraftConfigFile, tensors: dict[str, TensorInfo], maps: VocabMaps | None, target: TargetConfig | None) -> list[Finding]:
+    """The checkpoint's d2t/t2d by value (when read) against the draft and target vocabularies."""
+    if maps is None:
+        return []
+    name = next((n for n in sorted(tensors) if n.rsplit(".", 1)[-1] == "d2t"), "d2t")
+    target_vocab = target.vocab_size if target and target.vocab_size else cfg.vocab_size
+    return check_vocab_map(maps.d2t, maps.t2d, draft_vocab_size=cfg.draft_vocab_size, target_vocab=target_vocab, module=name)
+
+
+def rotary_summary(cfg: DraftConfigFile, engine: Engine, target: TargetConfig | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"draft": effective_rotary(cfg.rope, engine=engine.name).summary()}
+    if target is not None and target.rope is not None:
+        out["target"] = effective_rotary(target.rope, one_rotary=False, engine=engine.name).summary()
+    return out
+
+
 def audit(
     cfg: DraftConfigFile,
     tensors: dict[str, TensorInfo],
     engine: Engine,
     target: TargetConfig | None = None,
+    maps: VocabMaps | None = None,
 ) -> AuditResult:
-    """Every check, findings sorted by severity, plus the replay summary."""
+    """Every check, findings sorted by severity, plus the replay summary.
+
+    ``maps``: the values of the checkpoint's d2t/t2d (``read_vocab_maps``); without them the
+    maps are checked by name and shape only."""
     if engine.name == "vllm" and engine.version != "recent":  # a vLLM release read from its source
         from .vllm_audit import audit_vllm
 
-        return audit_vllm(cfg, tensors, engine, target)
+        return audit_vllm(cfg, tensors, engine, target, maps)
     dims = dims_of(cfg)
     replay = replay_load(tensors, engine, dims)
     findings: list[Finding] = []
@@ -750,6 +777,8 @@ def audit(
     findings += check_short_capture(cfg, engine, target)
     findings += check_capture_support(cfg, engine, target)
     findings += check_flags(cfg, engine)
+    findings += check_rotary(cfg, engine, target)
+    findings += check_maps(cfg, tensors, maps, target)
     for f in findings:
         f.source = "audit"
     findings.sort(key=lambda f: SEVERITY_RANK[f.severity])
@@ -774,6 +803,12 @@ def audit(
             "rule_releases": cap.releases,
             "boundaries": cap.boundaries,
         },  # fmt: skip
+        "rotary": rotary_summary(cfg, engine, target),
+        "vocab_maps": {
+            "d2t_entries": len(maps.d2t) if maps and maps.d2t is not None else None,
+            "t2d_entries": len(maps.t2d) if maps and maps.t2d is not None else None,
+            "notes": list(maps.notes) if maps else ["values not read"],
+        },
         "weights": {
             "loaded": sorted(name for name in tensors if name not in not_loaded),
             "dropped": replay.dropped,

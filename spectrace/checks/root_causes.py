@@ -89,6 +89,8 @@ DRAFT_INPUT_OR_WEIGHTS: tuple[str, ...] = (
     "weights_missing",
     "weights_dropped",
     "unsupported_config_flag",
+    "rope_mismatch",
+    "vocab_map_invalid",
 )
 
 RULES: tuple[FollowsFrom, ...] = (

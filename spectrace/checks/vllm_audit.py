@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ..audit.checkpoint import DraftConfigFile, TargetConfig, TensorInfo
+from ..audit.checkpoint import DraftConfigFile, TargetConfig, TensorInfo, VocabMaps
 from ..audit.engines import Engine, dims_of
 from ..records import SEVERITY_RANK, Capture, Finding
 from ..rules.catalogue import finding
@@ -90,7 +90,9 @@ def _ignored_ids(cfg: DraftConfigFile, view: dict[str, Any], target: TargetConfi
     return out
 
 
-def audit_vllm(cfg: DraftConfigFile, tensors: dict[str, TensorInfo], engine: Engine, target: TargetConfig | None) -> generic.AuditResult:
+def audit_vllm(
+    cfg: DraftConfigFile, tensors: dict[str, TensorInfo], engine: Engine, target: TargetConfig | None, maps: VocabMaps | None = None
+) -> generic.AuditResult:
     dims = dims_of(cfg)
     replay = generic.replay_load(tensors, engine, dims)
     biases = [n for n in replay.dropped if n.endswith(".bias")]
@@ -113,11 +115,14 @@ def audit_vllm(cfg: DraftConfigFile, tensors: dict[str, TensorInfo], engine: Eng
         findings += generic.check_short_capture(cfg, engine, target)
         if cfg.use_aux_hidden_state is not False:
             findings += generic.check_fc_width(cfg, tensors, engine, target)
+    # vLLM builds the draft's rotary from the same transformers config and uses d2t as SGLang does.
+    findings += generic.check_rotary(cfg, engine, target)
+    findings += generic.check_maps(cfg, tensors, maps, target)
     for f in findings:
         f.source = "audit"
     findings.sort(key=lambda f: SEVERITY_RANK[f.severity])
     # The summary of the engine-neutral audit, with this release's engine and capture.
-    summary = generic.audit(cfg, tensors, generic_engine(engine), target).summary
+    summary = generic.audit(cfg, tensors, generic_engine(engine), target, maps).summary
     summary["engine"] = {
         "name": engine.name,
         "version": engine.version,

@@ -76,6 +76,26 @@ CATALOGUE: dict[str, Code] = {
             "retrain without the flag, or serve with an engine that implements it",
         ),
         Code(
+            "rope_mismatch",
+            "error",
+            "the draft attends over the target's positions with the rotary embedding it was trained with (the target's): "
+            "the engine builds each rotary from config.json (SGLang 0.5.23: rope_parameters.rope_theta, else a top-level "
+            "rope_theta, else 10000), so a base or scaling written elsewhere, or lost, rotates every position with "
+            "another phase, without an error",
+            "write the target's rope_theta and scaling into the draft's config.json, where the engine reads them "
+            "(rope_parameters, or transformer_layer_config.rope_parameters for a speculators config)",
+        ),
+        Code(
+            "vocab_map_invalid",
+            "error",
+            "d2t stores offsets (draft id i is target id i + d2t[i]) over the draft vocabulary, and t2d marks the same "
+            "target ids; the engine builds its map from d2t alone and checks nothing, so a map of the wrong length, "
+            "out of range, out of order or at odds with t2d (a trainer's default d2t = arange maps i to 2i) proposes "
+            "other tokens than the draft meant",
+            "save the d2t and t2d of the draft vocabulary the draft was trained on (d2t = ids - arange(len(ids)) "
+            "for its target ids in rising order)",
+        ),
+        Code(
             "shape_mismatch",
             "error",
             "fc.in_features, the checkpoint's tensor shapes and the target's hidden size must agree: a width that differs "
