@@ -60,8 +60,7 @@ def test_fc_receives_the_fused_aux_states(spectrace, target, draft, ids):
     t.assert_shape("draft.model.layers.0", input=(..., HIDDEN), input_arg="input[2]")
     t.assert_dtype("draft.lm_head", output=torch.float32)
     t.assert_stats("draft.**", finite=True)
-    t.detect()  # run spectrace's runtime detectors over what was recorded
-    t.assert_no_findings()
+    t.assert_no_findings()  # the checks `spectrace view` runs, over what was recorded
 
 
 def test_target_without_aux_capture_bypasses_fc(spectrace, target, draft, ids):
@@ -73,8 +72,9 @@ def test_target_without_aux_capture_bypasses_fc(spectrace, target, draft, ids):
     with pytest.raises(CallContractError, match="'draft.model.fc' was never called"):
         t.assert_called("draft.model.fc")
     t.assert_not_called("draft.model.fc")
-    # ... and so does the detector, with the fix attached.
-    t.detect()
+    # ... and so do the checks, with the fix attached (and the capture that causes it).
     found = t.assert_finding("fc_bypass")
     assert found.module == "draft.model.layers.0"
     assert "use_aux_hidden_state" in found.fix
+    # The root cause, read from the target handed to trace(): its aux capture is off.
+    assert t.assert_finding("aux_capture_disabled").module == "target"

@@ -13,16 +13,26 @@ an OTLP collector when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set.
 from __future__ import annotations
 
 import atexit
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Union
 
 import torch.nn as nn
 
+from .checks.from_records import FC_NOT_TRACED, findings_from_model_facts, findings_from_records
+from .hooks import model_facts
 from .hooks.engine import Tracer
 from .hooks.selection import ModuleFilter, glob_match
 from .recorder import Recorder
-from .records import Call, Finding
+from .records import Call, Capture, Coverage, Finding, Weights
 from .settings import Settings
+
+# Said once when a traced draft's weights were never loaded while tracing: the checks of a
+# load (dropped, missing, uninitialised tensors) need to see it.
+LOAD_NOT_SEEN = (
+    "no weight load of the draft was seen while tracing (loaded before the trace began?): load checks "
+    "not run; `spectrace audit DRAFT_DIR` checks the checkpoint, or load it inside the trace"
+)
 
 Models = Union[nn.Module, Sequence[nn.Module], Mapping[str, nn.Module]]
 
@@ -58,6 +68,10 @@ class Trace:
         self.recorder = recorder
         self.tracer = tracer
         self.hooked: list[str] = []
+        # The models handed to trace(), held weakly (a trace never keeps a model alive):
+        # what they hold (a capture list, a draft config) is checked once, at the first check.
+        self._roots: list[tuple[str, weakref.ref[nn.Module]]] = []
+        self._facts_checked = False
 
     # Context protocol -------------------------------------------------------
     def __enter__(self) -> Trace:
@@ -67,9 +81,11 @@ class Trace:
         self.close()
 
     def close(self) -> None:
-        """Remove the hooks and flush the sinks; safe to call twice."""
+        """Run the checks (:meth:`check`), remove the hooks and flush the sinks; safe to call twice."""
         _open.discard(self)
         try:
+            if not self.recorder._closed:
+                self.check()
             self.tracer.detach()
         finally:
             self.recorder.close()
@@ -97,7 +113,70 @@ class Trace:
 
     @property
     def findings(self) -> list[Finding]:
+        """Every finding of this trace: those recorded while tracing and those its records
+        imply (:meth:`check` runs first), as ``spectrace view`` shows them for its file."""
+        self.check()
         return self.recorder.findings()
+
+    def check(self) -> list[Finding]:
+        """Run spectrace's checks over what this trace holds; record and return the new findings.
+
+        The same checks as ``spectrace view`` runs on a trace file
+        (:func:`spectrace.checks.from_records.findings_from_records`: NaN/Inf in a traced
+        tensor, a bypassed fc), plus, once, what the traced models themselves say (the
+        target's capture list against the draft's config, as a server's start-up is
+        checked). Runs by itself when :attr:`findings` is read and when the trace closes.
+        Never raises: a failure is counted as an internal error.
+        """
+        if self.recorder._closed:
+            return []
+        new: list[Finding] = []
+        try:
+            self.tracer.finish_step()
+            records = self.recorder.records()
+            if not self._facts_checked:
+                self._facts_checked = True
+                new += self._check_models(records)
+                if new:
+                    records = self.recorder.records()
+            findings = [r for r in records if isinstance(r, Finding)]
+            calls = [r for r in records if isinstance(r, Call)]
+            coverage = [r for r in records if isinstance(r, Coverage)]
+            derived = findings_from_records(calls, findings, coverage)
+            for found in derived:
+                self.recorder.emit(found)
+            new += derived
+        except Exception as exc:  # a check never breaks the caller's code
+            self.recorder.internal_error(f"checks failed: {type(exc).__name__}: {exc}")
+        return new
+
+    def _check_models(self, records: list[Any]) -> list[Finding]:
+        """What the traced models hold, checked once; records already there are not repeated."""
+        roots = [(name, model) for name, ref in self._roots if (model := ref()) is not None]
+        captured = {r.module for r in records if isinstance(r, Capture)}
+        captures: list[Capture] = []
+        for name, model in roots:
+            capture = model_facts.capture_of(model, name or "model")
+            if capture is not None and capture.module not in captured:
+                captures.append(capture)
+                self.recorder.emit(capture)
+        drafts = [(name, model, cfg) for name, model in roots if (cfg := model_facts.draft_config(model)) is not None]
+        name, draft, config = drafts[0] if drafts else ("draft", None, None)
+        made = findings_from_model_facts(
+            captures,
+            config,
+            engine=model_facts.engine_of(draft) if draft is not None else "sglang",
+            hot_map_loaded=model_facts.hot_map_loaded(draft) if draft is not None else None,
+            draft_name=name or "draft",
+        )
+        have = {(r.code, r.module) for r in records if isinstance(r, Finding)}
+        new = [f for f in made if (f.code, f.module) not in have]
+        for found in new:
+            self.recorder.emit(found)
+        traced_draft = draft is not None or any(role.startswith("draft.") for role in self.tracer.roles.values())
+        if traced_draft and not any(isinstance(r, Weights) for r in records):
+            self.recorder.coverage("not_covered", LOAD_NOT_SEEN)
+        return new
 
     def calls(self, module: str | None = None) -> list[Call]:
         """Calls in order; ``module`` is an exact name or a glob (``**.fc``)."""
@@ -148,8 +227,11 @@ class Trace:
         __tracebackhide__ = True
         return _assertions().assert_finding(self, code, module=module)
 
-    def detect(self, checks: Sequence[str] = ("nonfinite", "fc_bypass")) -> list[Finding]:
-        return _assertions().detect(self, checks)
+    def detect(self, checks: Sequence[str] | None = None) -> list[Finding]:
+        """The new findings of :meth:`check` (kept for older code: ``check`` runs by itself
+        when :attr:`findings` is read); ``checks`` keeps those codes only."""
+        new = self.check()
+        return new if checks is None else [f for f in new if f.code in set(checks)]
 
     def data_path(self, focus: Sequence[str] = (), limit: int | None = None) -> str:
         helpers = _assertions()
@@ -212,10 +294,15 @@ def trace(
     modules = modules if modules is not None else (list(settings.modules) or None)
     try:
         for prefix, root in _named_roots(models):
+            result._roots.append((prefix, weakref.ref(root)))
             result.hooked += tracer.attach(root, modules, types=tuple(types), profile=profile or settings.profile or None, prefix=prefix)
     except Exception:
         result.close()
         raise
     if not result.hooked:
         recorder.coverage("unhooked", f"no module matched {modules or profile or 'the default profile'}")
+    roles = set(tracer.roles.values())
+    if "draft.layer" in roles and "draft.fc" not in roles:
+        # No fc calls would then read as a bypass: say why the fc check stays silent.
+        recorder.coverage("unhooked", f"{FC_NOT_TRACED}: whether it was bypassed cannot be told (trace the draft's fc too)")
     return result

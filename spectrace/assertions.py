@@ -180,6 +180,34 @@ def format_findings(findings: Sequence[Finding]) -> str:
     return "\n".join(lines)
 
 
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def format_root_causes(findings: Sequence[Finding], width: int = 116) -> str:
+    """Findings as a failing test should show them: each root cause with its module, what
+    was seen and its one fix; what follows from it in one line beneath (the order and the
+    judgement are ``spectrace view``'s: :func:`spectrace.checks.root_causes.root_causes`)."""
+    from .checks.root_causes import root_causes
+
+    judged = root_causes(findings)
+    lines: list[str] = []
+    shown: set[tuple[str, str | None]] = set()
+    order = sorted(range(len(findings)), key=lambda i: SEVERITY_RANK.get(findings[i].severity, 9))
+    for i in order:
+        f, j = findings[i], judged[i]
+        if j.root is not None or (f.code, f.module) in shown:
+            continue
+        shown.add((f.code, f.module))
+        where = f" at {f.module}" if f.module else ""
+        lines.append(_cut(f"{f.severity.upper()} {f.code}{where}: {f.message}", width))
+        lines.append(_cut(f"  fix: {f.fix}", width))
+        follows = sorted({g.code for g, k in zip(findings, judged) if k.root == f.code})
+        if follows:
+            lines.append(_cut(f"  then: {', '.join(follows)} (cleared by this fix)", width))
+    return "\n".join(lines)
+
+
 def explain(trace: Trace, headline: str, focus: Iterable[str] = (), limit: int = DEFAULT_PATH_LINES) -> str:
     """``headline`` followed by the observed data path and the findings."""
     return "\n".join([headline, data_path(trace, focus, limit), format_findings(trace.findings)])
@@ -420,11 +448,9 @@ def assert_no_findings(trace: Trace, severity: str = "error") -> None:
     if found:
         codes = ", ".join(sorted({f.code for f in found}))
         raise FindingError(
-            explain(
-                trace,
-                f"{len(found)} unexpected finding{'s' if len(found) > 1 else ''} of severity {severity} or worse: {codes}",
-                [f.module or "" for f in found],
-            )
+            f"{len(found)} unexpected finding{'s' if len(found) > 1 else ''} of severity {severity} or worse: {codes}\n"
+            + format_root_causes(found)
+            + "\n(t.data_path() shows what ran; spectrace view shows the trace file)"
         )
 
 
@@ -440,31 +466,3 @@ def assert_finding(trace: Trace, code: str, *, module: str | None = None) -> Fin
         raise FindingError(explain(trace, f"expected a finding {code!r}{where}, but none was recorded.", [module or ""]))
     expected_ids(trace).update(id(f) for f in found)
     return found[0]
-
-
-def detect(trace: Trace, checks: Sequence[str] = ("nonfinite", "fc_bypass")) -> list[Finding]:
-    """Run spectrace's runtime detectors over the recorded calls; emits and returns new findings.
-
-    ``fc_bypass`` groups calls by step: it is right for one draft forward per step (or a loop
-    that numbers steps with ``trace.set_step``), and wrong when a chain of draft calls with
-    1x-wide inputs runs as separate steps (SGLang's draft decode skips fc by design).
-    """
-    from .checks.calls import check_fc_called, check_nonfinite
-
-    runners = {"nonfinite": check_nonfinite, "fc_bypass": check_fc_called}
-    unknown = [c for c in checks if c not in runners]
-    if unknown:
-        raise ValueError(f"unknown checks {unknown}; known: {', '.join(runners)}")
-    calls = trace.calls()
-    have = {(f.code, f.module) for f in trace.findings}
-    new: list[Finding] = []
-    for name in checks:
-        for f in runners[name](calls):
-            if (f.code, f.module) not in have:
-                new.append(f)
-                have.add((f.code, f.module))
-    for f in new:
-        trace.emit(f)
-    if new and getattr(trace.recorder, "_closed", False):
-        trace.recorder.flush()  # the trace was already closed: append them to its file
-    return new

@@ -17,16 +17,15 @@ What ``--spectrace`` (or ``@pytest.mark.spectrace`` on one test) covers, exactly
   is adopted by the test's session: closed at teardown, and its *error* findings fail the
   test at the end of its call phase, with the observed data path in the message;
   findings claimed with ``assert_finding(code)`` do not count;
-- NaN or Inf in a traced tensor fails the test too: at the end of the call phase the
-  plugin runs the ``nonfinite`` check (:func:`spectrace.checks.calls.check_nonfinite`,
-  what ``t.detect(["nonfinite"])`` runs) over each adopted trace's calls, so the message
-  names the first module that held one; a test that expects them claims the finding
-  (``t.detect(["nonfinite"])`` then ``t.assert_finding("nonfinite")``);
+- the findings are those of ``Trace.findings``: what was recorded while tracing plus what
+  the trace's records imply, made by the same checks ``spectrace view`` runs on a trace
+  file (:mod:`spectrace.checks.from_records`: NaN or Inf in a traced tensor, a bypassed
+  fc) and, once, what the traced models hold (the target's capture list against the
+  draft's config). So a test fails exactly when ``spectrace view`` of its trace shows an
+  error; the message names each root cause, its module and its fix, in a few lines. A
+  test that expects a finding claims it (``t.assert_finding("nonfinite")``);
 - it does **not** hook models the test never traces: nothing patches
   ``torch.nn.Module.__call__``. A test that runs a model without any trace is invisible.
-- other findings come from whoever emits them (the integrations, the EAGLE-3 reference
-  pipeline, ``t.detect()`` which runs the runtime detectors); of the detectors the plugin
-  runs ``nonfinite`` alone (``fc_bypass`` needs one draft forward per step to be right).
 
 ``@pytest.mark.no_spectrace`` turns that off for one test (the fixture still works).
 ``--spectrace-dir DIR`` writes every trace of a test to
@@ -200,26 +199,26 @@ class SpectraceSession:
             except Exception:  # bookkeeping must never break the code under test
                 pass
 
-        Trace.__init__ = __init__  # type: ignore[method-assign]
+        Trace.__init__ = __init__  # type: ignore[method-assign,assignment]
         self._undo.append(lambda: setattr(Trace, "__init__", original))
 
     def check(self) -> None:
         """Raise if any kept trace holds an unclaimed error finding (the ``--spectrace`` rule)."""
         __tracebackhide__ = True
-        from .assertions import FindingError, explain, unexpected_findings
+        from .assertions import FindingError, format_root_causes, unexpected_findings
 
         for index, trace in enumerate(self.traces):
-            _detect_nonfinite(trace)
+            # Trace.findings runs the checks `spectrace view` runs on a trace file: the same verdict.
             found = unexpected_findings(trace, "error")
             if found:
                 codes = ", ".join(sorted({f.code for f in found}))
                 which = f"trace {index + 1} of {len(self.traces)}" if len(self.traces) > 1 else "the trace"
-                head = (
-                    f"spectrace: {which} made during this test holds {len(found)} error finding"
-                    f"{'s' if len(found) > 1 else ''} ({codes}). Claim expected ones with t.assert_finding(code) "
-                    "or mark the test @pytest.mark.no_spectrace."
-                )
-                raise FindingError(explain(trace, head, [f.module or "" for f in found]))
+                head = f"spectrace: {which} made during this test holds {len(found)} error finding{'s' if len(found) > 1 else ''} ({codes})"
+                lines = [head, format_root_causes(found)]
+                if trace.path:
+                    lines.append(f"The trace: spectrace view {_shown(trace.path)}")
+                lines.append("Claim expected ones with t.assert_finding(code), or mark the test @pytest.mark.no_spectrace.")
+                raise FindingError("\n".join(lines))
 
     def close(self) -> None:
         """Close every kept trace (hooks removed) and undo the adoption patch; never raises."""
@@ -237,10 +236,13 @@ class SpectraceSession:
                 pass
 
 
-def _detect_nonfinite(trace: Trace) -> None:
-    """NaN or Inf in a traced tensor becomes a ``nonfinite`` error finding (once per module):
-    a model that produced them fails its test even when the test never asked."""
-    trace.detect(("nonfinite",))
+def _shown(path: str) -> str:
+    """``path`` relative to the working folder when it lies below it (shorter to read)."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel
 
 
 def session_for(item: pytest.Item, create: bool = True) -> SpectraceSession | None:

@@ -266,7 +266,7 @@ def test_assert_stats_reports_nan_and_scale(inner):
     result.stdout.fnmatch_lines(["*StatsContractError*", "*2 (step 0 #3) output (1, 4) float32 holds 1 NaN and 0 Inf of 4 values*"])
 
 
-def test_detect_finds_fc_bypass_and_assert_finding_returns_it(inner):
+def test_findings_hold_fc_bypass_and_assert_finding_returns_it(inner):
     inner.makepyfile(
         """
         import torch
@@ -277,8 +277,8 @@ def test_detect_finds_fc_bypass_and_assert_finding_returns_it(inner):
             with spectrace.trace({"draft": draft}, modules=["model.fc", "model.layers.0"]) as t, torch.no_grad():
                 draft(torch.arange(1, 8), torch.randn(7, 64))  # 1x wide: fc is skipped
             t.assert_not_called("draft.model.fc")
-            assert [f.code for f in t.detect()] == ["fc_bypass"]
-            assert t.detect() == []  # idempotent
+            assert [f.code for f in t.findings] == ["fc_bypass"]  # the view's check, run at close
+            assert t.check() == [] and t.detect() == []  # nothing new: made once
             assert t.assert_finding("fc_bypass").module == "draft.model.layers.0"
         """
     )
@@ -336,9 +336,9 @@ def test_spectrace_flag_fails_tests_with_unclaimed_error_findings(inner):
     result.stdout.fnmatch_lines(
         [
             "*spectrace: the trace made during this test holds 1 error finding (fc_bypass)*",
-            "*Observed data path: 3 calls in 1 step*",
             "*ERROR fc_bypass at draft.model.fc*",
             "*fix: make the target capture the aux layers*",
+            "*Claim expected ones with t.assert_finding(code)*",
         ]
     )
 

@@ -116,7 +116,7 @@ def test_step_filter_narrows_the_data_path(bypass: Path, capsys: pytest.CaptureF
     assert 0 < dp["layer"]["calls"] < whole["datapath"]["layer"]["calls"]
     # The bypass is stated from the steps shown, not from the finding of step 0 the list hides.
     assert "fc_bypass" not in [g["code"] for g in part["findings"]]
-    assert dp["fc"]["status"] == "bypassed" and "ran in 11 steps where its fc never ran" in dp["fc"]["note"]
+    assert dp["fc"]["status"] == "bypassed" and "ran in 11 steps and its fc never ran" in dp["fc"]["note"]
     assert part["acceptance"]["steps"] == list(range(10, 21))
 
 

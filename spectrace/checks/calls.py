@@ -75,38 +75,44 @@ def _is_draft_layer(module: str) -> bool:
 
 
 def check_fc_called(calls: Iterable[Call]) -> list[Finding]:
-    """fc never ran in a step where the draft's decoder layer did: fc was bypassed.
+    """The draft's decoder layer ran and its fc never ran once: fc was bypassed.
 
-    The draft's fc and layer are known by their roles (``Call.role``); when no call
-    carries one (a trace written before roles existed) they are told by their names.
+    EAGLE-3 drafts several tokens per verify: the first draft forward takes the target's
+    fused states through fc, the later ones feed the draft's own hidden-width state back
+    and skip fc by design. So a draft step without fc is normal; a trace in which the
+    decoder layer ran and fc never did is the bypass (the target handed over states that
+    already had the hidden width). The draft's fc and layer are known by their roles
+    (``Call.role``); when no call carries one (a trace written before roles existed) they
+    are told by their names.
     """
     calls = list(calls)
     roled = any(call.role for call in calls)
     layer_steps: dict[int, Call] = {}
-    fc_steps: set[int] = set()
+    fc_ran = False
     for call in calls:
         if (call.role == FC_ROLE) if roled else glob_match(call.module, FC_GLOB):
-            fc_steps.add(call.step)
-        elif (call.role == DRAFT_LAYER_ROLE) if roled else _is_draft_layer(call.module):
+            fc_ran = True
+            break
+        if (call.role == DRAFT_LAYER_ROLE) if roled else _is_draft_layer(call.module):
             layer_steps.setdefault(call.step, call)
-    bypassed = sorted(set(layer_steps) - fc_steps)
-    if not bypassed:
+    if fc_ran or not layer_steps:
         return []
-    layer = layer_steps[bypassed[0]]
+    steps = sorted(layer_steps)
+    layer = layer_steps[steps[0]]
     # Engines pass (positions, embeds, hidden_states): the hidden states come last.
     widths = [m.shape[-1] for m in layer.inputs if len(m.shape) >= 2]
     width = widths[-1] if widths else None
     return [
         finding(
             "fc_bypass",
-            f"the draft's decoder layer ran in {len(bypassed)} steps where its fc never ran: the incoming hidden "
+            f"the draft's decoder layer ran in {len(steps)} step{'s' if len(steps) != 1 else ''} and its fc never ran: the incoming hidden "
             "states already had the embedding width, so fc was skipped",
             module=layer.module,
-            evidence={"steps_bypassed": len(bypassed), "first_step": bypassed[0], "decoder_input_width": width},
+            evidence={"steps_bypassed": len(steps), "first_step": steps[0], "decoder_input_width": width},
             fix=(f"the decoder layer got {width}-wide states, the hidden width: " if width else "")
             + "make the target capture the aux layers the draft was trained on (--speculative-algorithm EAGLE3, "
             "eagle_config.use_aux_hidden_state=true, one id per aux layer in eagle_config.eagle_aux_hidden_state_layer_ids)",
-            step=bypassed[0],
+            step=steps[0],
             source="checks.calls",
         )
     ]

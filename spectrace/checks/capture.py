@@ -82,6 +82,13 @@ def _capture_fix(algorithm: str | None, use_aux: bool | None) -> str | None:
         parts.append(f"launch with --speculative-algorithm EAGLE3 (not {algorithm})")
     if use_aux is False:
         parts.append("set eagle_config.use_aux_hidden_state=true in the draft's config.json")
+    if not parts and use_aux is True and not algorithm:
+        # The config asks for aux states and capture is still off: of the two switches,
+        # the launch's algorithm is the one left (an EAGLE-3 draft served as EAGLE).
+        parts.append(
+            "launch with --speculative-algorithm EAGLE3: the draft's config already asks for aux states "
+            "(use_aux_hidden_state true), so the algorithm left capture off"
+        )
     return " and ".join(parts) or None
 
 

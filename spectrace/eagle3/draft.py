@@ -48,15 +48,20 @@ class DraftConfig:
     rope_theta: float = 10000.0
     norm_before_residual: bool = False
     tie_word_embeddings: bool = False
+    # The whole config.json it was read from, as an engine's model keeps its config: what
+    # the module ignores (eagle_config, training flags) still tells a trace what was asked.
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_dict(cls, config: Mapping[str, Any]) -> DraftConfig:
         """Read the module-shaping fields of a config.json dict; other keys are ignored."""
-        known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in config.items() if k in known})
+        known = set(cls.__dataclass_fields__) - {"raw"}
+        return cls(**{k: v for k, v in config.items() if k in known}, raw=dict(config))
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        del out["raw"]
+        return out
 
     @property
     def head_dim(self) -> int:

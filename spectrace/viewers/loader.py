@@ -31,6 +31,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from spectrace.checks.from_records import findings_from_records
 from spectrace.records import (
     LEGACY_RECORD_TYPES,
     RECORD_ADAPTER,
@@ -353,6 +354,10 @@ class FileReader:
         self._unknown_types: dict[str, int] = {}
         self._not_loaded: dict[str, int] = {}
         self._findings_per_code: dict[str, int] = {}
+        # Findings the calls imply (checks.from_records), made again when the calls change;
+        # kept apart so a later pass replaces them rather than adding to them.
+        self._derived: list[Finding] = []
+        self._derived_from: tuple[int, int] = (-1, -1)
 
     def _restart(self, why: str) -> None:
         self.budget.release(self.kept_bytes, len(self.file.acceptance.by_step))
@@ -617,6 +622,19 @@ class FileReader:
             self._counts.pop("empty", None)
         self.file.problems = list(self._counts.values())
         self.file.lines_read = self.lineno
+        self._derive()
+
+    def _derive(self) -> None:
+        """The findings the file's calls imply, as every other consumer makes them."""
+        f = self.file
+        derived_ids = {id(d) for d in self._derived}
+        recorded = [fd for fd in f.findings if id(fd) not in derived_ids]
+        key = (len(f.calls), len(recorded))
+        if key == self._derived_from:
+            return
+        self._derived_from = key
+        self._derived = findings_from_records(f.calls, recorded, f.coverage)
+        f.findings = recorded + self._derived
 
 
 def shown_path(path: str) -> str:

@@ -1349,8 +1349,9 @@ def _datapath(files: list[TraceFile], states: list[_FileState], flt: ViewFilter)
         fc.status = "bypassed"
         fc.note = bypass[0].message
     elif fc.calls == 0 and draft_list and not flt.module:
-        # The check decides (the decoder layer ran in steps where fc never did); shown here.
-        # Not under --module: the calls it would see are only those the filter kept.
+        # No fc_bypass finding passed --step (made from the whole run, it may sit outside
+        # the steps shown): the same check over the steps shown decides. Not under
+        # --module: the calls it would see are only those the filter kept.
         for found in check_fc_called(draft_list):
             fc.status, fc.note = "bypassed", found.message
     elif fc.calls and dp.fc.widths.verdict == "bypass":
