@@ -130,6 +130,7 @@ class Recorder:
         self._flusher: threading.Thread | None = None
         self._flusher_pid = 0
         self._flush_wanted = threading.Event()
+        self._flush_now = False  # a due flush asked for (not only the timer armed)
         self._drain_wanted = False
         # Counters are bumped from hooks, the record worker and the OpenTelemetry export
         # thread: their own small lock, never held while calling out, so no thread waits
@@ -180,6 +181,7 @@ class Recorder:
         # The parent's flush thread does not exist here: the first due flush starts one.
         self._flusher = None
         self._flush_wanted = threading.Event()
+        self._flush_now = False
         self._drain_wanted = False
         if self._file is not None:
             fd, self._file._fd = self._file._fd, None
@@ -372,6 +374,11 @@ class Recorder:
             self._pending.popleft()
             self.count_dropped(1, "record cap")
         self._pending.append(text)
+        if len(self._pending) == 1:
+            # The first record since the last flush arms the flush thread's timer, once per
+            # interval: an idle process's last records reach the file within the interval
+            # even when no record comes after them (OpenTelemetry's batch processor does the same).
+            self._arm_timer()
 
     def _to_objects(self, items: list[Any]) -> None:
         """Hand ``items`` to every object sink, the header before anything else."""
@@ -581,20 +588,34 @@ class Recorder:
                 except Exception as exc:
                     self._sink_failed(sink, exc)
 
+    def _ensure_flusher(self) -> None:
+        if self._flusher is None or self._flusher_pid != os.getpid() or not self._flusher.is_alive():
+            with self._count_lock:
+                if self._flusher is None or self._flusher_pid != os.getpid() or not self._flusher.is_alive():
+                    # A forked child inherits no thread: it starts its own here.
+                    self._flush_wanted = threading.Event()
+                    self._flusher_pid = os.getpid()
+                    self._flusher = threading.Thread(target=self._flush_loop, name="spectrace-flush", daemon=True)
+                    self._flusher.start()
+
     def _flush_soon(self) -> None:
         """A flush on a daemon thread of the recorder's own: a per-step hook only queues."""
         try:
-            if self._flusher is None or self._flusher_pid != os.getpid() or not self._flusher.is_alive():
-                with self._count_lock:
-                    if self._flusher is None or self._flusher_pid != os.getpid() or not self._flusher.is_alive():
-                        # A forked child inherits no thread: it starts its own here.
-                        self._flush_wanted = threading.Event()
-                        self._flusher_pid = os.getpid()
-                        self._flusher = threading.Thread(target=self._flush_loop, name="spectrace-flush", daemon=True)
-                        self._flusher.start()
+            self._flush_now = True
+            self._ensure_flusher()
             self._flush_wanted.set()
         except Exception:  # no thread to be had: flush here, as before
             self.flush()
+
+    def _arm_timer(self) -> None:
+        """Wake the flush thread so that it waits for the interval's end (not a flush now)."""
+        if self._closed:
+            return
+        try:
+            self._ensure_flusher()
+            self._flush_wanted.set()
+        except Exception:  # no thread to be had: the next due record flushes, as before
+            pass
 
     def drain_soon(self) -> None:
         """Run the drains (:meth:`add_drain`) on the flush thread, then flush if due: a
@@ -604,13 +625,24 @@ class Recorder:
 
     def _flush_loop(self) -> None:
         wanted = self._flush_wanted
+        interval = self.settings.flush_seconds
         while not self._closed:
-            wanted.wait()
+            # With records queued (or a producer batching them: a drain) the wait ends when
+            # the interval since the last flush does, whether or not another record comes.
+            # With nothing held it waits for a record: an idle process costs no wake-ups.
+            timeout: float | None = None
+            if self._pending or self._drains:
+                timeout = max(0.0, interval - (time.monotonic() - self._last_flush))
+            wanted.wait(timeout)
             wanted.clear()
             if self._closed:
                 return
+            due = time.monotonic() - self._last_flush >= interval
+            if not (self._flush_now or due):
+                continue  # armed by a first record: wait for the interval's end
+            self._flush_now = False
             try:
-                if self._drain_wanted:
+                if self._drain_wanted or (due and self._drains):
                     self._drain_wanted = False
                     self._drain()
                 self.flush()
@@ -626,6 +658,8 @@ class Recorder:
         with self._lock:
             if drain not in self._drains:
                 self._drains.append(drain)
+        # What it holds reaches the file within the interval even when the host goes idle.
+        self._arm_timer()
 
     def _drain(self) -> None:
         with self._drain_lock:
