@@ -7,12 +7,16 @@ Sub-commands load lazily so ``spectrace view`` never imports torch.
     $ spectrace audit ./my-draft --target-config ./target/config.json
 
 With no command it prints its usage and exits 2; ``spectrace --help`` prints it and exits 0.
+A reader that goes away (``spectrace calls traces | head``) ends every command the same way:
+no traceback, no message, exit status 141 (128 + SIGPIPE), as ``cat`` or ``grep`` end.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
 from collections.abc import Callable
 from typing import NoReturn
@@ -80,8 +84,42 @@ def _load(target: str) -> Callable[[list[str]], int]:
     return getattr(importlib.import_module(module_name), attr)
 
 
+CLOSED_PIPE_STATUS = 128 + 13  # what a shell reports for a process that SIGPIPE ended
+
+
+def _die_quietly_on_closed_pipe() -> None:
+    """Let a write to a closed stdout end the process, as it ends ``cat`` or ``grep``.
+
+    Python ignores SIGPIPE and raises BrokenPipeError instead, wherever the write happens:
+    at exit's final flush (a traceback no code can catch), inside rich, or inside a command
+    that reports it its own way. Restoring the default action makes every command end alike,
+    with no output at all. Only for a program run: a caller in-process keeps its own handler.
+    """
+    if hasattr(signal, "SIGPIPE"):  # not on Windows
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+
+
+def _silence_stdout() -> None:
+    # After EPIPE, Python's flush at exit would raise again: point fd 1 at /dev/null.
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # a replaced stdout (pytest's capture) has no fd
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv is None:
+        _die_quietly_on_closed_pipe()
+    try:
+        status = _dispatch(list(sys.argv[1:] if argv is None else argv))
+        sys.stdout.flush()  # a closed pipe shows here, not in the flush at exit
+        return status
+    except BrokenPipeError:  # in-process callers (SIGPIPE still ignored): the same status
+        _silence_stdout()
+        return CLOSED_PIPE_STATUS
+
+
+def _dispatch(argv: list[str]) -> int:
     if not argv:  # no command is a usage error: scripts must not take it for success
         sys.stderr.write(_usage() + "\n")
         return 2
@@ -106,8 +144,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:
-        return 0
 
 
 if __name__ == "__main__":
