@@ -497,7 +497,29 @@ def read_safetensors_header(path: Path, folder: Path | None = None) -> dict[str,
         # Offsets count from the end of the header; the span is where the bytes lie in the file.
         info.span = (8 + n + entry["data_offsets"][0], 8 + n + entry["data_offsets"][1])
         out[name] = info
+    _check_layout(path.name, header, data_bytes)
     return out
+
+
+def _check_layout(file: str, header: dict[str, Any], data_bytes: int) -> None:
+    """The data buffer as safetensors' own loader validates it: the tensors, ordered by
+    offset, tile it exactly (each starts where the previous ended, the first at 0, the last
+    ends at its end). The loader refuses anything else, so a file that passes here loads."""
+    spans = sorted((entry["data_offsets"][0], entry["data_offsets"][1], name) for name, entry in header.items() if name != "__metadata__")
+    end = 0
+    for start, stop, name in spans:
+        if start != end:
+            what = "overlaps the tensor before it" if start < end else f"leaves bytes {end}..{start} unclaimed before it"
+            raise AuditInputError(
+                f"{file}: tensor {_clip(repr(name))} starts at byte {start}, which {what} (ends at {end}); safetensors "
+                "refuses to load this file (InvalidOffset)"
+            )
+        end = stop
+    if end != data_bytes:
+        raise AuditInputError(
+            f"{file}: the tensors cover {end} of the {data_bytes} data bytes; safetensors refuses to load this file "
+            "(MetadataIncompleteBuffer)"
+        )
 
 
 def _clip(text: str, limit: int = 120) -> str:

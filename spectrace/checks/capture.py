@@ -32,7 +32,7 @@ from ..rules.conventions import (
     sglang_flag_everywhere,
     sglang_flag_value,
 )
-from ..rules.readings import IDS_KEY, is_eagle3_architecture, readings, uses_aux_hidden_state
+from ..rules.readings import IDS_KEY, is_eagle3_architecture, readings, trained_with, uses_aux_hidden_state
 
 
 def _name(boundaries: list[int]) -> str:
@@ -158,10 +158,24 @@ def check_capture(
     if not options:
         return findings
     primary, alternates = options[0], options[1:]
+    extra = capture.model_extra or {}
+    rule_known = extra.get("rule_known", True) is not False
+    # A target whose rule spectrace has not read: the boundaries were observed, not derived.
+    under = (
+        f"under {capture.rule}"
+        if rule_known
+        else f"(rule unknown for {extra.get('target_class') or 'this target'}; observed boundaries {capture.boundaries})"
+    )
+    trainer = trained_with(config)
+    if trainer is not None:
+        # The trainer is known: one reading, no "SpecForge or speculators?" warning.
+        primary = next((r for r in options if r.convention == trainer), primary)
+        alternates = []
     evidence = {
         "captured_boundaries": capture.boundaries,
-        "engine_rule": capture.rule,
+        "engine_rule": capture.rule if rule_known else "unknown",
         "requested_ids": capture.requested_ids,
+        "trained_with": trainer,
         "readings": {r.convention: {"ids": r.ids, "boundaries": r.boundaries, "source": r.source} for r in options},
     }
     if primary.boundaries != capture.boundaries:
@@ -170,12 +184,14 @@ def check_capture(
         fix_ids, fix = aux_ids_fix(primary.boundaries, capture.rule, capture.num_layers)
         if fix_ids is not None:
             fix += _release_caveat(capture, primary.boundaries, engine_version)
+            if not rule_known:
+                fix += " (the +1 rule most SGLang targets apply; the rule of this target is unknown, so confirm the observed boundaries after the change)"
         findings.append(
             finding(
                 "aux_layers_mismatch",
                 f"trained on boundaries {primary.boundaries} {_name(primary.boundaries)} ({primary.convention} reading of "
                 f"{primary.source} ids {primary.ids}), target captures {capture.boundaries} {_name(capture.boundaries)} "
-                f"under {capture.rule}{note}",
+                f"{under}{note}",
                 module=capture.module,
                 evidence={**evidence, "fix_ids": fix_ids},
                 fix=fix,

@@ -27,6 +27,7 @@ Convention = Literal[
     "sglang_llama",  # SGLang Llama target: boundary k+1, -1 = embedding, ids past the end dropped silently
     "sglang_deepseek_old",  # SGLang DeepSeek before 0.5.23: always +1
     "sglang_deepseek",  # SGLang DeepSeek 0.5.23: +1 only when the first id is 1, otherwise literal
+    "sglang_gpt_oss",  # SGLang GPT-OSS: literal boundaries when the largest id is the layer count, else +1
 ]
 CONVENTIONS: tuple[str, ...] = (
     "speculators",
@@ -34,6 +35,7 @@ CONVENTIONS: tuple[str, ...] = (
     "sglang_llama",
     "sglang_deepseek_old",
     "sglang_deepseek",
+    "sglang_gpt_oss",
 )
 TRAINER_CONVENTIONS: tuple[str, ...] = ("speculators", "specforge")
 
@@ -90,6 +92,15 @@ def engine_boundaries(ids: Sequence[int], convention: str, num_layers: int) -> C
             error = f"captured {len(kept)} of {len(ids)} aux hidden states"
         dropped = [i for i in ids if not 0 <= i + shift < num_layers]
         return CaptureResult(ids, kept, convention, num_layers, dropped, error)
+    if convention == "sglang_gpt_oss":
+        # models/gpt_oss.py: ids whose largest is the layer count are boundaries already (the
+        # last one captured at the final norm, GptOssModel.forward); any other list gets +1.
+        literal = bool(ids) and max(ids) == num_layers
+        wanted = set(ids) if literal else {i + 1 for i in ids}
+        kept = [b for b in range(num_layers + 1) if b in wanted]
+        shift = 0 if literal else 1
+        dropped = [i for i in ids if not 0 <= i + shift <= num_layers]
+        return CaptureResult(ids, kept, convention, num_layers, dropped)
     raise ValueError(f"unknown convention {convention!r}; known: {', '.join(CONVENTIONS)}")
 
 
@@ -109,7 +120,7 @@ def default_ids(convention: str, num_layers: int) -> list[int]:
 # (integrations/sglang) and the offline audit (``spectrace audit --engine sglang==V``)
 # read it, so they give the same finding for the same release.
 
-SGLangFamily = Literal["llama", "deepseek"]
+SGLangFamily = Literal["llama", "deepseek", "plus_one", "deepseek_rule", "gpt_oss", "minimax_m3_vl"]
 Support = Literal["captured", "crash", "unknown"]  # what a request for the embedding does
 
 
@@ -249,7 +260,82 @@ SGLANG_CAPTURE: tuple[SGLangCaptureFacts, ...] = (
         _DEEPSEEK_RAISES,
         ("0.5.17", "0.5.20", "0.5.21", "0.5.22", "0.5.23"),
     ),
+    # The other EAGLE-3 targets, read from every set_eagle3_layers_to_capture of 0.5.17 and
+    # 0.5.23 (models/*.py): the same rule in both. Their forwards were not read for the
+    # embedding, so what a request for boundary 0 does there stays unknown.
+    SGLangCaptureFacts(
+        "plus_one",
+        None,
+        None,
+        "sglang_llama",
+        "unknown",
+        "not read: this target's own forward decides what it captures before layer 0",
+        "-1 (the +1 rule makes it layers_to_capture 0)",
+        "unknown",
+        "Qwen2-MoE, Qwen3-MoE and Qwen3-Next index self.layers[i] for each i and raise IndexError past the end "
+        "(models/qwen3_moe.py::Qwen3MoeModel.set_eagle3_layers_to_capture); the others skip it without a word",
+        ("0.5.17", "0.5.23"),
+    ),
+    SGLangCaptureFacts(
+        "deepseek_rule",
+        None,
+        None,
+        "sglang_deepseek",
+        "unknown",
+        "not read: this target's own forward decides what it captures before layer 0",
+        "0 when the first id is not 1 (-1 is never reached)",
+        "unknown",
+        "not read",
+        ("0.5.17", "0.5.23"),
+    ),
+    SGLangCaptureFacts(
+        "gpt_oss",
+        None,
+        None,
+        "sglang_gpt_oss",
+        "unknown",
+        "not read: GptOssModel.forward captures boundary i at layer i and the last one at the final norm",
+        "-1 (ids are +1 unless the largest equals the layer count), or 0 among boundary ids",
+        "silent",
+        "the capture loop never reaches an index past the final norm and captures fewer chunks, without a word",
+        ("0.5.17", "0.5.23"),
+    ),
+    SGLangCaptureFacts(
+        "minimax_m3_vl",
+        "0.5.23",
+        None,
+        "sglang_llama",
+        "unknown",
+        "not read: MiniMaxM3Model.forward captures at each marked layer's entry",
+        "-1 (+1 is applied to SGLang's defaults too: [3, n//2+1, n-2] when no ids are given)",
+        "silent",
+        "only layers inside the model are marked (_is_layer_to_capture); others are skipped without a word",
+        ("0.5.23",),
+    ),
 )
+# Every class that defines set_eagle3_layers_to_capture(layer_ids) in SGLang 0.5.17 or 0.5.23
+# (models/*.py), by family. Subclasses are found through their ancestry; the wrappers that
+# only delegate to their language model (Gemma-3 and Llama-4 multimodal, MindSpore, Kimi-K2.5)
+# are named by what they wrap.
+SGLANG_TARGET_FAMILIES: dict[str, str] = {
+    "LlamaForCausalLM": "llama",
+    "DeepseekV2ForCausalLM": "deepseek",
+    "DeepseekV3ForCausalLM": "deepseek",
+    "KimiK25ForConditionalGeneration": "deepseek",
+    "Glm4MoeLiteForCausalLM": "deepseek_rule",
+    "GptOssForCausalLM": "gpt_oss",
+    "MiniMaxM3SparseForConditionalGeneration": "minimax_m3_vl",
+    **{
+        name: "plus_one"
+        for name in (
+            "ApertusForCausalLM", "BailingMoEForCausalLM", "ExaoneMoEForCausalLM", "Gemma3ForCausalLM",
+            "Gemma4ForCausalLM", "Gemma4ForConditionalGeneration", "Glm4MoeForCausalLM", "Glm5NextForConditionalGeneration",
+            "LongcatFlashForCausalLM", "MiniMaxM2ForCausalLM", "MiniMaxM3SparseForCausalLM", "Qwen2ForCausalLM",
+            "Qwen2_5_VLForConditionalGeneration", "Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3_5ForCausalLM",
+            "Qwen3MoeForCausalLM", "Qwen3NextForCausalLM", "Qwen3VLForConditionalGeneration",
+        )
+    },
+}  # fmt: skip
 # The release whose rules apply when the version is unknown.
 SGLANG_LATEST_READ = "0.5.23"
 
@@ -259,15 +345,16 @@ def sglang_family(architecture: str | Sequence[str]) -> str | None:
 
     ``llama`` is SGLang's ``models/llama.py::LlamaForCausalLM`` and its subclasses (which run
     its ``LlamaModel``); ``deepseek`` is DeepSeek V2/V3 and Kimi-K2.5 (which delegates to
-    it). Any other name: None (the table says nothing about it).
+    it); the others as :data:`SGLANG_TARGET_FAMILIES` says. Any other name: None (the rule
+    is unknown; the capture's observed boundaries are what counts).
     """
     names = [architecture] if isinstance(architecture, str) else list(architecture)
     for name in names:
+        if name in SGLANG_TARGET_FAMILIES:
+            return SGLANG_TARGET_FAMILIES[name]
         low = name.lower()
         if "deepseek" in low or "kimi" in low:
             return "deepseek"
-        if name == "LlamaForCausalLM":
-            return "llama"
     return None
 
 
@@ -299,10 +386,23 @@ def engine_rule(architecture: str | Sequence[str], sglang_version: str | None = 
     """The capture convention SGLang applies for a target architecture (from :data:`SGLANG_CAPTURE`).
 
     ``architecture`` is a class name or a class's MRO names (most derived first).
-    Names outside the table's families get the Llama rule, the +1 most SGLang targets apply.
+    Names outside the table's families get the Llama rule, the +1 most SGLang targets apply
+    (:func:`sglang_rule_known` says whether that is a guess).
     """
     facts = sglang_capture_facts(architecture, sglang_version)
     return facts.rule if facts is not None else "sglang_llama"
+
+
+def sglang_rule_known(architecture: str | Sequence[str]) -> bool:
+    """Whether SGLang's id rule for this target class was read (its family is in the table)."""
+    return sglang_family(architecture) is not None
+
+
+def sglang_default_ids(architecture: str | Sequence[str], num_layers: int) -> list[int]:
+    """What SGLang's target captures (as ``layers_to_capture``) when given no ids: [2, n//2, n-3]
+    literally, except MiniMax-M3-VL, which adds +1 to them too (models/minimax_m3_vl.py, 0.5.23)."""
+    ids = default_ids("speculators", num_layers)
+    return [i + 1 for i in ids] if sglang_family(architecture) == "minimax_m3_vl" else ids
 
 
 def version_tuple(version: str) -> tuple[int, ...]:

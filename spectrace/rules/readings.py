@@ -129,6 +129,28 @@ def provenance(config: Mapping[str, Any]) -> Reading | None:
     return None
 
 
+TRAINED_WITH_ENV = "SPECTRACE_TRAINED_WITH"
+# Where the audit puts what the checkpoint folder's own record says (audit.trainer_record):
+# the engines ignore unknown keys, and the runtime check reads the same key.
+TRAINED_WITH_KEY = "spectrace_trained_with"
+
+
+def trained_with(config: Mapping[str, Any], env: Mapping[str, str] | None = None) -> str | None:
+    """The trainer that wrote this draft, when something says so for certain (None: unknown).
+
+    In order: ``SPECTRACE_TRAINED_WITH`` (the user's word), the trainer's record the audit
+    found in the checkpoint folder (:data:`TRAINED_WITH_KEY`), a stated ``trainer_convention``.
+    A value other than ``specforge`` / ``speculators`` counts as unknown.
+    """
+    import os
+
+    env = os.environ if env is None else env
+    for value in (env.get(TRAINED_WITH_ENV), config.get(TRAINED_WITH_KEY), config.get("trainer_convention")):
+        if isinstance(value, str) and value.strip().lower() in TRAINER_CONVENTIONS:
+            return value.strip().lower()
+    return None
+
+
 def uses_aux_hidden_state(config: Mapping[str, Any]) -> bool:
     eagle = config.get("eagle_config") or {}
     if isinstance(eagle, Mapping) and "use_aux_hidden_state" in eagle:

@@ -1,8 +1,9 @@
 """AFTER ``set_eagle3_layers_to_capture`` on a target: the capture list really in effect.
 
 SGLang captures the residual stream entering layer ``i`` for every ``i`` in
-``model.layers_to_capture`` (Llama and DeepSeek alike), walking layers in order: so the
-boundaries are the sorted, de-duplicated indices inside ``[0, num_layers)``. Reading the
+``model.layers_to_capture`` (every target family of 0.5.17 and 0.5.23), walking layers in
+order: so the boundaries are the sorted, de-duplicated indices inside ``[0, num_layers)``
+(GPT-OSS also captures ``num_layers`` at its final norm). Reading the
 list after the call (not re-deriving it from the ids) makes the record true for every
 SGLang version, whatever rule it applied. The record also carries the release and the
 target family, so the join can say at once when this release will crash on the list
@@ -20,10 +21,31 @@ from . import correlate, server, state
 
 
 def _inner(model: Any) -> Any:
-    """The CausalLM that owns ``layers_to_capture`` (Kimi-K2.5 wraps a DeepSeek)."""
-    if not hasattr(getattr(model, "model", None), "layers_to_capture") and getattr(model, "language_model", None) is not None:
-        return model.language_model
+    """The object that owns ``layers_to_capture``'s config: the CausalLM itself, or the language
+    model a wrapper delegates to (Kimi-K2.5, Gemma-3 and Llama-4 multimodal, MindSpore)."""
+    if hasattr(getattr(model, "model", None), "layers_to_capture"):
+        return model
+    inner = getattr(model, "language_model", None)
+    if inner is not None and hasattr(getattr(inner, "model", None), "layers_to_capture"):
+        return inner
     return model
+
+
+def _layers_owner(owner: Any) -> Any:
+    """The module holding ``layers_to_capture`` (``model.model``; Gemma-4 multimodal: ``language_model``)."""
+    for name in ("model", "language_model"):
+        inner = getattr(owner, name, None)
+        if hasattr(inner, "layers_to_capture"):
+            return inner
+    return getattr(owner, "model", None)
+
+
+def _text_config(owner: Any) -> Any:
+    config = getattr(owner, "config", None)
+    text = getattr(config, "text_config", None)  # multimodal wrappers keep the decoder's sizes there
+    if getattr(config, "num_hidden_layers", None) is None and text is not None:
+        return text
+    return config
 
 
 def capture_of(model: Any, layer_ids: Any) -> Capture | None:
@@ -31,20 +53,23 @@ def capture_of(model: Any, layer_ids: Any) -> Capture | None:
     pp_group = getattr(owner, "pp_group", None)
     if pp_group is not None and not getattr(pp_group, "is_last_rank", True):
         return None  # SGLang returns early on non-last pipeline ranks: nothing to say here
-    config = getattr(owner, "config", None)
+    config = _text_config(owner)
     num_layers = int(getattr(config, "num_hidden_layers", 0) or 0)
     hidden = int(getattr(config, "hidden_size", 0) or 0)
-    inner = getattr(owner, "model", None)
+    inner = _layers_owner(owner)
     indices = list(getattr(inner, "layers_to_capture", []) or [])
-    enabled = bool(getattr(owner, "capture_aux_hidden_states", False))
+    enabled = bool(getattr(owner, "capture_aux_hidden_states", False) or getattr(model, "capture_aux_hidden_states", False))
     wanted = set(int(i) for i in indices)
-    boundaries = [b for b in range(num_layers) if b in wanted]
-    requested = [int(i) for i in layer_ids] if layer_ids is not None else [int(i) for i in indices]
-    arch = type(owner).__name__
-    version = server.sglang_version()
-    # The family by the class's ancestry: a subclass of LlamaForCausalLM runs its LlamaModel.
-    ancestry = [cls.__name__ for cls in type(owner).__mro__]
+    # The family by the class's ancestry (a subclass of LlamaForCausalLM runs its LlamaModel),
+    # the wrapper's name first: MiniMax-M3-VL's rule is its own.
+    ancestry = [cls.__name__ for cls in type(model).__mro__] + [cls.__name__ for cls in type(owner).__mro__]
     family = sglang_family(ancestry)
+    # Read by value, whatever the rule: the loop captures index i at layer i's entry; GPT-OSS
+    # also captures index num_layers at its final norm.
+    top = num_layers + 1 if family == "gpt_oss" else num_layers
+    boundaries = [b for b in range(top) if b in wanted]
+    requested = [int(i) for i in layer_ids] if layer_ids is not None else [int(i) for i in indices]
+    version = server.sglang_version()
     return Capture(
         module="target",
         requested_ids=requested,
@@ -53,11 +78,12 @@ def capture_of(model: Any, layer_ids: Any) -> Capture | None:
         hidden_size=hidden,
         rule=engine_rule(ancestry, version),
         enabled=enabled,
-        target_class=arch,
+        target_class=type(model).__name__,
         layers_to_capture=indices,
         ids_given=layer_ids is not None,
         engine_version=version,
         target_family=family,
+        rule_known=family is not None,
     )
 
 
@@ -82,7 +108,8 @@ def after_set_capture(result: Any, *args: Any, **kwargs: Any) -> None:
 
 
 def around_wrapper_capture(original: Any, *args: Any, **kwargs: Any) -> Any:
-    """Kimi-K2.5 delegates to its language model: record only if that call did not."""
+    """A wrapper that delegates to its language model (Kimi-K2.5, Gemma-3 and Llama-4 multimodal,
+    MindSpore), or a class that a patched class inherits from: record only if that call did not."""
     before = state.STATE.captures_emitted
     result = original(*args, **kwargs)
     if state.STATE.captures_emitted == before:

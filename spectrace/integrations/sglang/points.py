@@ -47,6 +47,39 @@ POINTS: tuple[Point, ...] = (
         "capture:around_wrapper_capture",
         "kimi_capture",
     ),
+    # every other EAGLE-3 target of 0.5.17 and 0.5.23 (rules.conventions.SGLANG_TARGET_FAMILIES);
+    # AROUND, so a class that reaches another patched one through super() or its language
+    # model is recorded once. Alternatives: a release without one of them misses only it.
+    *(
+        Point(f"{M}.{module}", f"{cls}.set_eagle3_layers_to_capture", "AROUND", "capture:around_wrapper_capture", "family_capture")
+        for module, cls in (
+            ("apertus", "ApertusForCausalLM"),
+            ("bailing_moe", "BailingMoEForCausalLM"),
+            ("exaone_moe", "ExaoneMoEForCausalLM"),
+            ("gemma3_causal", "Gemma3ForCausalLM"),
+            ("gemma3_mm", "Gemma3ForConditionalGeneration"),
+            ("gemma4_causal", "Gemma4ForCausalLM"),
+            ("gemma4_mm", "Gemma4ForConditionalGeneration"),
+            ("glm4_moe", "Glm4MoeForCausalLM"),
+            ("glm4_moe_lite", "Glm4MoeLiteForCausalLM"),
+            ("glm5_next", "Glm5NextForConditionalGeneration"),
+            ("gpt_oss", "GptOssForCausalLM"),
+            ("longcat_flash", "LongcatFlashForCausalLM"),
+            ("mindspore", "MindSporeForCausalLM"),
+            ("minimax_m2", "MiniMaxM2ForCausalLM"),
+            ("minimax_m3", "MiniMaxM3SparseForCausalLM"),
+            ("minimax_m3_vl", "MiniMaxM3SparseForConditionalGeneration"),
+            ("mllama4", "Llama4ForConditionalGeneration"),
+            ("qwen2", "Qwen2ForCausalLM"),
+            ("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
+            ("qwen2_moe", "Qwen2MoeForCausalLM"),
+            ("qwen3", "Qwen3ForCausalLM"),
+            ("qwen3_5_text", "Qwen3_5ForCausalLM"),
+            ("qwen3_moe", "Qwen3MoeForCausalLM"),
+            ("qwen3_next", "Qwen3NextForCausalLM"),
+            ("qwen3_vl", "Qwen3VLForConditionalGeneration"),
+        )
+    ),  # fmt: skip
     # silent fallback to the final hidden state
     Point(
         "sglang.srt.layers.logits_processor",
