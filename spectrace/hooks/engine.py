@@ -38,7 +38,7 @@ from .budget import StepBudget
 from .call_text import RawCall, RawTensor, StepContext, call_fields, call_texts, dumps, dumps_core
 from .graph_branch import capturing as _capturing
 from .identity import ByIdentity
-from .privacy import TokenTensors
+from .privacy import ALL, INPUTS, Scope, TokenTensors, token_scope
 from .readback import Readback, StepStats
 from .roles import role_of
 from .selection import ModuleFilter, select
@@ -284,6 +284,9 @@ class Tracer:
         self.defer_stats = True
         self._token_tensors = TokenTensors()
         self._token_refs = self._token_tensors.refs  # (the same dict for the tracer's life)
+        # Hooked name -> which of its tensors are a function of the token ids alone, from
+        # its place in the model (privacy.token_scope: layer 0's input norm and q/k/v, ...).
+        self._token_scope: dict[str, Scope] = {}
         # Modules whose calls are read at their hooks (PENDING_CALLS): seen writing their input
         # or output in place, or a held tensor of theirs written before its batched launch.
         self._read_at_once: set[str] = set()
@@ -336,6 +339,9 @@ class Tracer:
                 self.roles[full] = role
                 if role.startswith("draft"):
                     self._drafts.add(root)  # never the lead of a loop while a target runs too
+            scope = self._scope(root, name, prefix)
+            if scope is not None:
+                self._token_scope[full] = scope
             view = self._view(full, module)
             # Shapes only: one hook, the inputs read after the call (a shape or dtype does
             # not change in the forward; a statistic may, so then the inputs are read before).
@@ -386,6 +392,13 @@ class Tracer:
         except Exception as exc:
             self.recorder.internal_error(f"output view of {name}: {type(exc).__name__}: {exc}")
             return None
+
+    def _scope(self, root: nn.Module, name: str, prefix: str) -> Scope | None:
+        try:
+            return token_scope(root, name, hint=prefix or None)
+        except Exception as exc:  # privacy errs on the safe side: shapes only for this module
+            self.recorder.internal_error(f"token scope of {name}: {type(exc).__name__}: {exc}")
+            return ALL
 
     def _role(self, root: nn.Module, name: str, module: nn.Module, prefix: str) -> str | None:
         try:
@@ -1073,7 +1086,7 @@ class Tracer:
         if outside:
             state.capturing = _capturing()
         if plain is not None:
-            outputs = self._note(plain, state, name, module_type, role, reuse=False)
+            outputs = self._note(plain, state, name, module_type, role, reuse=False, output=True)
         else:
             outputs = self._note_items(items or [], state, name, module_type, role)
         ctx = state.context
@@ -1148,7 +1161,7 @@ class Tracer:
                     if out._version != out_version:
                         self._read_at_once.add(name)  # its output is written in place after the call
                 found = [("output", output)] if type(output) is torch.Tensor else collect((), None, output, side="output")
-                outputs = note(found, state, name, module_type, role, reuse=False, guard=guard, seen=seen)
+                outputs = note(found, state, name, module_type, role, reuse=False, guard=guard, seen=seen, output=True)
             except Exception as exc:
                 self.recorder.internal_error(f"post-hook {name}: {type(exc).__name__}: {exc}")
                 continue
@@ -1182,9 +1195,16 @@ class Tracer:
         """An output view's tensors: plain ones as :meth:`_note` does; a sum or a column
         range as the tensor it stands for (built eagerly, or computed inside the graph)."""
         if all(add is None and cols is None for _a, _t, add, cols in items):
-            return self._note([(arg, t) for arg, t, _add, _cols in items], state, name, module_type, role, reuse=False)
+            return self._note([(arg, t) for arg, t, _add, _cols in items], state, name, module_type, role, reuse=False, output=True)
         noted: list[RawTensor] = []
+        private = not self.token_stats and (self._token_scope.get(name) == ALL or TokenTensors.is_token_module(role, module_type))
         for arg, tensor, add, cols in items:
+            if private:
+                # A token-only module's output (privacy.py): shape and dtype only, remembered
+                # for the modules that take it next.
+                self._token_tensors.remember(tensor)
+                noted.append(self._shape_only(arg, tensor, state, cols))
+                continue
             if not self.token_stats and self._token_tensors.holds(tensor):
                 # A view of an embedding output (an integration remembered it): shape and
                 # dtype only, in eager steps and in a captured graph alike (privacy.py).
@@ -1199,7 +1219,7 @@ class Tracer:
                     view = tensor + add
                 if cols is not None:
                     view = view[..., cols[0] : cols[1]].contiguous()
-            noted.extend(self._note([(arg, view)], state, name, module_type, role, budget=1, reuse=False))
+            noted.extend(self._note([(arg, view)], state, name, module_type, role, budget=1, reuse=False, output=True))
         return noted
 
     def _shape_only(self, arg: str, tensor: torch.Tensor, state: _ThreadSteps, cols: tuple[int, int] | None) -> RawTensor:
@@ -1246,6 +1266,7 @@ class Tracer:
         reuse: bool = True,
         guard: tuple[torch.Tensor, int] | None = None,
         seen: dict[int, Any] | None = None,
+        output: bool = False,
     ) -> list[RawTensor]:
         """Shapes of every tensor, and statistics enqueued for the ones that get them
         (inside a graph being captured: a slot of its statistics table).
@@ -1254,7 +1275,8 @@ class Tracer:
         statistics are skipped, and counted, if it was written in place since. ``seen``:
         the (shape, dtype, device) of tensors already noted in this pass, by identity
         (rotary cos/sin and position ids go to every layer; a layer's output is the next
-        one's input)."""
+        one's input). ``output``: the tensors are the call's outputs (a module whose
+        inputs alone are token-only keeps its outputs' statistics)."""
         noted: list[RawTensor] = []
         generation = state.stats.generation  # a step ends in finish_step only: fixed here
         if self.stats_mode == "off":
@@ -1270,9 +1292,13 @@ class Tracer:
         # Rotary cos/sin, masks and ids repeat in every layer and would double the cost.
         if budget == -1:
             budget = None if self.stats_mode == "full" else 1
-        # Privacy (privacy.py): an embedding's outputs, and those same tensors seen again,
-        # get no statistics (asked here, without a call per tensor).
-        token_module = not self.token_stats and TokenTensors.is_token_module(role, module_type)
+        # Privacy (privacy.py): a token-only module's tensors (an embedding's outputs, layer
+        # 0's input norm and q/k/v, ...), and those same tensors seen again, get no
+        # statistics (asked here, without a call per tensor).
+        token_module = False
+        if not self.token_stats:
+            scope = self._token_scope.get(name)
+            token_module = scope == ALL or (scope == INPUTS and not output) or TokenTensors.is_token_module(role, module_type)
         token_refs = None if self.token_stats else self._token_refs  # (empty: nothing to ask per tensor)
         for arg, tensor in tensors:
             hit = seen.get(id(tensor)) if seen is not None else None
