@@ -52,12 +52,19 @@ def make_otel_sink(settings: Settings, recorder_error: Any, rank: int | None = N
 
 def build_recorder(settings: Settings, directory: str | None, rank: int | None = None) -> Recorder:
     """The recorder of a trace or a process: the trace file under ``directory`` (if any),
-    plus the OpenTelemetry sink when an OTLP endpoint is configured."""
+    plus the OpenTelemetry sink when an OTLP endpoint is configured and the Prometheus
+    metrics sink when metrics are asked for (``SPECTRACE_METRICS_PORT``, or an engine's
+    ``PROMETHEUS_MULTIPROC_DIR`` under ``SPECTRACE=1``)."""
     recorder = Recorder(settings, directory=directory, rank=rank)
     # Built after the recorder: the sink reports its failures as the recorder's sink errors.
     otel = make_otel_sink(settings, recorder.sink_error, rank)
     if otel is not None:
         recorder.add_sink(otel)
+    from .sinks.prometheus import make_metrics_sink  # prometheus_client loads only when metrics are asked for
+
+    metrics = make_metrics_sink(settings, lambda: recorder.counters)
+    if metrics is not None:
+        recorder.add_sink(metrics)
     return recorder
 
 

@@ -269,6 +269,16 @@ def fused_stats_on(env: Mapping[str, str] | None = None) -> bool:
     return _flag(os.environ if env is None else env, "SPECTRACE_FUSED_STATS", True)
 
 
+def _metrics_port(env: Mapping[str, str]) -> dict[str, Any]:
+    """``SPECTRACE_METRICS_PORT``: ``PORT`` (on 127.0.0.1) or ``ADDRESS:PORT``; 0 or unset: off."""
+    raw = env.get("SPECTRACE_METRICS_PORT", "").strip()
+    address, sep, port = raw.rpartition(":")
+    address = address.strip("[] ") if sep else ""
+    name = "SPECTRACE_METRICS_PORT"
+    number = int(parse_number({name: port}, name, 0, 1, 65535, zero=True, fallback="0 (off)")) if port else 0
+    return {"metrics_port": number, "metrics_address": address or "127.0.0.1"}
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything spectrace reads from the environment, validated once."""
@@ -302,6 +312,9 @@ class Settings:
     # SPECTRACE_RANK, else RANK: the rank in the trace's name and header (None: no rank).
     rank: int | None = None
     fused_stats: bool = True  # SPECTRACE_FUSED_STATS: the fused Triton statistics kernels on GPUs
+    # SPECTRACE_METRICS_PORT=[ADDRESS:]PORT: Prometheus metrics served from the process (0: off).
+    metrics_port: int = 0
+    metrics_address: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         # Settings built in code get the bounds the environment gets (a deque of 10^20 raises).
@@ -376,6 +389,7 @@ class Settings:
             capture_values=capture_values,
             rank=env_rank(env),
             fused_stats=fused_stats_on(env),
+            **_metrics_port(env),
             # Only "is an endpoint set" (spans on) and what to show: the OTLP exporter reads
             # the URL and the rest from the environment itself (sinks/otel.py). The signal
             # variable wins, as in the spec.

@@ -1,0 +1,272 @@
+"""Prometheus metrics from the records: findings, acceptance, a few data-path gauges, health.
+
+A *line* sink (``needs_objects = False``): the recorder hands it the JSON lines it writes
+to the trace file, in batches on its flush thread. A serving engine's hot path is left as
+it is (an object sink would make it build a :class:`~spectrace.records.Call` per call),
+and the metrics are exactly what the trace says: no second detection path.
+
+The metrics live in ``prometheus_client``'s default registry, created once per process:
+
+- ``spectrace_findings_total{code,severity,rank}`` counts finding records;
+  ``spectrace_root_cause{code,severity,rank}`` is 1 while that code is a root cause of this
+  process's findings (:func:`~spectrace.checks.root_causes.root_causes`), 0 once another
+  finding explains it;
+- ``spectrace_accept_length`` (histogram, one observation per request and verify step),
+  ``spectrace_verify_steps_total``, and by draft position
+  ``spectrace_draft_position_accepted_total`` / ``spectrace_draft_position_proposed_total``;
+  ``sampling`` is the engine's word (``greedy`` / ``sampled``) where an acceptance record
+  carries one, else ``unknown``;
+- ``spectrace_stage_input_width{stage}`` and ``spectrace_stage_output_std{stage}`` for a few
+  roles of the EAGLE-3 data path, ``spectrace_fused_chunk_std{chunk}`` from fingerprints;
+- spectrace's own health: ``spectrace_records_dropped_total``, ``spectrace_internal_errors_total``,
+  ``spectrace_sink_errors_total``, ``spectrace_hook_seconds_total``, ``spectrace_steps_total``;
+  ``spectrace_info{version,rank}`` is 1 in every traced process (``spectrace fleet`` tells a
+  traced instance from one that is not by it).
+
+Where they are served: with ``PROMETHEUS_MULTIPROC_DIR`` set (SGLang with
+``--enable-metrics`` and vLLM with several API servers set it for their children) the values
+go to that folder and the engine's own ``/metrics`` collects them; ``SPECTRACE_METRICS_PORT``
+also serves them from this process (:func:`serve`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .. import __version__
+from ..settings import Settings, warn
+
+# Roles whose calls give a data-path gauge: where a wiring bug changes a width or a scale.
+STAGES = ("target.aux_concat", "draft.fc", "draft.hidden_norm", "draft.layer", "draft.lm_head", "target.lm_head")
+# Accept length counts the bonus token: 1 (nothing accepted) to k + 1.
+ACCEPT_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16)
+HEALTH = {
+    "records_dropped": "spectrace_records_dropped",
+    "internal_errors": "spectrace_internal_errors",
+    "sink_errors": "spectrace_sink_errors",
+    "hook_seconds": "spectrace_hook_seconds",
+    "steps": "spectrace_steps",
+}
+
+_lock = threading.Lock()
+_metrics: dict[str, Any] = {}
+_served: dict[str, Any] = {}
+
+
+def available() -> bool:
+    """Whether ``prometheus_client`` can be imported (the sink needs it; nothing else does)."""
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def wanted(settings: Settings) -> bool:
+    """Metrics are made when a port is asked for, or when an engine collects them across
+    its processes (``PROMETHEUS_MULTIPROC_DIR`` in a traced process)."""
+    return bool(settings.metrics_port) or (settings.enabled and bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR")))
+
+
+def metrics() -> dict[str, Any]:
+    """The process's metric objects, created on first use (the registry refuses a name twice)."""
+    with _lock:
+        if _metrics:
+            return _metrics
+        from prometheus_client import Counter, Gauge, Histogram
+
+        rank = ["rank"]
+        m = _metrics
+        m["info"] = Gauge("spectrace_info", "1 in every process spectrace traces", ["version", *rank], multiprocess_mode="max")
+        m["findings"] = Counter("spectrace_findings", "Finding records, by code and severity", ["code", "severity", *rank])
+        m["root"] = Gauge(
+            "spectrace_root_cause",
+            "1 while the code is a root cause of this process's findings (0: explained by another)",
+            ["code", "severity", *rank],
+            multiprocess_mode="max",
+        )
+        m["accept"] = Histogram(
+            "spectrace_accept_length",
+            "Accepted tokens per request and verify step, the bonus token included",
+            ["sampling", *rank],
+            buckets=ACCEPT_BUCKETS,
+        )
+        m["verify"] = Counter("spectrace_verify_steps", "Verify steps with an acceptance record", ["sampling", *rank])
+        m["accepted"] = Counter(
+            "spectrace_draft_position_accepted", "Requests that accepted the draft token at a position", ["position", "sampling", *rank]
+        )
+        m["proposed"] = Counter(
+            "spectrace_draft_position_proposed", "Requests offered a draft token at a position", ["position", "sampling", *rank]
+        )
+        m["width"] = Gauge(
+            "spectrace_stage_input_width",
+            "Last dimension of a data-path stage's first input",
+            ["stage", *rank],
+            multiprocess_mode="mostrecent",
+        )
+        m["std"] = Gauge(
+            "spectrace_stage_output_std",
+            "Standard deviation of a data-path stage's output",
+            ["stage", *rank],
+            multiprocess_mode="mostrecent",
+        )
+        m["chunk"] = Gauge(
+            "spectrace_fused_chunk_std",
+            "Standard deviation of each chunk of the fused draft input",
+            ["chunk", *rank],
+            multiprocess_mode="mostrecent",
+        )
+        for field, name in HEALTH.items():
+            what = "Host seconds inside spectrace's engine hooks" if field == "hook_seconds" else f"spectrace's {field.replace('_', ' ')}"
+            m[field] = Counter(name, what, rank)
+        return m
+
+
+def serve(port: int, address: str = "127.0.0.1") -> bool:
+    """Serve ``/metrics`` on ``address:port`` from this process, once; False (one warning) when
+    the port is taken, e.g. by another rank of the same server: its values still reach the
+    engine's endpoint where one collects them."""
+    with _lock:
+        key = f"{address}:{port}"
+        if key in _served:
+            return _served[key] is not None
+        try:
+            from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
+
+            registry = REGISTRY
+            if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+                from prometheus_client import multiprocess
+
+                # Every process's values, as the engine's endpoint would show them.
+                registry = CollectorRegistry()
+                multiprocess.MultiProcessCollector(registry)
+            _served[key] = start_http_server(port, addr=address, registry=registry)
+        except Exception as exc:
+            _served[key] = None
+            warn(f"SPECTRACE_METRICS_PORT: cannot serve metrics on {key} ({type(exc).__name__}: {exc}); they stay in the process")
+            return False
+        return True
+
+
+class MetricsSink:
+    """Turns the records a recorder writes into Prometheus metrics (see the module)."""
+
+    needs_objects = False
+    name = "prometheus"
+
+    def __init__(self, counters: Callable[[], Any] | None = None) -> None:
+        # ``counters``: the recorder's live counters (health is read from them at each batch).
+        self._counters = counters
+        self._m = metrics()
+        self._rank = ""
+        self._synced: dict[str, float] = {}
+        self._findings: list[Any] = []
+        self._roots: set[tuple[str, str]] = set()
+
+    def write(self, records: Sequence[Any]) -> None:
+        last_call: dict[str, str] = {}
+        for line in records:
+            text = line if isinstance(line, str) else line.model_dump_json()
+            kind = text[9:24]  # after '{"type":"': every record's first field is its type
+            if kind.startswith('call"'):
+                at = text.find('"role":"')
+                if at >= 0:
+                    role = text[at + 8 : text.find('"', at + 8)]
+                    if role in STAGES:
+                        last_call[role] = text  # a gauge wants the latest value only
+            elif kind.startswith('acceptance"'):
+                self._acceptance(json.loads(text))
+            elif kind.startswith('finding"'):
+                self._finding(json.loads(text))
+            elif kind.startswith('fingerprint"'):
+                self._fingerprint(json.loads(text))
+            elif kind.startswith('header"'):
+                rank = json.loads(text).get("rank")
+                self._rank = "" if rank is None else str(rank)
+                self._m["info"].labels(__version__, self._rank).set(1)
+        for role, text in last_call.items():
+            self._stage(role, json.loads(text))
+        self._health()
+
+    def _acceptance(self, record: dict[str, Any]) -> None:
+        sampling = str(record.get("sampling") or "unknown")
+        lengths = record.get("accept_lengths") or []
+        hist = self._m["accept"].labels(sampling, self._rank)
+        for n in lengths:
+            hist.observe(n)
+        self._m["verify"].labels(sampling, self._rank).inc()
+        for pos, accepted in enumerate(record.get("accepted_per_position") or []):
+            self._m["accepted"].labels(str(pos), sampling, self._rank).inc(accepted)
+        for pos in range(int(record.get("draft_tokens") or 0)):
+            self._m["proposed"].labels(str(pos), sampling, self._rank).inc(len(lengths))
+
+    def _finding(self, record: dict[str, Any]) -> None:
+        from ..checks.root_causes import root_causes
+        from ..records import Finding
+
+        found = Finding.model_validate(record)
+        self._m["findings"].labels(found.code, found.severity, self._rank).inc()
+        self._findings.append(found)
+        # A later finding may explain an earlier root (the capture behind a bypassed fc).
+        roots = {
+            (f.code, f.severity) for f, j in zip(self._findings, root_causes(self._findings)) if f.severity == "error" and j.root is None
+        }
+        for code, severity in self._roots | roots:
+            self._m["root"].labels(code, severity, self._rank).set(1 if (code, severity) in roots else 0)
+        self._roots = roots
+
+    def _stage(self, role: str, call: dict[str, Any]) -> None:
+        inputs, outputs = call.get("inputs") or [], call.get("outputs") or []
+        if inputs and inputs[0].get("shape"):
+            self._m["width"].labels(role, self._rank).set(inputs[0]["shape"][-1])
+        std = ((outputs[0].get("stats") or {}).get("std")) if outputs else None
+        if isinstance(std, (int, float)):
+            self._m["std"].labels(role, self._rank).set(std)
+
+    def _fingerprint(self, record: dict[str, Any]) -> None:
+        for i, chunk in enumerate(record.get("chunks") or []):
+            std = (chunk or {}).get("std")
+            if isinstance(std, (int, float)):
+                self._m["chunk"].labels(str(i), self._rank).set(std)
+
+    def _health(self) -> None:
+        counters = self._counters() if self._counters is not None else None
+        if counters is None:
+            return
+        for field in HEALTH:
+            value = float(getattr(counters, field, 0) or 0)
+            delta = value - self._synced.get(field, 0.0)
+            if delta > 0:  # counters only grow; a fork's fresh counters start again from 0
+                self._m[field].labels(self._rank).inc(delta)
+            self._synced[field] = value
+
+    def after_fork(self) -> None:
+        self._synced = {}
+        self._findings = []
+        self._roots = set()
+
+    def flush(self, timeout_s: float = 1.0) -> bool:
+        self._health()
+        return True
+
+    def shutdown(self, timeout_s: float = 1.0) -> bool:
+        self._health()
+        return True
+
+
+def make_metrics_sink(settings: Settings, counters: Callable[[], Any]) -> MetricsSink | None:
+    """The metrics sink when metrics are wanted (:func:`wanted`) and ``prometheus_client`` is
+    installed (one warning when it is not); serves ``SPECTRACE_METRICS_PORT`` once per process."""
+    if not wanted(settings):
+        return None
+    if not available():
+        warn("metrics asked for, but prometheus_client is not installed: pip install 'spectrace[metrics]'")
+        return None
+    sink = MetricsSink(counters)
+    if settings.metrics_port:
+        serve(settings.metrics_port, settings.metrics_address)
+    return sink
