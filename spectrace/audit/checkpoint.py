@@ -162,6 +162,10 @@ class DraftConfigFile(BaseModel):
         None, description="what the config states it was trained on (trainer_convention + trained_aux_boundaries or ids)"
     )
     rope: RopeKeys = RopeKeys()
+    trained_with: str | None = Field(
+        None, description="the trainer, when something says so for certain (--trained-with, the folder's record)"
+    )
+    trained_with_source: str = Field("", description="what said which trainer it was")
 
 
 class TargetConfig(BaseModel):
@@ -724,13 +728,23 @@ def read_vocab_maps(root: Path, tensors: dict[str, TensorInfo]) -> VocabMaps:
     return maps
 
 
-def read_checkpoint(path: Path) -> DraftCheckpoint:
-    """Config, tensor inventory and vocabulary maps of a draft checkpoint directory."""
+def read_checkpoint(path: Path, trained_with: str | None = None) -> DraftCheckpoint:
+    """Config, tensor inventory and vocabulary maps of a draft checkpoint directory.
+
+    ``trained_with``: the user's word on the trainer (``--trained-with``); otherwise
+    ``SPECTRACE_TRAINED_WITH``, then the folder's own record (audit.trainer_record).
+    """
+    from ..rules.readings import TRAINED_WITH_ENV
+    from .trainer_record import read_trainer_record
+
     if not path.exists():
         raise AuditInputError(f"{path}: no such directory")
     if not path.is_dir():
         raise AuditInputError(f"{path}: not a directory (pass the draft checkpoint directory)")
-    config = parse_draft_config(read_json(path / "config.json", "draft config", path))
+    raw = read_json(path / "config.json", "draft config", path)
+    config = parse_draft_config(raw)
+    record = read_trainer_record(path, raw, trained_with or os.environ.get(TRAINED_WITH_ENV))
+    config = config.model_copy(update={"trained_with": record.trainer, "trained_with_source": record.source})
     tensors, files = read_tensors(path)
     maps = read_vocab_maps(path, tensors)
     return DraftCheckpoint(path=str(path), config=config, tensors=tensors, files=files, maps=maps)

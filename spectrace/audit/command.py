@@ -67,11 +67,15 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--target-config", metavar="PATH", help="the target's config.json (or its directory)")
     p.add_argument("--json", action="store_true", help="print findings and a checkpoint summary as JSON")
+    p.add_argument(
+        "--trained-with", choices=("specforge", "speculators"), default=None,
+        help="the trainer that wrote the draft, when you know it (or SPECTRACE_TRAINED_WITH): settles how its ids read",
+    )  # fmt: skip
     return p
 
 
 def run_audit(
-    draft_dir: Path, engine_name: str, engine_version: str | None, target_path: str | None
+    draft_dir: Path, engine_name: str, engine_version: str | None, target_path: str | None, trained_with: str | None = None
 ) -> tuple[DraftCheckpoint, TargetConfig | None, AuditResult]:
     try:
         name, pinned = parse_engine(engine_name)
@@ -85,7 +89,7 @@ def run_audit(
         engine = get_engine(name, pinned or engine_version)
     except ValueError as err:
         raise AuditInputError(str(err)) from None
-    ckpt = read_checkpoint(draft_dir)
+    ckpt = read_checkpoint(draft_dir, trained_with)
     target = read_target_config(Path(target_path)) if target_path else None
     return ckpt, target, audit(ckpt.config, ckpt.tensors, engine, target, ckpt.maps)
 
@@ -223,7 +227,7 @@ def main(argv: list[str]) -> int:
             args = build_parser().parse_args(argv)
         except SystemExit as stop:  # --help
             return int(stop.code or 0)
-        ckpt, target, result = run_audit(Path(args.draft_dir), args.engine, args.engine_version, args.target_config)
+        ckpt, target, result = run_audit(Path(args.draft_dir), args.engine, args.engine_version, args.target_config, args.trained_with)
         info = summary(ckpt, target, result)
         try:
             if args.json:

@@ -379,13 +379,16 @@ def _rule_releases(engine: Engine, arch: str) -> str:
 
 def trained_readings(cfg: DraftConfigFile, n: int | None) -> list[Reading]:
     """The boundaries the draft was trained on, most likely first (the runtime's rule)."""
-    return shared_readings(
+    found = shared_readings(
         stated=cfg.stated,
         top_level_ids=cfg.top_level_ids,
         eagle_config_ids=cfg.eagle_config_ids,
         speculators_hints=bool(cfg.speculators_traces),
         num_layers=n,
     )
+    # A known trainer leaves one reading: the ambiguity warning becomes an error or nothing.
+    known = [r for r in found if cfg.trained_with is not None and r.convention == cfg.trained_with]
+    return known[:1] or found
 
 
 def _describe(reading: Reading) -> str:
