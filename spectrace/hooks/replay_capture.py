@@ -1,0 +1,274 @@
+"""Keep a served draft's inputs and its module boundaries for ``spectrace replay``.
+
+Opt-in, off by default (``SPECTRACE_REPLAY=1``, or :func:`keep_replay` in code): these are
+tensor values of the user's run. For the first :data:`MAX_FORWARDS` draft forwards whose
+rows start a sequence at position 0, the first :data:`DEFAULT_ROWS` rows of the first
+sequence are kept: the ids, positions, fused input, fc's input and output, the embeddings,
+the decoder layer's input and output (plus residual), the final norm's output, the top-k
+of the logits over the served ``lm_head`` and the target ids the served map gives them.
+Only rows from position 0 are kept because the reference recomputes attention over them:
+later draft steps attend over a KV cache that is not kept.
+
+Which forwards: eager ones. Under CUDA-graph replay no Python hook runs, so on a live
+SGLang server the draft extend that follows each prefill (eager) yields them; the graph
+captured decode steps do not. A forward inside a graph capture or ``torch.compile`` is
+skipped.
+
+Cost: one attribute test per draft module call until the forwards are taken. At a kept
+forward, clones of a few rows on the device and one small matmul for the top-k (queued,
+never waited for); the copies reach the host when the file is written, off the forward
+(the recorder's flush thread, or :meth:`ReplayCapture.write`). Bounded by
+:data:`MAX_FORWARDS`, rows and :data:`MAX_BYTES`.
+
+    >>> capture = keep_replay(draft)          # hooks on draft.model.fc, its layer, its norm
+    >>> ...                                   # run the draft
+    >>> capture.write("traces", "trace-x.jsonl")
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import torch
+from torch import nn
+
+from .graph_branch import capturing as _capturing
+
+MAX_FORWARDS = 4
+DEFAULT_ROWS = 8
+TOPK = 8
+MAX_BYTES = 64 * 1024 * 1024  # per process: a forward that would pass it is not kept
+ENV = "SPECTRACE_REPLAY"
+ENV_ROWS = "SPECTRACE_REPLAY_ROWS"
+
+
+def replay_enabled(env: Any = None) -> bool:
+    """Whether ``SPECTRACE_REPLAY`` asks for replay inputs (1, true, yes, on)."""
+    env = os.environ if env is None else env
+    return str(env.get(ENV, "")).strip().lower() in ("1", "true", "yes", "on")
+
+
+def _rows_setting(env: Any = None) -> int:
+    env = os.environ if env is None else env
+    try:
+        return max(1, min(256, int(env.get(ENV_ROWS, DEFAULT_ROWS))))
+    except (TypeError, ValueError):
+        return DEFAULT_ROWS
+
+
+def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], i: int, name: str) -> Any:
+    return kwargs[name] if name in kwargs else (args[i] if len(args) > i else None)
+
+
+def _first(output: Any) -> Any:
+    return output[0] if isinstance(output, (tuple, list)) and output else output
+
+
+def draft_parts(draft: nn.Module) -> tuple[nn.Module, nn.Module | None, nn.Module, nn.Module, Any] | None:
+    """(inner model, fc, first decoder layer, final norm, head) of an EAGLE-3 draft, by SGLang's names."""
+    inner = getattr(draft, "model", None)
+    if inner is None:
+        return None
+    layers = getattr(inner, "layers", None)
+    layer = layers[0] if layers is not None and len(layers) else getattr(inner, "midlayer", None)
+    norm = getattr(inner, "norm", None)
+    if layer is None or norm is None:
+        return None
+    return inner, getattr(inner, "fc", None), layer, norm, getattr(draft, "lm_head", None)
+
+
+class ReplayCapture:
+    """Hooks on one draft that keep its replay inputs (see the module's doc). Never raises into the model."""
+
+    def __init__(self, draft: nn.Module, rows: int = DEFAULT_ROWS, max_forwards: int = MAX_FORWARDS, recorder: Any = None) -> None:
+        parts = draft_parts(draft)
+        if parts is None:
+            raise ValueError(f"{type(draft).__name__} has no model.fc / model.layers[0] / model.norm: not an EAGLE-3 draft")
+        self.draft = draft
+        self.inner, self.fc, self.layer, self.norm, self.head = parts
+        self.rows, self.max_forwards, self.recorder = rows, max_forwards, recorder
+        self.kept: list[dict[str, Any]] = []  # per forward: "meta" and "tensors"
+        self.bytes = 0
+        self.calls = 0
+        self._cur: dict[str, Any] | None = None
+        self._lock = threading.Lock()
+        self._full = False
+        self._written = False
+        self._handles: list[Any] = []
+        hook = self._handles.append
+        hook(self.inner.register_forward_pre_hook(self._begin, with_kwargs=True))
+        hook(self.inner.register_forward_hook(self._end, with_kwargs=True))
+        if self.fc is not None:
+            hook(self.fc.register_forward_hook(self._fc, with_kwargs=True))
+        hook(self.layer.register_forward_pre_hook(self._layer_in, with_kwargs=True))
+        hook(self.layer.register_forward_hook(self._layer_out, with_kwargs=True))
+        hook(self.norm.register_forward_hook(self._norm_out, with_kwargs=True))
+        if recorder is not None:
+            recorder.add_drain(self.drain)
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    # ------------------------------------------------------------------ hooks
+    def _guard(self, fn: Any, *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception as exc:  # a hook never raises into the model
+            self._cur = None
+            if self.recorder is not None:
+                self.recorder.internal_error(f"replay: {type(exc).__name__}: {exc}")
+
+    def _begin(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.calls += 1
+        if self._full or _capturing() or torch.compiler.is_compiling():
+            return
+        self._guard(self._start, args, kwargs)
+
+    def _start(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self._cur = None
+        ids = _arg(args, kwargs, 0, "input_ids")
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.numel() == 0:
+            return
+        n, mode, hidden = min(self.rows, int(ids.shape[0])), None, None
+        batch = kwargs.get("forward_batch", args[2] if len(args) > 2 and hasattr(args[2], "forward_mode") else None)
+        if batch is not None:  # SGLang: host metadata says whether the first request starts at 0
+            mode = getattr(getattr(batch, "forward_mode", None), "name", None)
+            prefix, lens = getattr(batch, "extend_prefix_lens_cpu", None), getattr(batch, "extend_seq_lens_cpu", None)
+            if not mode or "EXTEND" not in mode or not prefix or not lens or int(prefix[0]) != 0:
+                return
+            n = min(n, int(lens[0]))
+            hidden = getattr(getattr(batch, "spec_info", None), "hidden_states", None)
+        else:  # a plain draft: forward(input_ids, hidden_states, positions)
+            hidden = _arg(args, kwargs, 1, "hidden_states")
+            positions = _arg(args, kwargs, 2, "positions")
+            if isinstance(positions, torch.Tensor) and positions.device.type == "cpu" and positions.numel() and int(positions.reshape(-1)[0]) != 0:
+                return
+        tensors: dict[str, torch.Tensor] = {"input_ids": ids[:n].detach().clone().long()}
+        if isinstance(hidden, torch.Tensor) and hidden.dim() == 2 and hidden.shape[0] >= n:
+            tensors["hidden_in"] = hidden[:n].detach().clone()
+        self._cur = {"n": n, "mode": mode, "tensors": tensors}
+
+    def _put(self, key: str, value: Any) -> None:
+        cur = self._cur
+        if cur is not None and isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] >= cur["n"]:
+            cur["tensors"][key] = value[: cur["n"]].detach().clone()
+
+    def _fc(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+        if self._cur is not None:
+            self._guard(lambda: (self._put("fc_in", _arg(args, kwargs, 0, "input")), self._put("fc_out", _first(output))))
+
+    def _layer_in(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if self._cur is None:
+            return
+
+        def take() -> None:
+            self._put("positions", _arg(args, kwargs, 0, "positions"))
+            self._put("embeds", _arg(args, kwargs, 1, "embeds"))
+            self._put("layer_in", _arg(args, kwargs, 2, "hidden_states"))
+
+        self._guard(take)
+
+    def _layer_out(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+        if self._cur is None:
+            return
+        # SGLang's and the reference's layer return (mlp out, residual): the final norm reads their sum.
+        if isinstance(output, (tuple, list)) and len(output) >= 2 and isinstance(output[1], torch.Tensor):
+            self._guard(lambda: self._put("layer_out", output[0][: self._cur["n"]] + output[1][: self._cur["n"]]))  # type: ignore[index]
+        else:
+            self._guard(self._put, "layer_out", _first(output))
+
+    def _norm_out(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+        if self._cur is not None:
+            self._guard(self._head, _first(output))
+
+    def _head(self, normed: Any) -> None:
+        self._put("norm_out", normed)
+        cur = self._cur
+        weight = getattr(self.head, "weight", None)
+        if cur is None or "norm_out" not in cur["tensors"] or not isinstance(weight, torch.Tensor):
+            return
+        with torch.no_grad():
+            # The served head's weight, as the logits processor multiplies it (a few rows, queued).
+            logits = cur["tensors"]["norm_out"].float() @ weight.detach().float().t()
+            values, ids = logits.topk(min(TOPK, int(logits.shape[-1])), dim=-1)
+        cur["tensors"]["topk_values"], cur["tensors"]["topk_ids"] = values, ids
+        hot = getattr(self.draft, "hot_token_id", None)
+        if isinstance(hot, torch.Tensor) and hot.dim() == 1:
+            cur["tensors"]["target_ids"] = hot.to(ids.device)[ids]
+        elif hot is None:
+            cur["tensors"]["target_ids"] = ids.clone()  # no map: draft ids are target ids
+
+    def _end(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+        cur, self._cur = self._cur, None
+        if cur is None or self._full:
+            return
+        size = sum(t.numel() * t.element_size() for t in cur["tensors"].values())
+        with self._lock:
+            if self._full or self.bytes + size > MAX_BYTES:
+                self._full = True
+                return
+            self.bytes += size
+            self.kept.append({"n": cur["n"], "mode": cur["mode"], "call": self.calls - 1, "bytes": size, "tensors": cur["tensors"]})
+            self._full = len(self.kept) >= self.max_forwards
+        if self._full and self.recorder is not None:
+            self.recorder.drain_soon()
+
+    # ------------------------------------------------------------ off the forward
+    def drain(self) -> None:
+        """The recorder's drain: write the file once the forwards are kept (at close: what was kept)."""
+        if self._written or not self.kept or (not self._full and not getattr(self.recorder, "closing", False)):
+            return
+        path = self.recorder.open_file()
+        if path is None:
+            self._written = True
+            self.recorder.coverage("not_covered", "SPECTRACE_REPLAY: the trace has no folder (set SPECTRACE_DIR): no replay file")
+            return
+        directory, name = os.path.split(path)
+        self.write(directory, name)
+
+    def write(self, directory: str, trace_name: str) -> str | None:
+        """Write the replay file beside ``trace_name`` in ``directory`` (once); returns its name."""
+        from ..replay.file import ReplayData, ReplayForward, ReplayMeta, encode, replay_name
+        from ..values_file import write_private
+
+        with self._lock:
+            if self._written or not self.kept:
+                return None
+            self._written = True
+            kept = list(self.kept)
+        forwards: list[ReplayData] = []
+        for slot in kept:
+            # Off the forward: the copies were queued on the device, .cpu() waits for them here.
+            tensors = {k: v.cpu() for k, v in slot["tensors"].items()}
+            rows = slot["n"]
+            pos = tensors.get("positions")
+            if pos is not None:  # only the leading rows at positions 0, 1, 2, ... (a device tensor was not checked)
+                good = (pos.reshape(-1)[:rows].long() == torch.arange(min(rows, pos.numel()))).int().cumprod(0)
+                rows = int(good.sum())
+            if rows <= 0:
+                continue
+            tensors = {k: v[:rows] for k, v in tensors.items()}
+            meta = ReplayForward(step=-1, draft_call=slot["call"], rows=rows, forward_mode=slot["mode"], keys=sorted(tensors))
+            forwards.append(ReplayData(meta, tensors))
+        if not forwards:
+            return None
+        ref = forwards[0].tensors.get("layer_in", forwards[0].tensors.get("norm_out"))
+        meta_all = ReplayMeta(
+            trace=trace_name,
+            engine=f"{type(self.draft).__module__}.{type(self.draft).__name__}",
+            dtype=str(ref.dtype).replace("torch.", "") if ref is not None else "",
+            rows=self.rows,
+            topk=TOPK,
+            bytes_per_forward=[s["bytes"] for s in kept],
+            forwards=[f.meta for f in forwards],
+        )
+        return write_private(directory, replay_name(trace_name), encode(meta_all, forwards))
+
+
+def keep_replay(draft: nn.Module, rows: int | None = None, max_forwards: int = MAX_FORWARDS, recorder: Any = None) -> ReplayCapture:
+    """Start keeping ``draft``'s replay inputs (rows default: ``SPECTRACE_REPLAY_ROWS`` or 8)."""
+    return ReplayCapture(draft, rows if rows is not None else _rows_setting(), max_forwards, recorder)
