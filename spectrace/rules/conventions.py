@@ -96,8 +96,8 @@ def engine_boundaries(ids: Sequence[int], convention: str, num_layers: int) -> C
         # models/gpt_oss.py: ids whose largest is the layer count are boundaries already (the
         # last one captured at the final norm, GptOssModel.forward); any other list gets +1.
         literal = bool(ids) and max(ids) == num_layers
-        wanted = set(ids) if literal else {i + 1 for i in ids}
-        kept = [b for b in range(num_layers + 1) if b in wanted]
+        wanted_set = set(ids) if literal else {i + 1 for i in ids}
+        kept = [b for b in range(num_layers + 1) if b in wanted_set]
         shift = 0 if literal else 1
         dropped = [i for i in ids if not 0 <= i + shift <= num_layers]
         return CaptureResult(ids, kept, convention, num_layers, dropped)
