@@ -172,7 +172,8 @@ def test_train_command_names_the_trainer_and_sha256_is_checked(tmp_path):
     assert record.trainer == "speculators" and record.source == "train_command.txt"
     assert [(c.file, c.ok) for c in record.sha256] == [("model.safetensors", True), ("config.json", False), ("../escape", False)]
     assert record.sha256[2].actual is None  # a name outside the folder is never read
-    assert read_checkpoint(folder).config.trained_with == "speculators"
+    config = read_checkpoint(folder).config
+    assert config.trained_with == "speculators" and config.checksum_mismatches == ["config.json", "../escape"]
     rc, report = _audit(folder)
     assert _aux(report) == [("aux_layers_mismatch", "error")]
 

@@ -166,6 +166,9 @@ class DraftConfigFile(BaseModel):
         None, description="the trainer, when something says so for certain (--trained-with, the folder's record)"
     )
     trained_with_source: str = Field("", description="what said which trainer it was")
+    checksum_mismatches: list[str] = Field(
+        default=[], description="files whose sha256 differs from checkpoint_sha256.txt (or that it names and are absent)"
+    )
 
 
 class TargetConfig(BaseModel):
@@ -744,7 +747,8 @@ def read_checkpoint(path: Path, trained_with: str | None = None) -> DraftCheckpo
     raw = read_json(path / "config.json", "draft config", path)
     config = parse_draft_config(raw)
     record = read_trainer_record(path, raw, trained_with or os.environ.get(TRAINED_WITH_ENV))
-    config = config.model_copy(update={"trained_with": record.trainer, "trained_with_source": record.source})
+    bad = [check.file for check in record.sha256 if not check.ok]
+    config = config.model_copy(update={"trained_with": record.trainer, "trained_with_source": record.source, "checksum_mismatches": bad})
     tensors, files = read_tensors(path)
     maps = read_vocab_maps(path, tensors)
     return DraftCheckpoint(path=str(path), config=config, tensors=tensors, files=files, maps=maps)
