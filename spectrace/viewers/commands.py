@@ -109,6 +109,9 @@ def _view_parser() -> argparse.ArgumentParser:
     p.add_argument("--finding", metavar="CODE", help="only findings with this code")
     p.add_argument("--modules", action="store_true", help="show the per-module table")
     p.add_argument(
+        "--all-layers", action="store_true", help="one module row per layer (repeated layers are folded into one row by default)"
+    )
+    p.add_argument(
         "--window",
         type=_positive,
         default=DEFAULT_WINDOW,
@@ -236,7 +239,7 @@ def _view(argv: list[str]) -> int:
         sys.stdout.write(view.model_dump_json(indent=2) + "\n")
         return status
     console = make_console()
-    renderable = render_view(view, modules=args.modules)
+    renderable = render_view(view, modules=args.modules, all_layers=args.all_layers)
     if not args.no_pager and console.is_terminal:
         if len(list(iter_lines(renderable, console.width))) > console.height:
             os.environ.setdefault("LESS", "-R")  # let less pass colours through
@@ -284,7 +287,7 @@ def _follow(args: argparse.Namespace, flt: ViewFilter) -> int:
     except KeyboardInterrupt:
         pass
     if view is not None:  # leave the last state in the scrollback, as a plain view would
-        console.print(render_view(view, modules=args.modules))
+        console.print(render_view(view, modules=args.modules, all_layers=args.all_layers))
     return 0
 
 
@@ -309,7 +312,7 @@ def _follow_stream(
                     console.print(screen.status_line(view))
                     for found in screen.live_findings():
                         console.print(Text(f"live {found.severity}: {found.code}: {found.message}", style="bold yellow"))
-                    console.print(render_view(view, modules=args.modules))
+                    console.print(render_view(view, modules=args.modules, all_layers=args.all_layers))
             time.sleep(max(0.05, args.interval))
             changed = follower.poll()
     except KeyboardInterrupt:

@@ -607,7 +607,9 @@ def _findings(files: list[TraceFile], flt: ViewFilter) -> list[FindingGroup]:
             g = groups.get(key)
             if g is None:
                 entry = CATALOGUE.get(fd.code)
-                g = groups[key] = FindingGroup(
+                # model_construct: the values come validated from the records; a trace can
+                # hold tens of thousands of codes, and validation was most of their cost.
+                g = groups[key] = FindingGroup.model_construct(
                     code=fd.code,
                     severity=fd.severity,
                     count=0,
@@ -652,17 +654,31 @@ def _findings(files: list[TraceFile], flt: ViewFilter) -> list[FindingGroup]:
 
 
 def _by_root_cause(found: list[FindingGroup]) -> list[FindingGroup]:
-    """Each root cause followed by its consequences (nearest first); the others in their order."""
+    """Each root cause followed by its consequences (nearest first); the others in their order.
+
+    One pass over the groups (a trace can hold tens of thousands of codes): each
+    consequence is filed under its root once, and chain depths are memoised.
+    """
     by_code = {g.code: g for g in found if g.severity == "error"}
+    beneath: dict[str, list[FindingGroup]] = defaultdict(list)
     for g, judged in zip(found, root_causes(found)):
+        if judged.follows_from is None and judged.root is None and not judged.also:
+            continue  # stands alone: the defaults say so already (a pydantic setattr costs)
         g.follows_from, g.root, g.how, g.also_from = judged.follows_from, judged.root, judged.how, list(judged.also)
         if judged.root is not None:
             g.root_fix = by_code[judged.root].fix
+            beneath[judged.root].append(g)
+
+    depths: dict[str, int] = {}
 
     def depth(g: FindingGroup) -> int:
         d, at = 0, g
         while at.follows_from is not None and d < len(found):
+            if at.code in depths:
+                d += depths[at.code]
+                break
             d, at = d + 1, by_code[at.follows_from]
+        depths[g.code] = d
         return d
 
     # Causes before symptoms: an acceptance collapse is explained by the other findings.
@@ -673,9 +689,10 @@ def _by_root_cause(found: list[FindingGroup]) -> list[FindingGroup]:
 
     out: list[FindingGroup] = []
     for g in sorted((g for g in found if g.root is None), key=key):
-        beneath = sorted((c for c in found if c.root == g.code and g.severity == "error"), key=lambda c: (depth(c), key(c)))
-        g.consequences = [c.code for c in beneath]
-        out += [g, *beneath]
+        below = sorted(beneath.get(g.code, []), key=lambda c: (depth(c), key(c))) if g.severity == "error" else []
+        if below:
+            g.consequences = [c.code for c in below]
+        out += [g, *below]
     return out
 
 

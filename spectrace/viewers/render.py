@@ -26,6 +26,7 @@ from rich.tree import Tree
 
 from spectrace.records import TensorStats
 
+from .fold import fold_layers
 from .model import (
     NOT_IN_FILTER,
     AcceptanceView,
@@ -211,8 +212,11 @@ class FindingsView:
     with no fix of their own. A finding that follows from nothing is shown as a root.
     """
 
-    def __init__(self, findings: list[FindingGroup]) -> None:
+    def __init__(self, findings: list[FindingGroup], *, max_roots: int | None = None, max_beneath: int | None = None) -> None:
         self.findings = findings
+        # A screen, not a log: past these, one line says how many more codes --json holds.
+        self.max_roots = MAX_ROOTS_SHOWN if max_roots is None else max_roots
+        self.max_beneath = MAX_BENEATH_SHOWN if max_beneath is None else max_beneath
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         if not self.findings:
@@ -221,9 +225,18 @@ class FindingsView:
         yield Text(findings_headline(self.findings), style="bold")
         shown = {f.code for f in self.findings if f.severity == "error"}  # only an error is a root
         width = options.max_width
+        # Filed once (a trace can hold tens of thousands of codes): never a scan per root.
+        below: dict[str, list[FindingGroup]] = {}
+        for c in self.findings:
+            if c.root is not None:
+                below.setdefault(c.root, []).append(c)
+        drawn = codes_drawn = 0
         for f in self.findings:
             if f.root is not None and f.root in shown:
                 continue  # drawn beneath its root
+            if drawn >= self.max_roots:
+                break
+            drawn += 1
             yield _finding_head(f)
             grid = Table.grid(padding=(0, 1))
             grid.add_column(width=2)
@@ -244,15 +257,24 @@ class FindingsView:
                 rows.append(("fix", f.fix, "green"))
             for label, value, style in rows:
                 grid.add_row("", label, Text(value, style=style))
-            beneath = [c for c in self.findings if c.root == f.code] if f.root is None and f.severity == "error" else []
+            beneath = below.get(f.code, []) if f.root is None and f.severity == "error" else []
             if beneath:
                 cleared = "those marked 'also from' need that fix too" if any(c.also_from for c in beneath) else "cleared by this fix"
                 grid.add_row("", "then", Text(f"{plural(len(beneath), 'consequence')}, {cleared}:", style="dim"))
             yield grid
-            for c in beneath:
+            codes_drawn += 1 + min(len(beneath), self.max_beneath)
+            for c in beneath[: self.max_beneath]:
                 yield from _consequence(c, width)
+            if len(beneath) > self.max_beneath:
+                yield Text(f"   … {len(beneath) - self.max_beneath} more consequences: --finding CODE or --json", style="dim")
+        left = len(self.findings) - codes_drawn
+        if left > 0:
+            yield Text(f"… {plural(left, 'more code')}: --finding CODE or --json", style="bold yellow")
 
 
+MAX_MODULE_ROWS = 200  # module table rows drawn (after folding repeated layers)
+MAX_ROOTS_SHOWN = 12  # root causes (and findings standing alone) drawn in full
+MAX_BENEATH_SHOWN = 8  # consequences drawn beneath one root
 LABEL_COL = 8  # seen / where / cause / evidence / fix
 VALUE_INDENT = 2 + 1 + LABEL_COL + 1  # where a row's value starts
 
@@ -596,9 +618,13 @@ class ModuleTable:
     EAGLE-3 pair), where the class is what tells a layer from a norm.
     """
 
-    def __init__(self, rows: list[ModuleRow], *, types: bool = False) -> None:
-        self.rows = rows
+    def __init__(self, rows: list[ModuleRow], *, types: bool = False, fold: bool = True, max_rows: int | None = None) -> None:
+        # Repeated layers fold into one row (fold.py); past max_rows one line says how many
+        # more modules --module or --json show: a screen, whatever the model's depth.
+        self.rows = fold_layers(rows) if fold else rows
+        self.folded = len(self.rows) < len(rows)
         self.types = types
+        self.max_rows = MAX_MODULE_ROWS if max_rows is None else max_rows
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         if not self.rows:
@@ -635,7 +661,7 @@ class ModuleTable:
         table.add_column("absmax", justify="right", no_wrap=True)
         table.add_column("!", style="bold red", overflow="fold", max_width=10)
         fmt = short if self.types else num  # short: at most 7 characters, to fit the type column
-        for r in self.rows:
+        for r in self.rows[: self.max_rows]:
             name = Text(r.module.removeprefix(root))  # Text: a str cell is read as markup
             if self.types and not type_column and r.module_type:
                 name.append("\n" + r.module_type, style="dim")
@@ -651,9 +677,14 @@ class ModuleTable:
             ]
             table.add_row(*cells)
         yield table
+        if self.folded:
+            yield Text("repeated layers are one row each: --all-layers shows every layer", style="dim")
+        if len(self.rows) > self.max_rows:
+            left = len(self.rows) - self.max_rows
+            yield Text(f"… {plural(left, 'more row')}: --module GLOB or --json", style="bold yellow")
 
 
-def render_view(view: TraceView, *, modules: bool = False) -> Group:
+def render_view(view: TraceView, *, modules: bool = False, all_layers: bool = False) -> Group:
     """The whole screen, top to bottom.
 
     An EAGLE-3 pair gets its data path and acceptance; a plain model gets the module table
@@ -664,13 +695,13 @@ def render_view(view: TraceView, *, modules: bool = False) -> Group:
         parts.append(Text(view.filter_problem, style="bold yellow"))
     parts += [FindingsView(view.findings), Text("")]
     if not view.datapath.eagle3:
-        parts.append(ModuleTable(view.modules, types=True))
+        parts.append(ModuleTable(view.modules, types=True, fold=not all_layers))
         if view.acceptance.draft_tokens is not None:
             parts += [Text(""), AcceptancePanel(view.acceptance)]
         return Group(*parts)  # type: ignore[arg-type]
     parts += [DataPathTree(view.datapath), Text(""), AcceptancePanel(view.acceptance)]
     if modules:
-        parts += [Text(""), ModuleTable(view.modules)]
+        parts += [Text(""), ModuleTable(view.modules, fold=not all_layers)]
     return Group(*parts)  # type: ignore[arg-type]
 
 
