@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from spectrace.checks.replay import findings_beside
 from spectrace.eagle3.pair import DATA_DIR, load_draft
 from spectrace.hooks.replay_capture import keep_replay
 from spectrace.replay.command import main as replay_main
@@ -79,6 +80,10 @@ def test_served_rope_base_names_the_decoder_layer(tmp_path: Path, capsys: pytest
     assert any("rope_theta" in c for c in result["causes"])
     fc = next(m for m in result["modules"] if m["module"] == "fc")
     assert fc["compared"] and fc["agrees"]  # judged on its own inputs: fc is not blamed
+    # The result beside the trace is a finding with its fix, as the view shows it.
+    (found,) = findings_beside(str(trace))
+    assert (found.code, found.module, found.severity) == ("replay_divergence", "decoder layer", "error")
+    assert found.fix and found.evidence["replay_file"] == "trace-h-1.replay.safetensors"
 
 
 def test_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
