@@ -36,6 +36,7 @@ Post = Callable[[Any, tuple[Any, ...], dict[str, Any], Any], None]
 Around = Callable[[Any, Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
 
 _is_compiling = torch.compiler.is_compiling
+_jit_tracing = torch._C._is_tracing  # torch.jit.trace: eager Python on tracer tensors
 _lock = threading.RLock()
 # id(instance) -> (weak reference, around, pre-hook or None, post-hook). Read without the
 # lock on every call (a dict lookup is atomic); changed under it. The wrapper calls
@@ -57,8 +58,9 @@ def _class_wrapper(cls: type, original: Callable[..., Any], patch: list[Any]) ->
     @functools.wraps(original)
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         # Never inside a compiled graph (asked first: dynamo folds it to a constant and
-        # traces none of the lookups below, so the compiled graph is the untraced one).
-        if _is_compiling():
+        # traces none of the lookups below, so the compiled graph is the untraced one),
+        # nor a torch.jit.trace (its tensors hold no numbers; a statistic would be traced).
+        if _is_compiling() or _jit_tracing():
             return original(self, *args, **kwargs)
         entry = _calls.get(id(self))
         # Only instances of exactly this class (a subclass instance calling super().forward

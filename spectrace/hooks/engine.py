@@ -42,6 +42,7 @@ from .privacy import ALL, INPUTS, Scope, TokenTensors, token_scope
 from .readback import Readback, StepStats
 from .roles import role_of
 from .selection import ModuleFilter, select
+from .stepwrap import untraceable
 from .tensor_stats import INDEX_DTYPES, stats_supported
 from .tensors import MAX_TENSORS_PER_SIDE, collect, collect_kwargs
 from .values import values_capture
@@ -169,6 +170,12 @@ class _FinishedStep:
 # First-input dtypes of a call kept for a later read in statistics mode (PENDING_CALLS):
 # those that get statistics, so the guarded tensor is the one summarised.
 _KEPT_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.float64})
+# What turned a traced root into a graph (stepwrap's kinds): its name, what it made.
+_GRAPH_MAKERS = {
+    "compile": ("torch.compile", "compiled"),
+    "export": ("torch.export", "exported"),
+    "jit": ("torch.jit.trace", "jit-traced"),
+}
 
 
 def _holds_mutable(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> bool:
@@ -437,11 +444,13 @@ class Tracer:
             return
         self._wrapped[root] = stepwrap.install(root, self._step)
 
-    def _compiled(self) -> None:
+    def _compiled(self, kind: str = "compile") -> None:
+        """A traced root is being turned into a graph (stepwrap tells, at trace time): said once per kind."""
+        what, made = _GRAPH_MAKERS.get(kind, _GRAPH_MAKERS["compile"])
         self.recorder.coverage(
             "not_covered",
-            "a traced model ran under torch.compile: its modules are not traced per module inside the compiled "
-            "region (the compiled graph is the untraced one); run it eagerly to trace it",
+            f"a traced model ran under {what}: its modules are not traced per module inside the {made} "
+            f"region (the {made} graph is the untraced one); run it eagerly to trace it",
         )
 
     def _step_around(self, root: nn.Module, call: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -788,8 +797,8 @@ class Tracer:
         def pre_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             if owner is not None and owner() is not module:
                 return None  # a deep copy's call: not the module this name belongs to
-            if not compile_checked and torch.compiler.is_compiling():
-                return None  # nothing of ours in a compiled graph (see Tracer._compiled)
+            if not compile_checked and untraceable():
+                return None  # nothing of ours in a compiled, exported or jit-traced graph (see Tracer._compiled)
             try:
                 local = self._local.__dict__
                 state = local.get("steps") or self._thread()
@@ -847,7 +856,7 @@ class Tracer:
         spec = (name, module_type, root, role) if view is None and self.stats_mode != "full" else None
 
         def post_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
-            if owner is not None and owner() is not module or not compile_checked and torch.compiler.is_compiling():
+            if owner is not None and owner() is not module or not compile_checked and untraceable():
                 return None
             try:
                 local = self._local.__dict__

@@ -30,7 +30,8 @@ from typing import Any
 import torch
 
 # A tracer's step: (root, forward-to-call, args, kwargs) -> the forward's result. It may
-# carry a ``compiled()`` attribute, called once when torch.compile traces the root.
+# carry a ``compiled(kind)`` attribute, called when torch.compile ("compile"), torch.export
+# ("export") or torch.jit.trace ("jit") traces the root: the graph made is the untraced one.
 StepFn = Callable[[Any, Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
 
 # Re-entrant: a weak-reference callback (a traced model collected) may run inside a
@@ -51,23 +52,45 @@ def _steps_of(module: Any) -> list[StepFn] | None:
     return entry[1]
 
 
-def _compiled() -> None:
-    """Under ``torch.compile``: no step and no side effect in the graph (no graph break;
-    the compiled model is the untraced one). Tracers hear of it once, at compile time."""
-    from torch._dynamo.comptime import comptime
+# torch.jit.trace runs the forward eagerly on tracer tensors: nothing of ours may run
+# then (a statistic would be traced into the graph and its value is no number).
+_jit_tracing = torch._C._is_tracing
 
-    comptime(_notify_compiled)
+
+def untraceable() -> bool:
+    """Whether the current call is being turned into a graph (torch.compile, torch.export,
+    torch.jit.trace): hooks then record nothing. Asked first in a wrapper: under dynamo
+    ``is_compiling`` folds to a constant and the jit question is never traced."""
+    return torch.compiler.is_compiling() or _jit_tracing()
+
+
+def _compiled() -> None:
+    """Under ``torch.compile`` or ``torch.export``: no step and no side effect in the graph
+    (no graph break; the compiled model is the untraced one). Tracers hear of it at trace
+    time: through dynamo's comptime when dynamo traces (compile, strict export), at once
+    when torch.export traces the Python itself (non-strict, real Python)."""
+    if torch.compiler.is_dynamo_compiling():
+        from torch._dynamo.comptime import comptime
+
+        comptime(_notify_compiled)
+    else:
+        _notify("export" if torch.compiler.is_exporting() else "compile")
 
 
 def _notify_compiled(ctx: Any = None) -> None:
-    # Runs while dynamo traces, with real objects: every tracer with a wrapped root is told
-    # (a compiled frame does not say which root it came from).
+    # Runs while dynamo traces, with real objects.
+    _notify("export" if torch.compiler.is_exporting() else "compile")
+
+
+def _notify(kind: str) -> None:
+    """Every tracer with a wrapped root is told (a traced frame does not say which root it
+    came from); a tracer says it once (Recorder.coverage)."""
     for _ref, steps, _cls in list(_traced.values()):
         for step in steps:
             notify = getattr(step, "compiled", None)
             if notify is not None:
                 try:
-                    notify()
+                    notify(kind)
                 except Exception:
                     pass
 
@@ -98,6 +121,9 @@ def _class_wrapper(cls: type, original: Callable[..., Any]) -> Callable[..., Any
         if torch.compiler.is_compiling():
             _compiled()
             return original(self, *args, **kwargs)
+        if _jit_tracing():
+            _notify("jit")
+            return original(self, *args, **kwargs)
         return _chain(steps, self, functools.partial(original, self), args, kwargs)
 
     forward.__spectrace_step_wrapper__ = True  # type: ignore[attr-defined]
@@ -118,6 +144,9 @@ class _InstanceForward:
             return self.__wrapped__(*args, **kwargs)
         if torch.compiler.is_compiling():
             _compiled()
+            return self.__wrapped__(*args, **kwargs)
+        if _jit_tracing():
+            _notify("jit")
             return self.__wrapped__(*args, **kwargs)
         return _chain(steps, module, self.__wrapped__, args, kwargs)
 
