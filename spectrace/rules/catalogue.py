@@ -182,6 +182,49 @@ CATALOGUE: dict[str, Code] = {
             "normed hidden state otherwise: the draft then gets one hidden-size-wide state",
             "enable aux capture on the target (EAGLE3 algorithm, use_aux_hidden_state)",
         ),
+        Code(
+            "weights_replaced_after_load",
+            "error",
+            "an engine step after the load swapped a trained draft tensor for another (SGLang: a config with "
+            "draft_vocab_size null takes the target's lm_head, set_embed_and_head; any draft as wide as the target gets "
+            "its embedding, set_embed): the load looks perfect and the draft runs with weights it was not trained with",
+            "keep the trained tensor: write the config key the engine reads (draft_vocab_size) so it does not share the "
+            "target's, or train the draft with the tensor the engine shares",
+        ),
+        Code(
+            "acceptance_sampled",
+            "warning",
+            "a sampled request (temperature > 0) accepts a draft token with probability min(1, p_target/p_draft): its "
+            "acceptance is bounded by the overlap of the two distributions, lower than greedy, and says nothing of the "
+            "wiring when greedy requests of the same run accept well",
+            "judge the draft on greedy requests (temperature 0): send a few and compare their accept length; a low "
+            "greedy one points at the wiring or the training, a low sampled one alone at the sampling",
+        ),
+        Code(
+            "acceptance_synthetic",
+            "warning",
+            "the engine simulates acceptance (SGLang's SGLANG_SIMULATE_ACC_LEN, vLLM's synthetic rejection sampling): "
+            "accept lengths come from a set rate, not from the draft, and no acceptance finding can be trusted",
+            "unset the simulation (SGLANG_SIMULATE_ACC_LEN, rejection_sample_method) to measure the draft",
+        ),
+        Code(
+            "acceptance_drift",
+            "warning",
+            "the accept length fell during the run at a comparable batch: the draft's weights do not change, so state "
+            "carried between requests does (prefix/radix-cache blocks reused or committed before their KV was written, "
+            "KV reuse across requests)",
+            "rerun the window where it fell with the prefix/radix cache off (SGLang --disable-radix-cache, vLLM "
+            "--no-enable-prefix-caching); if acceptance then holds, report the cache bug to the engine",
+        ),
+        Code(
+            "replay_divergence",
+            "error",
+            "spectrace replay fed the served draft's kept inputs to a reference draft loaded from its checkpoint, module "
+            "by module, and one module computed something else than the checkpoint does on the same inputs: the engine "
+            "runs the draft otherwise than it was trained (a rotary base or style, a norm placement, a replaced head, a map)",
+            "fix the first diverging module the finding names, with the causes listed for it (docs/replay.md); rerun "
+            "spectrace replay until it says the served draft matches its checkpoint",
+        ),
     ]
 }
 

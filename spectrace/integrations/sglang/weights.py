@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...checks.replaced import ReplacedWeight, check_replaced_weights
+from ...checks.vocab_map import check_engine_hot_map
 from ...checks.weights import check_weights
 from ...hooks.weights import observe_load
 from ...records import Finding, Weights
-from ..core.loads import DraftLoad
+from ..core.loads import ChangedParam, DraftLoad, LoadedParam, changed_since_load, fingerprint_loaded
 from . import correlate, server, state
 from .graphs import capturing
 
@@ -88,6 +90,8 @@ def around_draft_load(original: Any, *args: Any, **kwargs: Any) -> Any:
     if capturing():
         return call.plain()
     model = call.model
+    maps: dict[str, Any] = {}
+    call.weights = _keep_maps(call.weights, maps)
     result, record = call.observed(
         lambda: observe_load(model, call.load, call.weights, module="draft", exempt=exempt_params(model), source=_source()),
         state.internal_error,
@@ -95,7 +99,7 @@ def around_draft_load(original: Any, *args: Any, **kwargs: Any) -> Any:
     if record is None:
         return result
     try:
-        _report(model, record)
+        _report(model, record, maps)
     except Exception as exc:
         state.internal_error("draft load_weights report", exc)
     return result
@@ -106,7 +110,21 @@ def _source() -> str:
     return str(path) if path else ""
 
 
-def _report(model: Any, record: Weights) -> None:
+def _keep_maps(weights: Any, maps: dict[str, Any]) -> Any:
+    """The offered tensors, unchanged, keeping ``d2t`` and ``t2d`` by the way: SGLang turns d2t
+    into hot_token_id and skips t2d, and the check of its map needs what the checkpoint said."""
+    for item in weights:
+        try:
+            name = item[0]
+            tail = name.rsplit(".", 1)[-1] if isinstance(name, str) else ""
+            if tail in ("d2t", "t2d"):
+                maps[tail] = item[1]
+        except Exception:
+            pass  # not a (name, tensor) pair: the engine's load decides what it is
+        yield item
+
+
+def _report(model: Any, record: Weights, maps: dict[str, Any] | None = None) -> None:
     from .rank import ensure_rank
 
     ensure_rank()
@@ -116,6 +134,8 @@ def _report(model: Any, record: Weights) -> None:
     state.emit(record)
     for found in check_weights(record):
         state.emit(_sglang_fix(found, record, model))
+    _check_hot_map(model, maps or {})
+    _watch_replacements(model, record)
     # Server args first: the raw config.json keeps keys SGLang's parsed config may lose.
     correlate.learn_from_server()
     correlate.note_draft_config(server.config_to_dict(getattr(model, "config", None)), source=f"{type(model).__name__}.config")
@@ -142,3 +162,160 @@ def after_draft_init(result: Any, *args: Any, **kwargs: Any) -> None:
     except Exception as exc:
         state.internal_error("draft __init__ config", exc)
     return None
+
+
+def _check_hot_map(model: Any, maps: dict[str, Any]) -> None:
+    """The map SGLang built from d2t (``hot_token_id``: the target id of each draft id), against
+    the vocabulary and what the checkpoint's d2t and t2d say."""
+    hot = getattr(model, "hot_token_id", None)
+    if hot is None:
+        return
+    cfg = getattr(model, "config", None)
+    # Load time, once: these are host tensors here (hot_token_id moves to the device later).
+    ids = hot.tolist()
+    d2t, t2d = maps.get("d2t"), maps.get("t2d")
+    marks = [bool(x) for x in t2d.reshape(-1).tolist()] if t2d is not None and t2d.dim() == 1 else None
+    if marks is not None and sum(marks) != len(ids):
+        # A t2d marking another number of ids than d2t has entries is the checkpoint's own
+        # inconsistency, which `spectrace audit` reports from the files; here t2d only
+        # serves to tell which ids the engine's map should hold.
+        marks = None
+    for found in check_engine_hot_map(
+        ids,
+        draft_vocab_size=getattr(cfg, "draft_vocab_size", None),
+        target_vocab=getattr(cfg, "vocab_size", None),
+        checkpoint_d2t=d2t.reshape(-1).tolist() if d2t is not None and d2t.dim() == 1 else None,
+        t2d=marks,
+        source=_source(),
+    ):
+        state.emit(found)
+
+
+# ------------------------------------------------------------------ weights replaced after load
+#
+# What the checkpoint wrote is fingerprinted at the end of the load and compared once at
+# the draft's first forward, and once more at the first forward under CUDA-graph capture
+# when that comes later (a script's draft may run eagerly first). SGLang calls the root
+# model's forward() directly, so the hook is a forward pre-hook on its inner model,
+# which the root calls as a module.
+
+_SET_EMBED_AND_HEAD = "EAGLEWorkerV2.init_lm_head -> set_embed_and_head (sglang/srt/speculative/eagle_worker_v2.py)"
+_SET_EMBED = "EAGLEWorkerV2.init_lm_head -> set_embed (sglang/srt/speculative/eagle_worker_v2.py)"
+
+
+def _explain(model: Any, change: ChangedParam) -> ReplacedWeight:
+    """Which SGLang step swaps this tensor, the config key that makes it, and the way out."""
+    name = change.name
+    cfg = getattr(model, "config", None)
+    from_target = bool(getattr(model, "load_lm_head_from_target", False))
+    step = trigger = fix = None
+    if name.startswith("lm_head.") and from_target:
+        rows = change.shape_then[0] if change.shape_then else None
+        step = _SET_EMBED_AND_HEAD
+        trigger = '"draft_vocab_size": null in the draft\'s config.json (SGLang then sets load_lm_head_from_target)'
+        fix = (
+            f'write "draft_vocab_size": {rows if rows else "<rows of the trained lm_head>"} in the draft\'s config.json, '
+            "(with its d2t when that is below the target's vocabulary): SGLang takes the target's head only when "
+            "draft_vocab_size is null"
+        )
+    elif name.endswith("embed_tokens.weight"):
+        step = _SET_EMBED_AND_HEAD if from_target else _SET_EMBED
+        trigger = (
+            "the draft's hidden_size equals target_hidden_size "
+            f"({getattr(cfg, 'hidden_size', '?')}): SGLang then gives the draft the target's embedding"
+        )
+        fix = (
+            "train the draft with the target's embedding frozen (the trainers' default), so the shared one is the one "
+            "it learned with; a draft with its own trained embedding cannot keep it on SGLang"
+        )
+    return ReplacedWeight(name, change.how, shared_with=change.shared_with, step=step, trigger=trigger, fix=fix)
+
+
+def _target_storages(draft: Any) -> dict[int, str]:
+    """Storage pointer -> parameter name of the other models SGLang built in this process (the target)."""
+    out: dict[int, str] = {}
+    try:
+        from .modules import _adopted
+
+        for other in list(_adopted.keys()):
+            if other is draft:
+                continue
+            for name, param in other.named_parameters():
+                out.setdefault(int(param.data_ptr()), name)
+    except Exception:
+        pass  # no target known: the finding still names the draft's tensor
+    return out
+
+
+class _ReplacementWatch:
+    """Compares what the load wrote with what the draft runs, at its first forward(s)."""
+
+    def __init__(self, model: Any, loaded: dict[str, LoadedParam]) -> None:
+        import weakref
+
+        self.model = weakref.ref(model)
+        self.loaded = loaded
+        self.eager_done = False
+        self.handle: Any = None
+
+    def __call__(self, module: Any, args: Any) -> None:
+        try:
+            in_capture = state.STATE.in_capture > 0
+            if capturing() or (self.eager_done and not in_capture):
+                return None  # no host reads while a stream captures; eager compared already
+            model = self.model()
+            if model is None:
+                self._remove()
+                return None
+            moment = "CUDA-graph capture" if in_capture else "first forward"
+            self._compare(model, moment)
+            self.eager_done = True
+            if in_capture:
+                self._remove()
+        except Exception as exc:
+            self._remove()
+            state.internal_error("draft weights after load", exc)
+        return None
+
+    def _compare(self, model: Any, moment: str) -> None:
+        changed = changed_since_load(model, self.loaded, _target_storages(model))
+        if not changed:
+            return
+        replaced = [_explain(model, c) for c in changed]
+        for found in check_replaced_weights(replaced, moment=moment, source="sglang.weights"):
+            key = "weights_replaced_after_load:" + ",".join(sorted(r.name for r in replaced))
+            state.emit_once(key, lambda found=found: found)
+        self.loaded = {k: v for k, v in self.loaded.items() if k not in {c.name for c in changed}}  # said once each
+
+    def _remove(self) -> None:
+        if self.handle is not None:
+            self.handle.remove()
+            self.handle = None
+
+
+def _watch_replacements(model: Any, record: Weights) -> None:
+    """Fingerprint what the checkpoint wrote; compare at the draft's first forward."""
+    written = [n for n in record.written if n != "hot_token_id"]
+    loaded = fingerprint_loaded(model, written)
+    if not loaded:
+        return
+    inner = getattr(model, "model", None)
+    import torch.nn as nn
+
+    target = inner if isinstance(inner, nn.Module) else model
+    old = getattr(model, "_spectrace_replacement_watch", None)
+    if old is not None:
+        old._remove()  # a second load: the newest fingerprint is the one that counts
+    watch = _ReplacementWatch(model, loaded)
+    watch.handle = target.register_forward_pre_hook(watch)
+    try:
+        model._spectrace_replacement_watch = watch
+    except Exception:
+        pass
+
+
+def check_replaced_now(model: Any, moment: str = "check") -> None:
+    """Compare the draft's tensors with what its load wrote now (tests, notebooks)."""
+    watch = getattr(model, "_spectrace_replacement_watch", None)
+    if watch is not None:
+        watch._compare(model, moment)
