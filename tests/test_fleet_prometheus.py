@@ -209,3 +209,22 @@ def test_fleet_says_when_prometheus_cannot_be_asked() -> None:
     from spectrace.fleet import main
 
     assert main(["--prometheus", f"http://127.0.0.1:{_port()}"]) == 2
+
+
+def test_dashboard_and_docs_name_only_metrics_the_sink_makes() -> None:
+    """The Grafana example and docs/fleet.md ask for series that exist."""
+    import re
+
+    pytest.importorskip("prometheus_client")
+    from spectrace.sinks.prometheus import metrics
+
+    made: set[str] = set()
+    for metric in metrics().values():
+        for family in metric.describe():
+            made.add(family.name)
+            made.update({family.name + s for s in ("_total", "_sum", "_count", "_bucket")})
+    dashboard = json.loads((ROOT / "examples" / "grafana-spectrace-fleet.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    named = {n for e in exprs for n in re.findall(r"spectrace_[a-z_]+", e)}
+    named |= set(re.findall(r"`(spectrace_[a-z_]+)", (ROOT / "docs" / "fleet.md").read_text()))
+    assert named and named <= made, sorted(named - made)
