@@ -518,8 +518,8 @@ def test_view_states_what_spectrace_own_serving_hooks_cost(tmp_path: Path, capsy
     rec.counters.hook_slow_seconds_by_feature = {"acceptance": 0.0004}  # 10 us per step in slow calls
     rec.close()
     assert view_main([str(tmp_path), "--no-pager"]) == 0
-    out = " ".join(capsys.readouterr().out.split())
-    assert "spectrace's own host time: 5.0 us per hook call (200 calls), 25.0 us per" in out  # the panel wraps here
+    out = " ".join(capsys.readouterr().out.replace("│", " ").split())  # the panel wraps the line
+    assert "spectrace's own host time: 5.0 us per hook call in steady state (200 calls), 25.0 us per verify step" in out
     assert "(10.0 of it in calls over 100 us" in out
     assert "us per verify step by hook: acceptance 20.0, graph_replay 5.0" in out
     assert view_main([str(tmp_path), "--json"]) == 0
@@ -530,3 +530,27 @@ def test_view_states_what_spectrace_own_serving_hooks_cost(tmp_path: Path, capsy
     assert list(header["hook_us_per_verify_step_by_feature"].items()) == [("acceptance", 20.0), ("graph_replay", 5.0)]
     # Acceptance records carry no time: no span is claimed (it used to print "span 0.0 s").
     assert header["span_s"] is None and "span" not in out
+
+
+def test_view_says_start_up_apart_from_the_steady_state_hook_cost(tmp_path: Path, capsys) -> None:
+    """A live server's aux-concat hook spends ~27 ms in its first calls at graph capture:
+    paid once, so it is said apart and never averaged into the per-call figure."""
+    from spectrace.recorder import Recorder
+    from spectrace.records import Acceptance
+    from spectrace.settings import Settings
+
+    rec = Recorder(Settings(quiet=True), directory=str(tmp_path), name="trace-h-rank0.jsonl", rank=0)
+    for step in range(40):
+        rec.emit(Acceptance(step=step, accept_lengths=[2, 1], draft_tokens=3, accepted_per_position=[1, 0, 0]))
+    rec.account_hook(0.027, "aux_concat@startup", calls=2)  # graph capture: start-up
+    rec.account_hook(0.0008, "aux_concat", calls=160)  # 5 us a call, 20 us a verify step
+    rec.close()
+    assert view_main([str(tmp_path), "--no-pager"]) == 0
+    out = " ".join(capsys.readouterr().out.replace("│", " ").split())  # the panel wraps the line
+    assert "5.0 us per hook call in steady state (160 calls), 20.0 us per verify step" in out
+    assert "start-up, paid once: 27.0 ms in 2 calls" in out
+    assert "aux_concat@startup" not in out  # no start-up in the per-step split
+    assert view_main([str(tmp_path), "--json"]) == 0
+    header = json.loads(capsys.readouterr().out)["header"]
+    assert (header["hook_us_per_call"], header["hook_startup_calls"], header["hook_startup_ms"]) == (5.0, 2, 27.0)
+    assert header["hook_us_per_verify_step_by_feature"] == {"aux_concat": 20.0}

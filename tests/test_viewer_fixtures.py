@@ -199,7 +199,16 @@ def fc_bypass_records(steps: int = STEPS) -> list[object]:
     recs.append(finding("acceptance_collapse", "accept length 1.05 over steps 3..11", evidence={"window": 9, "mean": 1.05}, step=11))
     recs.append(Coverage(kind="graph_replay", detail="draft decode ran as a CUDA graph", count=40))
     recs.append(Coverage(kind="dropped", detail="ring buffer full", count=5))
-    recs.append(Counters(steps=52, calls_seen=60, records_written=70, records_dropped=17, graph_replay_steps=40))
+    recs.append(
+        Counters(
+            steps=52,
+            calls_seen=60,
+            records_written=70,
+            records_dropped=17,
+            graph_replay_steps=40,
+            dropped_by_reason={"record cap": 12, "sink error": 5},
+        )
+    )
     return recs
 
 

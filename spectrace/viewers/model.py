@@ -33,6 +33,7 @@ from spectrace.records import SEVERITY_RANK, Call, TensorMeta, TensorStats
 from spectrace.rules.catalogue import CATALOGUE
 from spectrace.rules.globs import suffix_match
 
+from .drops import merge_reasons
 from .loader import MAX_POSITIONS, TraceFile, TraceSet, merge_rows, shown_path, time_ok
 
 HUGE_ABSMAX = 1e4  # a residual stream this large is overflow-bound in bf16/fp16
@@ -104,11 +105,18 @@ class HeaderSummary(BaseModel):
     started: str | None = None  # ISO UTC of the earliest header
     span_s: float | None = None
     records_dropped: int = 0
+    # records_dropped split by the reason the writer recorded ("sink error", "record cap", ...)
+    dropped_by_reason: dict[str, int] = {}
     # Files without their closing record: their drop counts were never written, so
     # "records dropped" is not known for them. One line each, e.g. "<file>: not closed ...".
     not_closed: list[str] = []
     hook_calls: int = 0  # spectrace's serving-engine hooks: how often they ran, and their host time
+    # Steady state: start-up (graph capture, each hook's first calls) is paid once, so it is
+    # in neither the per-call nor the per-step figures but in hook_startup_* alone.
     hook_us_per_call: float | None = None
+    hook_steady_calls: int = 0
+    hook_startup_calls: int = 0
+    hook_startup_ms: float | None = None  # host time of the start-up calls, all of them together
     hook_us_per_verify_step: float | None = None
     hook_us_per_verify_step_by_feature: dict[str, float] = {}  # largest first
     # the part of the per-step figure spent in calls over 100 us (a lost CPU or a GIL wait)
@@ -427,7 +435,6 @@ def _header(ts: TraceSet, files: list[TraceFile], states: list[_FileState], flt:
         # records only) has no span to state, and "0.0 s" would read as a measurement.
         span = round(max(starts + stamped) - min(starts), 3) if stamped else None
     dropped, gaps = _coverage(files)
-    hook_calls, hook_us, hook_us_step, hook_us_by_feature, hook_us_slow = _hook_cost(files)
     return HeaderSummary(
         source=shown_path(ts.source),
         processes=procs,
@@ -438,12 +445,9 @@ def _header(ts: TraceSet, files: list[TraceFile], states: list[_FileState], flt:
         started=started,
         span_s=span,
         records_dropped=dropped,
+        dropped_by_reason=merge_reasons([_last_counters(f).dropped_by_reason for f in files if f.counters]),
         not_closed=[not_closed_line(f) for f in files if closure_state(f) != "closed"],
-        hook_calls=hook_calls,
-        hook_us_per_call=hook_us,
-        hook_us_per_verify_step=hook_us_step,
-        hook_us_per_verify_step_by_feature=hook_us_by_feature,
-        hook_us_per_verify_step_in_slow_calls=hook_us_slow,
+        **_hook_cost(files),
         coverage_gaps=[g for g in gaps if not g.startswith(GRAPH_TRACED)],
         graph_traced=next((g[len(GRAPH_TRACED) :] for g in gaps if g.startswith(GRAPH_TRACED)), None),
         load_problems=[p.message for p in ts.problems],
@@ -451,18 +455,19 @@ def _header(ts: TraceSet, files: list[TraceFile], states: list[_FileState], flt:
     )
 
 
-def _hook_cost(files: list[TraceFile]) -> tuple[int, float | None, float | None, dict[str, float], float | None]:
-    """What spectrace's own serving hooks cost the host: calls, us per call, us per verify
-    step, that per-step figure split by patch-point feature (largest first), and the part of
-    it spent in calls over 100 us.
+def _hook_cost(files: list[TraceFile]) -> dict[str, Any]:
+    """What spectrace's own serving hooks cost the host, steady state and start-up apart.
+
+    Start-up (graph capture, each hook's first calls: imports, kernel compiles) is paid
+    once, so it is neither in the per-call nor in the per-step figures: it is said apart,
+    as the time it took and its calls. The per-step figure is split by patch-point feature
+    (largest first), with the part of it spent in calls over 100 us.
 
     Counters are cumulative, so per file the last (largest) counters record counts; a verify
     step is one acceptance record.
     """
-    calls = 0
-    seconds = 0.0
-    slow = 0.0
-    steps = 0
+    calls = startup_calls = steps = 0
+    seconds = slow = 0.0
     by_feature: dict[str, float] = {}
     for f in files:
         last = max(f.counters, key=lambda s: s.hook_calls, default=None)
@@ -470,24 +475,30 @@ def _hook_cost(files: list[TraceFile]) -> tuple[int, float | None, float | None,
             continue
         calls += last.hook_calls
         seconds += last.hook_seconds
+        startup_calls += sum(n for k, n in last.hook_calls_by_feature.items() if k.endswith(STARTUP_SUFFIX))
         slow += sum(v for k, v in last.hook_slow_seconds_by_feature.items() if not k.endswith(STARTUP_SUFFIX))
         steps += len(f.acceptance)
         for feature, spent in last.hook_seconds_by_feature.items():
             by_feature[feature] = by_feature.get(feature, 0.0) + spent
     if not calls:
-        return 0, None, None, {}, None
-    # Start-up time (graph capture, a hook's first calls: imports, kernel compiles) is no
-    # per-step cost; it stays in the split under "<feature>@startup" but not in the total.
+        return {}
     startup = sum(v for k, v in by_feature.items() if k.endswith(STARTUP_SUFFIX))
-    serving = seconds - startup
-    per_step = {k: round(v / steps * 1e6, 1) for k, v in sorted(by_feature.items(), key=lambda kv: -kv[1])} if steps else {}
-    return (
-        calls,
-        round(seconds / calls * 1e6, 2),
-        round(serving / steps * 1e6, 1) if steps else None,
-        per_step,
-        round(slow / steps * 1e6, 1) if steps else None,
-    )
+    serving, serving_calls = max(0.0, seconds - startup), max(0, calls - startup_calls)
+    per_step = {
+        k: round(v / steps * 1e6, 1)
+        for k, v in sorted(by_feature.items(), key=lambda kv: -kv[1])
+        if steps and not k.endswith(STARTUP_SUFFIX)
+    }
+    return {
+        "hook_calls": calls,
+        "hook_us_per_call": round(serving / serving_calls * 1e6, 2) if serving_calls else None,
+        "hook_steady_calls": serving_calls,
+        "hook_startup_calls": startup_calls,
+        "hook_startup_ms": round(startup * 1e3, 1) if startup_calls or startup else None,
+        "hook_us_per_verify_step": round(serving / steps * 1e6, 1) if steps else None,
+        "hook_us_per_verify_step_by_feature": per_step,
+        "hook_us_per_verify_step_in_slow_calls": round(slow / steps * 1e6, 1) if steps else None,
+    }
 
 
 STARTUP_SUFFIX = "@startup"
@@ -589,6 +600,11 @@ def _coverage(files: list[TraceFile]) -> tuple[int, list[str]]:
         count, detail = other[kind]
         gaps.append(f"{count} {words.get(kind, kind)}: {detail}" if detail else f"{count} {words.get(kind, kind)}")
     return dropped, gaps
+
+
+def _last_counters(f: TraceFile) -> Any:
+    """The counters record that counts: they are cumulative, so the one with the most drops."""
+    return max(f.counters, key=lambda s: s.records_dropped)
 
 
 def _once_counts(f: TraceFile) -> dict[str, int]:

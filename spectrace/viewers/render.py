@@ -26,6 +26,7 @@ from rich.tree import Tree
 
 from spectrace.records import TensorStats
 
+from .drops import drop_lines
 from .fold import fold_layers
 from .model import (
     NOT_IN_FILTER,
@@ -178,13 +179,24 @@ class HeaderPanel:
                 lines.append(f"; {h.records_dropped} in the closed ones")
         else:
             lines.append(str(h.records_dropped), style="bold red" if h.records_dropped else "green")
-            if h.records_dropped:
-                lines.append(" (ring buffer full; statistics undercount)")
+        # Each drop by the reason its writer recorded: a full disk is not a full queue.
+        for why in drop_lines(h.dropped_by_reason, h.records_dropped) if h.records_dropped else []:
+            lines.append("\n  " + why)
         if h.hook_calls:
-            per_step = f", {h.hook_us_per_verify_step} us per verify step" if h.hook_us_per_verify_step is not None else ""
-            if h.hook_us_per_verify_step_in_slow_calls:
-                per_step += f" ({h.hook_us_per_verify_step_in_slow_calls} of it in calls over 100 us: the thread lost the CPU or waited)"
-            lines.append(f"\nspectrace's own host time: {h.hook_us_per_call} us per hook call ({h.hook_calls} calls){per_step}")
+            lines.append("\nspectrace's own host time: ")
+            if h.hook_us_per_call is not None:
+                lines.append(f"{h.hook_us_per_call} us per hook call in steady state ({plural(h.hook_steady_calls, 'call')})")
+                if h.hook_us_per_verify_step is not None:
+                    lines.append(f", {h.hook_us_per_verify_step} us per verify step")
+                if h.hook_us_per_verify_step_in_slow_calls:
+                    slow = h.hook_us_per_verify_step_in_slow_calls
+                    lines.append(f" ({slow} of it in calls over 100 us: the thread lost the CPU or waited)")
+            else:
+                lines.append("start-up only so far")
+            if h.hook_startup_calls or h.hook_startup_ms:
+                # Paid once (graph capture, first calls), never a per-step cost: said apart.
+                took = f"{h.hook_startup_ms} ms" if h.hook_startup_ms is not None else "?"
+                lines.append(f"\n  start-up, paid once: {took} in {plural(h.hook_startup_calls, 'call')} (graph capture, first calls)")
             if h.hook_us_per_verify_step_by_feature:
                 split = ", ".join(f"{name} {us}" for name, us in h.hook_us_per_verify_step_by_feature.items())
                 lines.append(f"\n  us per verify step by hook: {split}")
