@@ -145,7 +145,12 @@ class ReplayCapture:
         else:  # a plain draft: forward(input_ids, hidden_states, positions)
             hidden = _arg(args, kwargs, 1, "hidden_states")
             positions = _arg(args, kwargs, 2, "positions")
-            if isinstance(positions, torch.Tensor) and positions.device.type == "cpu" and positions.numel() and int(positions.reshape(-1)[0]) != 0:
+            if (
+                isinstance(positions, torch.Tensor)
+                and positions.device.type == "cpu"
+                and positions.numel()
+                and int(positions.reshape(-1)[0]) != 0
+            ):
                 return
         tensors: dict[str, torch.Tensor] = {"input_ids": ids[:n].detach().clone().long()}
         if isinstance(hidden, torch.Tensor) and hidden.dim() == 2 and hidden.shape[0] >= n:
@@ -158,8 +163,14 @@ class ReplayCapture:
             cur["tensors"][key] = value[: cur["n"]].detach().clone()
 
     def _fc(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
-        if self._cur is not None:
-            self._guard(lambda: (self._put("fc_in", _arg(args, kwargs, 0, "input")), self._put("fc_out", _first(output))))
+        if self._cur is None:
+            return
+
+        def take() -> None:
+            self._put("fc_in", _arg(args, kwargs, 0, "input"))
+            self._put("fc_out", _first(output))
+
+        self._guard(take)
 
     def _layer_in(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if self._cur is None:

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from ..audit.checkpoint import AuditInputError
-from .file import RESULT_SUFFIX, REPLAY_SUFFIX, ReplayFileError, find_replay_files, read_replay
+from .file import REPLAY_SUFFIX, RESULT_SUFFIX, ReplayFileError, find_replay_files, read_replay
 from .reference import Reference, ReferenceError
 from .weights import load_draft
 

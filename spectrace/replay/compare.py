@@ -93,7 +93,11 @@ def _pairs(ref: Reference, t: dict[str, torch.Tensor]) -> dict[str, tuple[Any, A
     else:
         out["embed"] = (embeds, ref_embed, "")
     fc_out = t.get("fc_out")
-    if fc_out is not None and t.get("hidden_in") is not None and t["hidden_in"].shape[-1] == (ref.w["fc.weight"].shape[1] if "fc.weight" in ref.w else -1):
+    if (
+        fc_out is not None
+        and t.get("hidden_in") is not None
+        and t["hidden_in"].shape[-1] == (ref.w["fc.weight"].shape[1] if "fc.weight" in ref.w else -1)
+    ):
         out["fc"] = (fc_out, ref.fc(t["hidden_in"]), "")
     elif fc_out is not None and t.get("fc_in") is not None:
         out["fc"] = (fc_out, ref.fc_only(t["fc_in"]), "from fc's own input (the fused input was not kept)")
@@ -114,7 +118,11 @@ def _pairs(ref: Reference, t: dict[str, torch.Tensor]) -> dict[str, tuple[Any, A
         out["lm_head"] = (None, None, "the checkpoint has no lm_head to compare with")
     elif top_ids is not None and top_values is not None and norm_out is not None:
         if int(top_ids.max()) >= head.shape[0]:
-            out["lm_head"] = (top_values, None, f"the served head scores ids up to {int(top_ids.max())}; the checkpoint's has {head.shape[0]} rows")
+            out["lm_head"] = (
+                top_values,
+                None,
+                f"the served head scores ids up to {int(top_ids.max())}; the checkpoint's has {head.shape[0]} rows",
+            )
         else:
             out["lm_head"] = (top_values, (norm_out.float() @ head.t()).gather(-1, top_ids.long()), "")
     else:

@@ -45,7 +45,8 @@ class Reference:
         c = ckpt.config
         if c.num_hidden_layers != 1:
             raise ReferenceError(f"the draft has {c.num_hidden_layers} decoder layers; the built-in reference runs one")
-        layer_cfg = raw.get("transformer_layer_config") if isinstance(raw.get("transformer_layer_config"), dict) else raw
+        nested = raw.get("transformer_layer_config")
+        layer_cfg: dict[str, Any] = nested if isinstance(nested, dict) else raw
         rope = c.rope
         theta = (rope.rope_parameters or {}).get("rope_theta") or rope.rope_theta or 10000.0
         scaling = (rope.rope_parameters or {}).get("rope_type") or (rope.rope_scaling or {}).get("rope_type") or "default"
@@ -56,7 +57,9 @@ class Reference:
         if "layers.0.self_attn.qkv_proj.weight" in w:  # a fused checkpoint: split as the engine's shards are
             q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
             wq, wk, wv = w.pop("layers.0.self_attn.qkv_proj.weight").split([q, kv, kv])
-            w.update({"layers.0.self_attn.q_proj.weight": wq, "layers.0.self_attn.k_proj.weight": wk, "layers.0.self_attn.v_proj.weight": wv})
+            w.update(
+                {"layers.0.self_attn.q_proj.weight": wq, "layers.0.self_attn.k_proj.weight": wk, "layers.0.self_attn.v_proj.weight": wv}
+            )
         if "layers.0.mlp.gate_up_proj.weight" in w:
             g, u = w.pop("layers.0.mlp.gate_up_proj.weight").chunk(2)
             w.update({"layers.0.mlp.gate_proj.weight": g, "layers.0.mlp.up_proj.weight": u})
@@ -129,7 +132,10 @@ class Reference:
         out = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 0), v.repeat_interleave(rep, 0), is_causal=True)
         residual = F.linear(out.transpose(0, 1).reshape(T, -1), self.w[p + "self_attn.o_proj.weight"]) + residual
         m = self.rms(residual, p + "post_attention_layernorm.weight")
-        mlp = F.linear(F.silu(F.linear(m, self.w[p + "mlp.gate_proj.weight"])) * F.linear(m, self.w[p + "mlp.up_proj.weight"]), self.w[p + "mlp.down_proj.weight"])
+        mlp = F.linear(
+            F.silu(F.linear(m, self.w[p + "mlp.gate_proj.weight"])) * F.linear(m, self.w[p + "mlp.up_proj.weight"]),
+            self.w[p + "mlp.down_proj.weight"],
+        )
         return mlp + residual
 
     def norm(self, layer_out: torch.Tensor) -> torch.Tensor:
