@@ -141,6 +141,11 @@ EVIDENCE_KEYS: dict[str, str] = {
     "wanted": "how many boundaries the draft was trained on",
     "window": "verify steps in the window",
     "window_mean": "mean accept length over the window",
+    "how": "per parameter: `replaced` (another tensor now) or `changed` (overwritten in place)",
+    "shared_with": "per parameter: the target parameter whose storage it now is",
+    "engine_step": "the engine steps that replace such a tensor after the load",
+    "trigger": "the config keys that make the engine take that step",
+    "moment": "when the comparison ran (`first forward`, `CUDA-graph capture`)",
 }
 
 # Evidence keys no literal in the source names: the audit adds the first to findings it

@@ -11,6 +11,7 @@ The clean twin (``draft_vocab_size`` set) keeps its head and says nothing.
 from __future__ import annotations
 
 import sys
+
 import pytest
 
 pytest.importorskip("sglang", reason="needs scripts/install-sglang-cpu.sh")
