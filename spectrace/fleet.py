@@ -130,9 +130,9 @@ def collect(base: str, job: str | None = None) -> Fleet:
         inst.findings.sort(key=lambda c: (not c.root, SEVERITY_RANK.get(c.severity, 3), c.code, c.rank))
     mean = f"sum by (instance, job) (spectrace_accept_length_sum{sel}) / sum by (instance, job) (spectrace_accept_length_count{sel})"
     for item in query(base, mean):
-        inst = instances.get(_key(item["metric"]))
-        if inst is not None and item["value"] == item["value"]:  # NaN: no verify step yet
-            inst.accept_length = item["value"]
+        reporting = instances.get(_key(item["metric"]))
+        if reporting is not None and item["value"] == item["value"]:  # NaN: no verify step yet
+            reporting.accept_length = item["value"]
     whole = query(base, f"sum(spectrace_accept_length_sum{sel}) / sum(spectrace_accept_length_count{sel})")
     if whole and whole[0]["value"] == whole[0]["value"]:
         fleet.accept_length = whole[0]["value"]
@@ -163,8 +163,8 @@ def render(fleet: Fleet) -> str:
     lines.append(f"spectrace fleet: {len(traced)} traced instances, {len(bad)} with root causes, {len(fleet.silent)} silent")
     lines.append(f"  from {fleet.prometheus}")
     lines.append("")
-    for (severity, code), where in sorted(causes.items(), key=lambda kv: (SEVERITY_RANK.get(kv[0][0], 3), kv[0][1])):
-        lines.append(f"{severity.upper():7} {code} on {len(where)} instance{'s' if len(where) != 1 else ''}: {', '.join(where)}")
+    for (severity, code), places in sorted(causes.items(), key=lambda kv: (SEVERITY_RANK.get(kv[0][0], 3), kv[0][1])):
+        lines.append(f"{severity.upper():7} {code} on {len(places)} instance{'s' if len(places) != 1 else ''}: {', '.join(places)}")
         if fixes.get(code):
             lines.append(f"        fix: {fixes[code]}")
     if not causes:
