@@ -147,7 +147,15 @@ SGLANG_SCRIPT = textwrap.dedent(
 def test_sglang_draft_rope_and_head(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("sglang", reason="needs scripts/install-sglang-cpu.sh")
     run = subprocess.run(
-        [sys.executable, "-c", SGLANG_SCRIPT, str(HERE), str(tmp_path), str(DATA_DIR / "draft_config.json"), str(DATA_DIR / "draft.safetensors")],
+        [
+            sys.executable,
+            "-c",
+            SGLANG_SCRIPT,
+            str(HERE),
+            str(tmp_path),
+            str(DATA_DIR / "draft_config.json"),
+            str(DATA_DIR / "draft.safetensors"),
+        ],
         capture_output=True,
         text=True,
         timeout=240,
