@@ -31,6 +31,7 @@ from .diff import DEFAULT_RTOL, diff_traces, render_diff
 from .follow import LiveScreen
 from .loader import TraceFollower, TraceSet, load_traces, shown_path
 from .model import DEFAULT_WINDOW, TraceView, ViewBuilder, ViewFilter, build_view
+from .notices import ProblemNotes
 from .render import iter_lines, make_console, render_view
 from .terminal import write_line
 
@@ -276,7 +277,8 @@ def _follow(args: argparse.Namespace, flt: ViewFilter) -> int:
             changed = True
             while True:
                 if changed:
-                    _warn_problems("spectrace view", follower.trace_set, seen)
+                    # No stderr under the live screen: its banner shows each problem's
+                    # count in place, redrawn as it grows.
                     _warn_notices(follower, seen, screen=True)
                     view = builder.build(follower.trace_set)
                     screen.update(view, follower.notices)
@@ -296,11 +298,13 @@ def _follow_stream(
 ) -> int:
     """--follow into a pipe or with --json: print each new state, separated, never redraw."""
     changed = True
+    notes = ProblemNotes()  # a growing count of bad lines: said once a minute, not per poll
     try:
         while True:
             if changed:
                 ts = follower.trace_set
-                _warn_problems("spectrace view", ts, seen)
+                for msg in notes.due(ts.problems):
+                    _err(f"spectrace view: warning: {msg}")
                 _warn_notices(follower, seen, screen=False)
                 view = builder.build(ts)
                 screen.update(view, follower.notices)

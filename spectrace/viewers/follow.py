@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable
 
 from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.segment import Segment
+from rich.table import Table
 from rich.text import Text
 
 from spectrace.checks.acceptance_live import LiveAcceptance, VerifyStep
@@ -41,6 +42,8 @@ from .render import SEVERITY_STYLE, AcceptancePanel, DataPathTree, ModuleTable, 
 
 NEW_HOLD_S = 30.0  # how long a change stays in the "new" section
 MAX_NEW = 6  # lines of the "new" section
+MAX_ROOTS = 6  # root causes on the live screen (each: its line, its fix, its consequences)
+MAX_BENEATH = 3  # consequences drawn beneath one root
 RATE_SPAN_S = 5.0  # steps per second over this much of the recent past
 REDRAW_S = 1.0  # redraw this often without new records: ages and the rate move on
 # A change in the accept length now worth a line: this much, or this part of the old value.
@@ -289,12 +292,14 @@ class LiveScreen:
         else:
             state = Text(" no trace ", style="reverse yellow")
         if len(states) > 1:
-            state.append(f" {states.count('running')} of {len(states)} files open", style="")
+            state.append(f" {states.count('running')}/{len(states)} files open", style="")
         fields.append(state)
         steps = Text("steps ", style="bold")
         if h.step_first is not None:
             span = f"{h.step_first}" if h.step_first == h.step_last else f"{h.step_first}..{h.step_last}"
-            steps.append(f"{span} ({h.steps_traced} traced)")
+            steps.append(span)
+            if h.step_last is not None and h.steps_traced != h.step_last - h.step_first + 1:  # said only when some went untraced
+                steps.append(f" ({h.steps_traced} traced)")
         else:
             steps.append("none yet")
         fields.append(steps)
@@ -358,17 +363,23 @@ class LiveScreen:
             roots = len({g.root for g in groups if g.root is not None} | ({live_root} if live_root else set()))
             counts = f"{roots} root cause{'s' if roots != 1 else ''}, {follow} consequence{'s' if follow != 1 else ''} ({counts})"
         head = Text(f"Findings: {counts}", style="bold", no_wrap=True, overflow="ellipsis")
-        head.append("  one line each; new ones with their fix", style="dim")
         out: list[RenderableType] = [head]
-        for g in groups:
-            if g.root is not None:
-                continue  # drawn beneath its root, which carries the one fix
+        # Filed once: a trace can hold tens of thousands of codes, and a screen shows a few.
+        below: dict[str, list[FindingGroup]] = {}
+        for c in groups:
+            if c.root is not None:
+                below.setdefault(c.root, []).append(c)
+        roots = [g for g in groups if g.root is None]
+        for g in roots[:MAX_ROOTS]:
             fresh = now - self._new_codes.get(g.code, -1e18) <= self.hold_s
-            out.append(_finding_line(g.severity, g.code, _where(g), g.message))
-            if fresh:
-                out.append(_detail("fix", g.fix, "green"))
-            for c in (c for c in groups if c.root == g.code):
+            out.append(_finding_line(g.severity, g.code, _where(g), g.message, new=fresh))
+            # Every root's fix, whole (wrapped under itself): what to do is the screen's point.
+            out.append(_fix(g.fix))
+            beneath = below.get(g.code, [])
+            for c in beneath[:MAX_BENEATH]:
                 out.append(_finding_line(c.severity, c.code, _where(c), c.message, beneath=True))
+            if len(beneath) > MAX_BENEATH:
+                out.append(Text(f"   … {len(beneath) - MAX_BENEATH} more consequences", style="dim"))
             if live is not None and live_root == g.code:
                 out.append(_finding_line(live.severity, live.code, f"from step {live.step}", live.message, live=True, beneath=True))
                 out.append(_detail("live", "from the acceptance records as they arrive; the writer has not said it", "yellow"))
@@ -378,6 +389,10 @@ class LiveScreen:
             entry = CATALOGUE.get(live.code)
             out.append(_detail("live", "from the acceptance records as they arrive; the writer has not said it", "yellow"))
             out.append(_detail("fix", live.fix or (entry.fix if entry else ""), "green"))
+        shown = sum(1 + min(len(below.get(g.code, [])), MAX_BENEATH) for g in roots[:MAX_ROOTS])
+        if len(groups) > shown:
+            more = len(groups) - shown
+            out.append(Text(f"… {more} more code{'s' if more != 1 else ''}: spectrace view --finding CODE or --json", style="bold yellow"))
         return out
 
 
@@ -445,12 +460,16 @@ def _where(g: FindingGroup) -> str:
     return f"{times(g.count)}, {where}"
 
 
-def _finding_line(severity: str, code: str, where: str, message: str, *, live: bool = False, beneath: bool = False) -> Text:
+def _finding_line(
+    severity: str, code: str, where: str, message: str, *, live: bool = False, beneath: bool = False, new: bool = False
+) -> Text:
     t = Text(no_wrap=True, overflow="ellipsis")
     if beneath:
         t.append("   ↳")  # follows from the root above: cleared by its fix
     if live:
         t.append(" LIVE ", style="reverse bold yellow")
+    elif new:
+        t.append(" NEW ", style="reverse bold")  # seen in the last NEW_HOLD_S
     t.append(f" {severity.upper()} ", style=f"reverse {SEVERITY_STYLE.get(severity, '')}")
     t.append(f" {code}", style="bold")
     t.append(f"  {where}  ")
@@ -462,6 +481,15 @@ def _detail(label: str, value: str, style: str) -> Text:
     t = Text(f"    {label:<5} ", style="dim", no_wrap=True, overflow="ellipsis")
     t.append(value, style=style)
     return t
+
+
+def _fix(value: str) -> Table:
+    """``    fix   <the fix>``, wrapped under its own start, never cut."""
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(width=9, style="dim", no_wrap=True)
+    grid.add_column(ratio=1)
+    grid.add_row("    fix", Text(value, style="green"))
+    return grid
 
 
 def _age(seconds: float) -> str:

@@ -255,6 +255,10 @@ class BoundaryView(BaseModel):
     module: str | None = None
     total: SliceView | None = None  # None: that layer was never recorded
     modes: list[SliceView] = []
+    # b0's own records carry no statistics (an embedding row identifies its token; see
+    # docs/settings.md): its row then shows those of the aux concat chunk it feeds, and
+    # this says so ("aux concat chunk 0"); None: the row's statistics are its own.
+    stats_from: str | None = None
 
 
 class CaptureView(BaseModel):
@@ -1264,6 +1268,18 @@ def _boundary_layers(capture: CaptureView, info: dict[str, _RoleInfo], sl: _Slic
     return out
 
 
+def _embed_from_chunks(captures: list[CaptureView], chunks: list[LiveChunkView]) -> None:
+    """Give the b0 row the statistics of the aux chunk it becomes, where its own are withheld."""
+    chunk = next((c for c in chunks if c.boundary == 0 and c.total.run.output is not None), None)
+    if chunk is None:
+        return
+    for cap in captures:
+        for b in cap.layers:
+            if b.boundary == 0 and (b.total is None or b.total.run.output is None):
+                b.total, b.modes = chunk.total, chunk.modes
+                b.stats_from = f"aux concat chunk {chunk.index}"
+
+
 def _last_dims(shapes: list[list[int]]) -> list[int]:
     return list(dict.fromkeys(s[-1] for s in shapes if s))
 
@@ -1352,6 +1368,7 @@ def _datapath(files: list[TraceFile], states: list[_FileState], flt: ViewFilter)
     fc = stage("fc")
     aux = stage("aux")
     aux.chunks = _live_chunks(aux, info.get(STAGE_ROLES["aux"][0]), sl, captures)
+    _embed_from_chunks(captures, aux.chunks)
     if aux.calls == 0 and any(not c.enabled for c in captures):
         aux.status = "disabled"
     elif aux.calls == 0 and any(fd.code in ("aux_capture_disabled", "logits_fallback") for fd in findings):

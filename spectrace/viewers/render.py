@@ -371,10 +371,17 @@ class DataPathTree:
                 t.append(f"boundaries {c.boundaries}")
                 if c.requested_ids is not None:
                     t.append(f" from ids {c.requested_ids}")
+                note = ""
                 for b in c.layers:
                     name = f"b{b.boundary} " + ("embed" if b.boundary == 0 else f"layer {b.boundary - 1}")
                     t.append("\n" + (_row(name, b.total) if b.total else f"{name:<{LABEL_W}} not seen"))
+                    if b.boundary == 0 and b.stats_from:
+                        note = f"b0: the statistics of {b.stats_from}; the embedding's own identify the token"
+                    elif b.boundary == 0 and b.total and b.total.run.output is None:
+                        note = "b0: no statistics: an embedding row identifies its token (SPECTRACE_TOKEN_STATS=1)"
                 node = tree.add(_no_wrap(t))
+                if note:
+                    node.add(Text(note, style="dim"))
                 width = (
                     f"hidden {c.hidden_size} x {len(c.boundaries)} = {c.hidden_size * len(c.boundaries)}"
                     if c.boundaries
@@ -426,11 +433,20 @@ class DataPathTree:
         if dp.d2t.note:
             node.add(Text(dp.d2t.note, style="dim"))
         yield tree
+        if any(s.total for s in stages):
+            yield Text(COLUMNS_LEGEND, style="dim")
 
 
 # The rows of a stage: columns that line up across stages under one heading line.
 LABEL_W = 13  # TARGET_VERIFY
 ROW_INDENT = "    "  # where a tree node's second label line starts
+
+
+# What the columns of _row_head mean, said once under the tree.
+COLUMNS_LEGEND = (
+    "recs: records; graph: of them from CUDA-graph replays; rows: real (unpadded) token rows; "
+    "mean std absmax: all of a row's outputs as one tensor"
+)
 
 
 def _row_head() -> str:
@@ -722,8 +738,27 @@ def _short(path: str, limit: int = 56) -> str:
 
 
 def _short_value(v: object, limit: int) -> str:
+    """``v`` in at most ``limit`` characters; a list or dict is cut between its items
+    (``[0, 2, +3 more]``), never in the middle of one."""
     text = str(v)
-    return text if len(text) <= limit else text[: max(1, limit - 3)] + "..."
+    if len(text) <= limit:
+        return text
+    if isinstance(v, (list, tuple, dict)):
+        # A nested value is cut the same way, in a part of the room.
+        room = max(12, limit // 2)
+        if isinstance(v, dict):
+            items = [f"{k!r}: {_short_value(x, room) if isinstance(x, (list, tuple, dict)) else repr(x)}" for k, x in v.items()]
+        else:
+            items = [_short_value(x, room) if isinstance(x, (list, tuple, dict)) else repr(x) for x in v]
+        open_, close = ("{", "}") if isinstance(v, dict) else ("[", "]")
+        kept: list[str] = []
+        for i, item in enumerate(items):
+            more = f", +{len(items) - i} more" if kept else f"+{len(items) - i} more"
+            if len(open_ + ", ".join([*kept, item]) + f", +{len(items) - i - 1} more" + close) > limit:
+                return open_ + ", ".join(kept) + more + close
+            kept.append(item)
+        return open_ + ", ".join(kept) + close
+    return text[: max(1, limit - 3)] + "..."
 
 
 EVIDENCE_LINES = 3  # the evidence row's height at most; the whole of it is in --json
