@@ -88,14 +88,24 @@ class Trace:
         self.close()
 
     def close(self) -> None:
-        """Run the checks (:meth:`check`), remove the hooks and flush the sinks; safe to call twice."""
+        """Run the checks (:meth:`check`), remove the hooks and flush the sinks; safe to call twice.
+
+        Never raises on spectrace's own failures (a trace file that cannot be written, a
+        name that is not UTF-8): they are counted and said once, and the ``with`` block's
+        own exception, if any, is the one that propagates."""
         _open.discard(self)
         try:
-            if not self.recorder._closed:
-                self.check()
-            self.tracer.detach()
-        finally:
-            self.recorder.close()
+            try:
+                if not self.recorder._closed:
+                    self.check()
+                self.tracer.detach()
+            finally:
+                self.recorder.close()
+        except Exception as exc:
+            try:
+                self.recorder.internal_error(f"closing the trace: {type(exc).__name__}: {exc}")
+            except Exception:
+                pass
 
     # Writing -----------------------------------------------------------------
     def emit(self, record: Any) -> None:

@@ -31,7 +31,10 @@ What ``--spectrace`` (or ``@pytest.mark.spectrace`` on one test) covers, exactly
 ``--spectrace-dir DIR`` writes every trace of a test to
 ``DIR/<sanitized node id>/trace-<xdist worker or "main">-<n>.jsonl``; a re-run replaces
 this worker's files for that test. With ``--spectrace``, traces made without
-``directory=`` are written there too.
+``directory=`` are written there too. A trace that should have been written and was not,
+or lost records on the way (a folder that cannot be written, a disk full, a file deleted
+while the test ran), is listed in the terminal summary, passing tests included (under
+xdist too: the note travels with the test's report).
 
 Importing this module imports pytest only: torch and spectrace.api load when a test
 first uses the fixture or opts in.
@@ -56,6 +59,7 @@ SESSION_KEY = pytest.StashKey["SpectraceSession"]()
 DIR_KEY = pytest.StashKey["str | None"]()
 WORKER_KEY = pytest.StashKey[str]()
 MAX_DIR_NAME = 120
+LOST_KEY = "spectrace_trace_lost"  # a user property of the test's teardown report: one lost trace
 ENTRY_POINT_NAME = "spectrace"  # the pytest11 entry point: ``-p no:spectrace`` disables the plugin
 
 
@@ -287,6 +291,58 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         if session is not None:
             del item.stash[SESSION_KEY]
             session.close()
+            try:
+                # On the report (not in this process's memory): xdist hands it to the controller.
+                item.user_properties.extend((LOST_KEY, text) for text in lost_traces(session))
+            except Exception:  # bookkeeping must never break the run
+                pass
+
+
+# ----------------------------------------------------------------------------- lost traces
+
+
+def lost_traces(session: SpectraceSession) -> list[str]:
+    """One line per trace of ``session`` meant for a file that the file does not fully hold."""
+    from .sinks.base import safe_text
+
+    out: list[str] = []
+    for trace in session.traces:
+        recorder = trace.recorder
+        if recorder.directory is None:
+            continue  # kept in memory only, as asked
+        counters = recorder.counters
+        where = _shown(recorder.sink.path if recorder.sink is not None else recorder.directory)
+        reason = f" ({recorder.last_sink_error})" if recorder.last_sink_error else ""
+        if recorder.sink is None or not recorder.sink.created:
+            out.append(f"no trace file written: {where}{reason}")
+            continue
+        if not os.path.exists(recorder.sink.path):
+            out.append(f"{where} was written and no longer exists")
+            continue
+        lost = {why: n for why, n in counters.dropped_by_reason.items() if why in ("sink error", "file deleted")}
+        if lost:
+            split = ", ".join(f"{n} {why}" for why, n in sorted(lost.items()))
+            out.append(f"{where} misses {sum(lost.values())} records ({split}){reason}")
+        elif counters.sink_errors:
+            out.append(f"{where}: {counters.sink_errors} sink errors{reason}")
+    return [safe_text(text) for text in out]
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """List every lost or unwritable trace, even when every test passed."""
+    seen: list[str] = []
+    for reports in list(terminalreporter.stats.values()):
+        for report in reports:
+            if getattr(report, "when", None) != "teardown":
+                continue
+            for key, text in getattr(report, "user_properties", ()):
+                if key == LOST_KEY:
+                    seen.append(f"{report.nodeid}: {text}")
+    if not seen:
+        return
+    terminalreporter.section("spectrace: traces lost or not written", sep="=", yellow=True, bold=True)
+    for line in seen:
+        terminalreporter.line(line)
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ from typing import Any
 from . import __version__
 from .records import RECORD_ADAPTER, Acceptance, Call, Counters, Coverage, Finding, Header
 from .settings import REDACTED, Settings, redact_urls, warn
-from .sinks.base import Sink, Step, sink_name
+from .sinks.base import Sink, Step, safe_text, safe_value, sink_name
 from .sinks.jsonl import JsonlSink, numbered_name, trace_file_name
 
 # Non-call records (findings, capture, weights, ...) are few; they get their own, larger
@@ -45,19 +45,21 @@ def safe_argv(argv: list[str], keep_values: bool = False) -> list[str]:
     A prompt, a token or a path passed on the command line would otherwise sit in every
     trace. ``argv[0]`` and ``--option`` names stay (they say how the server was started);
     every other token becomes ``<redacted>``. ``SPECTRACE_KEEP_ARGV=1`` keeps it all.
+    Each token is made valid UTF-8 (:func:`~spectrace.sinks.base.safe_text`): a byte of a
+    script name that is not UTF-8 must not cost the header, and with it the file.
 
         >>> safe_argv(["serve.py", "--prompt=hi there", "--port", "30000", "-v"])
         ['serve.py', '--prompt=<redacted>', '--port', '<redacted>', '-v']
     """
     if keep_values:
-        return list(argv)
-    out = list(argv[:1])
+        return [safe_text(token) for token in argv]
+    out = [safe_text(token) for token in argv[:1]]
     for token in argv[1:]:
         if token.startswith("--") and len(token) > 2:
             name, eq, _ = token.partition("=")
-            out.append(name + (eq + REDACTED if eq else ""))
+            out.append(safe_text(name) + (eq + REDACTED if eq else ""))
         elif token.startswith("-") and len(token) == 2 and not token[1].isdigit():
-            out.append(token)
+            out.append(safe_text(token))
         else:
             out.append(REDACTED)
     return out
@@ -71,6 +73,18 @@ def _versions() -> dict[str, str]:
         if version:
             found[name] = str(version)
     return found
+
+
+def record_json(record: Any) -> str:
+    """The JSON line of ``record``; a string no JSON encoder takes (a lone surrogate: a name
+    that is not UTF-8, from argv, the environment, a path or a module) is written escaped
+    (:func:`~spectrace.sinks.base.safe_text`) rather than costing the record. Raises only
+    when the record cannot be written even so (the caller counts it)."""
+    try:
+        return str(record.model_dump_json())
+    except Exception:  # pydantic's "surrogates not allowed", or a value it cannot write
+        fields = safe_value(record.model_dump(mode="json"))
+        return str(type(record).model_validate(fields).model_dump_json())
 
 
 def _kind_of(message: str) -> str:
@@ -147,15 +161,17 @@ class Recorder:
         self._last_flush = time.monotonic()
         self._closed = False
         self.closing = False  # set as close() starts: a drain then hands over what it still holds
+        self.last_sink_error: str | None = None  # what the last sink error said (the pytest summary quotes it)
         self.header = Header(
             spectrace_version=__version__,
             pid=os.getpid(),
-            host=socket.gethostname(),
+            host=safe_text(socket.gethostname()),
             rank=rank,
             argv=safe_argv(list(sys.argv), settings.keep_argv),
             started_unix=time.time(),
             # The endpoint may carry credentials or an ?api_key=: redacted (Settings.safe_dict).
-            settings=settings.safe_dict(),
+            # Strings from the environment (a folder, module globs) made valid UTF-8.
+            settings=safe_value(settings.safe_dict()),
             versions=_versions(),
         )
         for sink in sinks:
@@ -283,7 +299,7 @@ class Recorder:
             if isinstance(record, Acceptance):
                 # A per-step record: kept and queued as its line, like the ones an
                 # integration writes directly, and handed to object sinks as it is.
-                self.emit_lines([record.model_dump_json()])
+                self.emit_lines([record_json(record)])
                 if self._object_sinks:
                     self._to_objects([record])
                 return
@@ -301,7 +317,14 @@ class Recorder:
                     self.count_dropped(1, "memory cap")
                     return
                 if lines:
-                    self._queue_text(out.model_dump_json())
+                    try:
+                        text = record_json(out)
+                    except Exception as exc:
+                        # Kept in memory, lost to the file: counted, and the rest still written.
+                        self.count_dropped(1, "record build")
+                        self.internal_error(f"record not written: {type(exc).__name__}: {exc}")
+                    else:
+                        self._queue_text(text)
             if isinstance(record, Finding) and record.severity == "error":
                 self._announce(record)
             if self._object_sinks:
@@ -348,7 +371,7 @@ class Recorder:
         """
         try:
             if texts is None:
-                texts = [call.model_dump_json() for call in calls]
+                texts = [record_json(call) for call in calls]
             with self._lock:
                 self.count("steps")
                 lines = self._writes_lines()
@@ -468,7 +491,8 @@ class Recorder:
         with self._count_lock:
             self.counters.bump("sink_errors")
         # A collector's error may quote its URL, query string and credentials included.
-        message = redact_urls(message)
+        message = safe_text(redact_urls(message))
+        self.last_sink_error = message
         self.warn_once("sink:" + _kind_of(message), f"sink error (counted, the model is unaffected): {message}")
 
     def _sink_failed(self, sink: Any, exc: BaseException) -> None:
@@ -483,7 +507,7 @@ class Recorder:
                 return
             self._warned.add(key)
         if not self.settings.quiet:
-            warn(message)
+            warn(safe_text(message))  # a name that is not UTF-8 shows as \xNN, as in the trace
 
     def _announce(self, record: Finding) -> None:
         if record.code in self._printed_codes or self.settings.quiet:
@@ -510,7 +534,8 @@ class Recorder:
 
     @property
     def path(self) -> str | None:
-        return self._file.path if self._file else None
+        """The trace file's path once it was created (None before, or when it could not be)."""
+        return self._file.path if self._file is not None and self._file.created else None
 
     def open_file(self) -> str | None:
         """Create the trace file now (its header first) and return its path: a file that
@@ -519,15 +544,13 @@ class Recorder:
         if self.directory is None:
             return None
         with self._write_lock:
-            outputs = self._line_outputs()
-            sink = outputs[0]
-            if id(sink) not in self._started:
-                try:
-                    sink.write([self.header.model_dump_json()])
-                    self._started.add(id(sink))
-                except Exception as exc:
-                    self._sink_failed(sink, exc)
-                    return None
+            sink = self._line_outputs()[0]
+            try:
+                sink.start()  # the file and its header line (again, if it was deleted)
+                self._started.add(id(sink))
+            except Exception as exc:
+                self._sink_failed(sink, exc)
+                return None
             return self._file.path if self._file is not None else None
 
     def set_rank(self, rank: int) -> None:
@@ -537,7 +560,7 @@ class Recorder:
                 return
             self.rank = rank
             self.header.rank = rank
-            if self._file is not None and id(self._file) not in self._started:
+            if self._file is not None and not self._file.created:
                 self._file = None
 
     def _line_outputs(self) -> list[Any]:
@@ -547,10 +570,29 @@ class Recorder:
                 self._file = JsonlSink(
                     self.directory,
                     self.file_name or trace_file_name(rank=self.rank),
-                    note=lambda message: self.warn_once("file:name_taken", message),
+                    note=lambda message: self.warn_once("file:" + _kind_of(message.split(" ", 1)[-1]), message),
+                    header=self._header_line,
+                    lost=self._file_lost,
                 )
             outputs.append(self._file)
         return outputs + self._line_sinks
+
+    def _header_line(self) -> str:
+        """The header's JSON line (every file the trace's sink creates starts with it)."""
+        try:
+            return record_json(self.header)
+        except Exception as exc:
+            # Never without a header: the viewer needs one to read the file at all.
+            self.internal_error(f"header: {type(exc).__name__}: {exc}")
+            return Header(
+                spectrace_version=__version__, pid=os.getpid(), host="", rank=self.rank, started_unix=time.time()
+            ).model_dump_json()
+
+    def _file_lost(self, lines: int, reason: str) -> None:
+        """``lines`` records counted as written went with a deleted file: dropped, not written."""
+        with self._count_lock:
+            self.counters.bump("records_written", -min(lines, self.counters.records_written))
+        self.count_dropped(lines, reason)
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Write queued records to the line sinks; a failing sink is counted, never raised.
@@ -571,9 +613,11 @@ class Recorder:
             # Written outside ``_lock``: records emitted meanwhile queue up for the next flush.
             if lines:
                 for n, sink in enumerate(self._line_outputs()):
-                    batch = lines if id(sink) in self._started else [self.header.model_dump_json(), *lines]
                     try:
-                        sink.write(batch)
+                        # The trace's own file writes its header itself (again in a file made
+                        # after a deletion); another line sink gets it before its first batch.
+                        own = sink is self._file or id(sink) in self._started
+                        sink.write(lines if own else [self._header_line(), *lines])
                         self._started.add(id(sink))
                         if n == 0:
                             self.count("records_written", len(lines))
@@ -689,7 +733,15 @@ class Recorder:
         what a collector never got (down, failing, hanging: the export gave up or the
         shutdown deadline passed) is in the file: ``sink_errors``, ``otlp_spans_lost``
         and one ``sink_error`` coverage record saying how many spans of how many.
+        Never raises (a ``with spectrace.trace(...)`` block must not fail at its end on
+        spectrace's own I/O): a failure is counted and said once.
         """
+        try:
+            self._close()
+        except Exception as exc:
+            self.internal_error(f"close failed: {type(exc).__name__}: {exc}")
+
+    def _close(self) -> None:
         if not self._closed:
             self.closing = True
             self._drain()
@@ -707,7 +759,15 @@ class Recorder:
             self._count_undelivered(sink)
         with self._write_lock, self._lock:
             if self._writes_lines():
-                self._pending.append(self.counters.model_dump_json())
+                if self._file is not None:
+                    # A file deleted since the last write takes records with it: counted
+                    # before the counters are written (into a new file, header first).
+                    self._file.check()
+                    self._final_counts()
+                try:
+                    self._pending.append(record_json(self.counters))
+                except Exception as exc:
+                    self.internal_error(f"counters not written: {type(exc).__name__}: {exc}")
                 self.flush()
         for sink in self._outputs():
             if not getattr(sink, "needs_objects", False):
@@ -738,7 +798,7 @@ class Recorder:
             if len(self.important) < IMPORTANT_CAP:
                 self.important.append(record)
             if self._writes_lines():
-                self._pending.append(record.model_dump_json())
+                self._pending.append(record_json(record))
 
     # ---------------------------------------------------------------- reading
     def call_records(self) -> list[Call]:

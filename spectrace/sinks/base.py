@@ -39,11 +39,48 @@ and return whether they finished in time.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 DEFAULT_TIMEOUT_S = 3.0
+
+# A lone surrogate: what Python holds for a byte that is not UTF-8 in a name it decoded
+# with surrogateescape (argv, the environment, a path: U+DC80..U+DCFF), or a stray one.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def safe_text(text: str) -> str:
+    """``text`` as every record and message carries it: valid UTF-8.
+
+    The one convention, as ``spectrace view`` shows such a path: a byte that was not UTF-8
+    (held as U+DCxx) is written ``\\xNN``, any other lone surrogate ``\\uXXXX``; all else
+    is kept. A JSON encoder refuses a lone surrogate, and one refused header used to cost
+    the whole trace file.
+
+        >>> safe_text("scr\\udcffipt.py")
+        'scr\\\\xffipt.py'
+    """
+    if text.isascii():
+        return text
+    return _SURROGATE.sub(_escape_surrogate, text)
+
+
+def _escape_surrogate(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"
+
+
+def safe_value(value: Any) -> Any:
+    """:func:`safe_text` through dicts (keys too), lists and tuples; other values as they are."""
+    if isinstance(value, str):
+        return safe_text(value)
+    if isinstance(value, dict):
+        return {safe_value(k): safe_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(safe_value(v) for v in value)
+    return value
 
 
 @runtime_checkable

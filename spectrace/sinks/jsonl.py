@@ -17,6 +17,14 @@ the file is one spectrace made itself, now:
 - ``fstat`` then checks it is a regular, empty file owned by this user with one link.
 - missing folders, parents included, are created 0700 whatever the umask (existing
   folders keep their mode).
+- a file that disappears while written is noticed before each batch: deleted (a tmp
+  cleaner, ``rm -rf`` of the folder, a pod volume gone) or renamed away, a new file is
+  created at the name (folders again 0700), header first, and a warning says so once;
+  the lines the deleted file held are reported to ``lost`` (the recorder moves them from
+  ``records_written`` to ``records_dropped``: a count never calls a record written that
+  no file holds). A file renamed away still holds its lines: nothing is lost then.
+- when the name and every numbered one are taken (a container restarted again and again
+  with pid 1 and one host name), a name with a random part is created, exclusively too.
 - the way to the folder may pass symlinks owned by this user or root only: a symlink
   planted by another user (``SPECTRACE_DIR=/shared/traces`` with ``traces -> /etc``) is
   refused with one sink error, and the trace stays in memory. The kernel's
@@ -34,15 +42,17 @@ from __future__ import annotations
 
 import errno
 import os
+import secrets
 import socket
 import stat
 from collections.abc import Callable, Sequence
 
 from ..settings import warn
-from .base import DEFAULT_TIMEOUT_S
+from .base import DEFAULT_TIMEOUT_S, safe_text
 
 MAX_WRITE = 1 << 20  # bytes per write() call; always a whole number of lines
-MAX_NAME_TRIES = 16  # taken names tried before giving up (each is one failed open, no wait)
+MAX_NAME_TRIES = 16  # taken numbered names tried (each is one failed open, no wait)
+RANDOM_NAME_TRIES = 8  # then names with a random part (a clash of 32 random bits: never, in practice)
 MAX_SYMLINKS = 40  # as the kernel's own bound (ELOOP)
 _O = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
@@ -121,7 +131,7 @@ def ensure_private_dir(path: str) -> None:
         raise NotADirectoryError(errno.ENOTDIR, f"{path} is not a folder")
 
 
-def numbered_name(name: str, n: int) -> str:
+def numbered_name(name: str, n: int | str) -> str:
     """The ``n``-th name to try when ``name`` is taken: ``trace-h-1.jsonl`` -> ``trace-h-1.2.jsonl``."""
     stem, dot, ext = name.rpartition(".")
     return f"{stem}.{n}.{ext}" if dot else f"{name}.{n}"
@@ -130,18 +140,39 @@ def numbered_name(name: str, n: int) -> str:
 class JsonlSink:
     """Appends JSON lines to ``directory/name``; created (never reopened) on first write.
 
-    ``note`` is told, once, when the name was taken and another one is used (the
-    recorder passes its warn-once; default: a warning line).
+    ``note`` is told, once, when the name was taken and another one is used, and when the
+    file disappeared and a new one is made (the recorder passes its warn-once; default: a
+    warning line). ``header``: the first line of every file this sink creates (a file
+    made again after a deletion starts with it too). ``lost(n, reason)``: told that ``n``
+    lines written before are gone with a deleted file.
     """
 
     needs_objects = False  # the Sink protocol: write() gets JSON lines
 
-    def __init__(self, directory: str, name: str, note: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        directory: str,
+        name: str,
+        note: Callable[[str], None] | None = None,
+        *,
+        header: Callable[[], str] | None = None,
+        lost: Callable[[int, str], None] | None = None,
+    ) -> None:
         self.directory = directory
         self.name = name
         self.note = note or warn
+        self.header = header
+        self.lost = lost
         self._fd: int | None = None
         self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file created
+        self._headless = False  # a file created whose header line is not written yet
+        self.lines_in_file = 0  # lines but the header in the current file
+        self.files_made = 0
+
+    @property
+    def created(self) -> bool:
+        """Whether a file was created (its name is then settled)."""
+        return self._identity is not None
 
     @property
     def path(self) -> str:
@@ -169,6 +200,9 @@ class JsonlSink:
         fd, name = create_own_file(folder, first, flags, self.directory)
         st = os.fstat(fd)
         self._identity = (st.st_dev, st.st_ino)
+        self._headless = self.header is not None
+        self.lines_in_file = 0
+        self.files_made += 1
         if name != first:
             self.note(f"{os.path.join(self.directory, first)} already exists (an earlier process's, or planted): writing {name} instead")
         self.name = name
@@ -185,22 +219,75 @@ class JsonlSink:
             raise PermissionError(errno.EPERM, f"{self.path} was replaced since spectrace created it: not written")
         return fd
 
+    def check(self) -> None:
+        """Notice a file deleted or renamed away since the last write: forget it (the next
+        write creates a new one, header first), say so, and report the lines a deleted
+        file took with it. Cheap (one ``fstat``, one ``lstat``); never raises."""
+        fd = self._fd
+        if fd is None or self._identity is None:
+            return
+        try:
+            st = os.fstat(fd)
+            if st.st_nlink > 0:
+                try:
+                    here = os.lstat(self.path)
+                    if (here.st_dev, here.st_ino) == self._identity:
+                        return  # still ours, at its name
+                except OSError:
+                    pass  # gone from its name (the folder renamed, or the file)
+        except OSError:
+            return  # cannot tell: keep writing where we write
+        deleted = st.st_nlink == 0
+        lost = self.lines_in_file if deleted else 0
+        self._fd = None
+        self._identity = None
+        self.lines_in_file = 0
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        if deleted:
+            what = f"was deleted while tracing ({lost} record{'s' if lost != 1 else ''} lost with it, counted as dropped)"
+        else:
+            what = "was renamed or moved away while tracing (its records stay in it)"
+        self.note(safe_text(f"{self.path} {what}: writing a new file there, header first"))
+        if lost and self.lost is not None:
+            self.lost(lost, "file deleted")
+
+    def start(self) -> str:
+        """Create the file now, its header written; returns its path. Raises OSError."""
+        self.check()
+        fd = self._open()
+        if self._headless and self.header is not None:
+            _write_all(fd, (self.header() + "\n").encode("utf-8"))
+            self._headless = False
+        return self.path
+
     def write(self, lines: Sequence[str]) -> None:
         """Write complete lines; raises OSError (the recorder counts it)."""
         if not lines:
             return
+        self.check()
         fd = self._open()
+        if self._headless and self.header is not None:
+            lines = [self.header(), *lines]
+            own = len(lines) - 1
+        else:
+            own = len(lines)
         chunk: list[bytes] = []
         size = 0
         for line in lines:
             data = (line + "\n").encode("utf-8")
             if chunk and size + len(data) > MAX_WRITE:
                 _write_all(fd, b"".join(chunk))
+                self._headless = False  # the header went with the first chunk
                 chunk, size = [], 0
             chunk.append(data)
             size += len(data)
         if chunk:
             _write_all(fd, b"".join(chunk))
+        self._headless = False
+        self.lines_in_file += own
 
     write_lines = write
 
@@ -237,7 +324,21 @@ def create_own_file(folder: int, first: str, flags: int, shown: str) -> tuple[in
             os.close(fd)
             raise
         return fd, name
-    raise FileExistsError(errno.EEXIST, f"{first} and {MAX_NAME_TRIES - 1} numbered names are taken in {shown}")
+    for _ in range(RANDOM_NAME_TRIES):
+        # Every numbered name taken (a pid and host that repeat across restarts): a random
+        # part, still created exclusively, so a trace is never lost for want of a name.
+        name = numbered_name(first, secrets.token_hex(4))
+        try:
+            fd = os.open(name, flags, 0o600, dir_fd=folder)
+        except FileExistsError:
+            continue
+        try:
+            _check_own_file(fd, name)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, name
+    raise FileExistsError(errno.EEXIST, f"{first}, {MAX_NAME_TRIES - 1} numbered and {RANDOM_NAME_TRIES} random names are taken in {shown}")
 
 
 def _check_own_file(fd: int, name: str) -> None:
