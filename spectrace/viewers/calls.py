@@ -30,7 +30,7 @@ from spectrace.rules.globs import glob_match
 from .commands import _err, _guard, _nothing_readable, _warn_problems, add_trace_filters
 from .loader import TraceFile, TraceSet, load_traces
 from .model import ViewFilter, _listed, build_view
-from .render import dtype, make_console, shape, stats_text
+from .render import dtype, make_console, plural, shape, stats_text
 
 PROG = "spectrace calls"
 DEFAULT_LIMIT = 100  # calls printed as text unless --limit says otherwise (--jsonl/--json: all)
@@ -109,16 +109,18 @@ def _given(flt: ViewFilter, role: str | None) -> list[str]:
 
 
 # ------------------------------------------------------------------------------ text
-def call_lines(sel: SelectedCall, width: int = 80, *, show_process: bool = False) -> list[Text]:
+def call_lines(sel: SelectedCall, width: int = 80, *, show_process: bool = False, root: str = "") -> list[Text]:
     """The lines of one call: a heading, its context, then one line per tensor (two when
-    the statistics would not fit ``width``)."""
+    the statistics would not fit ``width``). ``root``: the prefix every name shares, said
+    once above (as ``view`` says it), left out here."""
     c = sel.call
+    module = c.module.removeprefix(root)
     where = f"step {c.step}  call {c.seq}  " + (_process_tag(sel.file) + "  " if show_process else "")
-    if len(where) + len(c.module) <= width:
+    if len(where) + len(module) <= width:
         lines = [Text(where, style="bold")]
-        lines[0].append(c.module, style="bold cyan")
+        lines[0].append(module, style="bold cyan")
     else:  # a long name gets a line of its own: whole wherever it can be
-        lines = [Text(where.rstrip(), style="bold"), Text("  " + c.module, style="bold cyan")]
+        lines = [Text(where.rstrip(), style="bold"), Text("  " + module, style="bold cyan")]
     context = _context(c)
     if len(lines[-1]) + 2 + len(c.module_type) <= width:
         lines[-1].append(f"  {c.module_type}", style="dim")
@@ -135,6 +137,23 @@ def call_lines(sel: SelectedCall, width: int = 80, *, show_process: bool = False
     for side, m in tensors:
         lines += _tensor_lines(side, m, arg_w, shape_w, width)
     return lines
+
+
+def shared_root(calls: Iterable[Call]) -> str:
+    """``LlamaForCausalLM.`` when every call names the same model class as its root and its
+    module starts with it (a plain model traced with ``SPECTRACE=1``), else ``""``: names
+    then read as ``spectrace view`` shows them. An EAGLE-3 pair's ``draft.``/``target.``
+    prefixes tell the models apart and stay.
+    """
+    root = None
+    for c in calls:
+        if not c.root or c.root in ("draft", "target") or not c.module.startswith(c.root + "."):
+            return ""
+        if root is None:
+            root = c.root
+        elif c.root != root:
+            return ""
+    return root + "." if root else ""
 
 
 def _process_tag(f: TraceFile) -> str:
@@ -172,6 +191,10 @@ def _context(c: Call) -> list[str]:
 
 
 def _tensor_lines(side: str, m: TensorMeta, arg_w: int, shape_w: int, width: int) -> list[Text]:
+    if len(m.arg) > arg_w:
+        # A name past the column gets a line of its own, so the columns below stay aligned.
+        rest = _tensor_lines("", m.model_copy(update={"arg": ""}), arg_w, shape_w, width)
+        return [_fit(Text(f"  {side:<3} {m.arg}")), *rest]
     left = f"  {side:<3} {m.arg:<{arg_w}} {shape(m.shape):<{shape_w}} {dtype(m.dtype):<4}"
     stats = stats_text(m.stats)
     style = "red" if m.stats is not None and (m.stats.nan or m.stats.inf) else ""
@@ -193,10 +216,12 @@ def render_calls(selected: list[SelectedCall], limit: int | None, width: int = 8
     processes = len({id(s.file) for s in selected})
     shown = selected if limit is None else selected[:limit]
     where = f" in {processes} processes" if processes > 1 else ""
-    yield Text(f"{len(selected)} calls{where}", style="bold")
+    root = shared_root(s.call for s in selected)
+    of = f" of {root[:-1]}" if root else ""
+    yield Text(f"{plural(len(selected), 'call')}{of}{where}", style="bold")
     for sel in shown:
         yield Text("")
-        yield from call_lines(sel, width, show_process=processes > 1)
+        yield from call_lines(sel, width, show_process=processes > 1, root=root)
     if len(shown) < len(selected):
         yield Text("")
         yield Text(f"{len(selected) - len(shown)} more calls not shown (--limit N shows N, --limit 0 all)", style="yellow")

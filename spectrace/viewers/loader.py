@@ -120,7 +120,8 @@ class LoadProblem(BaseModel):
 
     @property
     def message(self) -> str:
-        name = shown_path(os.path.basename(self.path) or self.path)
+        # A missing path is said whole: its last part alone does not say where it was looked for.
+        name = shown_path(self.path if self.kind == "missing" else os.path.basename(self.path) or self.path)
         if self.kind in ("future_schema", "not_trace", "empty", "unreadable", "missing", "not_regular"):
             return f"{name}: {self.detail}"
         one, many = _KINDS.get(self.kind, (self.kind, self.kind))
