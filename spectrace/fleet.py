@@ -187,10 +187,23 @@ def render(fleet: Fleet) -> str:
 FAIL_ON = {"error": 0, "warning": 1, "info": 2, "never": -1}
 
 
+EXAMPLES = """examples:
+  spectrace fleet --prometheus http://prometheus:9090                  root causes by instance, accept length, who is silent
+  spectrace fleet --prometheus http://prometheus:9090 --job sglang --json | jq '.instances[]'
+  spectrace fleet --prometheus http://prometheus:9090 --fail-on error  exit 1 on an error root cause (CI, alerts)
+
+Exit codes: 0, 1 (--fail-on), 2 (Prometheus could not be asked, or a usage error).
+"""
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    from .cli import _OneLineParser
+
+    p = _OneLineParser(
         prog="spectrace fleet",
         description="Which instances of a fleet report which root causes, and their accept length, from a Prometheus server.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--prometheus", required=True, metavar="URL", help="the Prometheus server, e.g. http://prometheus:9090")
     p.add_argument("--job", default=None, help="only the targets of this scrape job")
