@@ -1,9 +1,12 @@
 """Data-path assertions over a trace: shapes, dtypes, statistics, calls and findings.
 
-A failed assertion raises an :class:`AssertionError` subclass whose message shows what
-really ran: one line per recorded call (step, module, input shapes/dtypes -> output
-shapes/dtypes) and every finding with its fix, so pytest output alone explains it.
-Shapes accept ``...`` (any number of dims) and ``None`` (one dim of any size).
+A failed assertion raises an :class:`AssertionError` subclass whose message fits a
+screen: the mismatch first (the first few broken places), then the root-cause findings
+with their fix, which modules ran, and where the rest is. The whole call list, one line
+per recorded call, is the exception's ``data_path`` (and ``Trace.data_path()``); every
+broken place is its ``problems``, every finding its ``findings``. A module name that
+matches nothing traced gets the closest traced names. Shapes accept ``...`` (any number
+of dims) and ``None`` (one dim of any size).
 
     >>> import spectrace
     >>> with spectrace.trace({"target": target, "draft": draft}) as t:
@@ -16,6 +19,7 @@ the ``spectrace`` fixture, command-line options and teardown checks.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +32,11 @@ if TYPE_CHECKING:  # the Trace's methods call these functions: api imports this 
 ShapePattern = Sequence[Any]  # ints, None (one dim, any size) and at most one ... (any dims)
 DEFAULT_PATH_LINES = 30
 MAX_TENSORS_SHOWN = 4
+# A failing test's message: mismatch first, short enough to read in pytest's output.
+MAX_PROBLEMS_SHOWN = 3
+MAX_FINDING_LINES = 4
+MESSAGE_WIDTH = 118
+DATA_PATH_HINT = "Every call that ran: err.data_path, or t.data_path()."
 EXPECTED_ATTR = "_spectrace_expected"  # ids of findings a test asserted on purpose
 
 
@@ -35,7 +44,18 @@ EXPECTED_ATTR = "_spectrace_expected"  # ids of findings a test asserted on purp
 
 
 class SpectraceAssertionError(AssertionError):
-    """A data-path contract did not hold; the message carries the observed call list."""
+    """A data-path contract did not hold.
+
+    The message is short (the mismatch, the root causes, what ran); the rest is kept on
+    the exception: ``data_path`` (the observed call list, one line per call), ``problems``
+    (every broken place) and ``findings`` (every finding of the trace).
+    """
+
+    def __init__(self, message: str, *, data_path: str = "", problems: Sequence[str] = (), findings: Sequence[Finding] = ()) -> None:
+        super().__init__(message)
+        self.data_path = data_path
+        self.problems = list(problems)
+        self.findings = list(findings)
 
 
 class CallContractError(SpectraceAssertionError):
@@ -209,8 +229,55 @@ def format_root_causes(findings: Sequence[Finding], width: int = 116) -> str:
 
 
 def explain(trace: Trace, headline: str, focus: Iterable[str] = (), limit: int = DEFAULT_PATH_LINES) -> str:
-    """``headline`` followed by the observed data path and the findings."""
+    """``headline`` followed by the observed data path and the findings (the long form)."""
     return "\n".join([headline, data_path(trace, focus, limit), format_findings(trace.findings)])
+
+
+def called_summary(trace: Trace, width: int = MESSAGE_WIDTH) -> str:
+    """One line: the modules that ran, in first-call order, each with its call count."""
+    counts: dict[str, int] = {}
+    for c in trace.calls():
+        counts[c.module] = counts.get(c.module, 0) + 1
+    if not counts:
+        return "Called: nothing (no call was recorded)."
+    return _cut("Called: " + ", ".join(f"{name} ×{n}" for name, n in counts.items()), width)
+
+
+def short_message(trace: Trace, headline: str, problems: Sequence[str] = (), notes: Sequence[str] = ()) -> str:
+    """A failing assertion's message: ``headline``, the first broken places, the notes,
+    the root-cause findings with their fix, what ran, and where the whole call list is."""
+    lines = [_cut(headline, MESSAGE_WIDTH)]
+    lines += [_cut(f"  {p}", MESSAGE_WIDTH) for p in problems[:MAX_PROBLEMS_SHOWN]]
+    if len(problems) > MAX_PROBLEMS_SHOWN:
+        lines.append(f"  ... {len(problems) - MAX_PROBLEMS_SHOWN} more (err.problems has all {len(problems)})")
+    lines += [_cut(n, MESSAGE_WIDTH) for n in notes]
+    findings = trace.findings
+    if not findings:
+        lines.append("Findings: none.")
+    else:
+        causes = format_root_causes(findings, MESSAGE_WIDTH).splitlines()
+        lines += causes[:MAX_FINDING_LINES]
+        if len(causes) > MAX_FINDING_LINES:
+            lines.append(f"  ... more: err.findings has all {len(findings)} findings; spectrace view shows them")
+    lines += [called_summary(trace), DATA_PATH_HINT]
+    return "\n".join(lines)
+
+
+def _fail(
+    error: type[SpectraceAssertionError],
+    trace: Trace,
+    headline: str,
+    focus: Iterable[str] = (),
+    problems: Sequence[str] = (),
+    notes: Sequence[str] = (),
+) -> SpectraceAssertionError:
+    """The exception to raise: the short message, the call list and the rest kept on it."""
+    return error(
+        short_message(trace, headline, problems, notes),
+        data_path=data_path(trace, focus),
+        problems=problems,
+        findings=trace.findings,
+    )
 
 
 # ----------------------------------------------------------------------------- selection
@@ -222,20 +289,48 @@ def traced_names(trace: Trace, module: str) -> list[str]:
     return [n for n in names if _matches(n, module)]
 
 
+def closest_names(trace: Trace, module: str, n: int = 3) -> list[str]:
+    """Traced module names closest to ``module`` (a typo, a missing prefix), best first;
+    a glob is compared by its last part (``**.fcc`` finds ``draft.model.fc``)."""
+    names = list(dict.fromkeys([*trace.hooked, *trace.modules()]))
+    found = _closest(module, names, n)
+    if not found:
+        by_tail: dict[str, list[str]] = {}
+        for name in names:
+            by_tail.setdefault(name.rsplit(".", 1)[-1], []).append(name)
+        for close in _closest(module.rsplit(".", 1)[-1], list(by_tail), n):
+            found += [name for name in by_tail[close] if name not in found]
+    return found[:n]
+
+
+def _closest(word: str, candidates: list[str], n: int, cutoff: float = 0.6, margin: float = 0.05) -> list[str]:
+    # Only the near-best: 'fcc' should suggest fc, not every name that shares 'draft.model.'.
+    scored = sorted(((difflib.SequenceMatcher(None, word, c).ratio(), c) for c in candidates), reverse=True)
+    best = scored[0][0] if scored else 0.0
+    return [c for ratio, c in scored[:n] if ratio >= cutoff and ratio >= best - margin]
+
+
+def _untraced_notes(trace: Trace, module: str) -> list[str]:
+    close = closest_names(trace, module)
+    if close:
+        return [f"Did you mean {' or '.join(close)}?"]
+    names = list(dict.fromkeys([*trace.hooked, *trace.modules()]))
+    shown = ", ".join(names[:8]) + (f" ... ({len(names)} in all)" if len(names) > 8 else "")
+    return [
+        f"Traced: {shown or 'nothing'}.",
+        f"Trace it: spectrace.trace(..., modules=[{module!r}, ...]) or profile='eagle3'/'all'.",
+    ]
+
+
 def calls_of(trace: Trace, module: str, *, required: bool = True) -> list[Call]:
     """Calls of ``module``; raises when it is not traced, or (``required``) never called."""
     __tracebackhide__ = True
     if not traced_names(trace, module):
-        raise CallContractError(
-            explain(
-                trace,
-                f"{module!r} matches no traced module, so spectrace cannot say whether it ran. "
-                f"Trace it: spectrace.trace(..., modules=[{module!r}, ...]) or profile='eagle3'/'all'.",
-            )
-        )
+        headline = f"{module!r} matches no traced module, so spectrace cannot say whether it ran."
+        raise _fail(CallContractError, trace, headline, notes=_untraced_notes(trace, module))
     calls = trace.calls(module)
     if required and not calls:
-        raise CallContractError(explain(trace, _never_called(trace, module), [module]))
+        raise _fail(CallContractError, trace, _never_called(trace, module), [module])
     return calls
 
 
@@ -275,7 +370,7 @@ def assert_called(trace: Trace, module: str, times: int | None = None) -> list[C
     __tracebackhide__ = True
     calls = calls_of(trace, module)
     if times is not None and len(calls) != times:
-        raise CallContractError(explain(trace, f"{module!r} was called {len(calls)} times, expected {times}:", [module]))
+        raise _fail(CallContractError, trace, f"{module!r} was called {len(calls)} times, expected {times}.", [module])
     return calls
 
 
@@ -285,9 +380,9 @@ def assert_not_called(trace: Trace, module: str) -> None:
     calls = calls_of(trace, module, required=False)
     if calls:
         where = ", ".join(f"step {c.step} #{c.seq}" for c in calls[:8])
-        raise CallContractError(
-            explain(trace, f"{module!r} was expected not to run but was called {len(calls)} times ({where}):", [module])
-        )
+        more = " ..." if len(calls) > 8 else ""
+        headline = f"{module!r} was expected not to run but was called {len(calls)} times ({where}{more})."
+        raise _fail(CallContractError, trace, headline, [module])
 
 
 def _contract_problems(
@@ -343,12 +438,12 @@ def assert_shape(
     return calls
 
 
-def _enforce(trace: Trace, module: str, what: str, error: type[Exception], problems: list[str]) -> None:
-    """Raise ``error`` naming the first ten broken places of a shape or dtype contract."""
+def _enforce(trace: Trace, module: str, what: str, error: type[SpectraceAssertionError], problems: list[str]) -> None:
+    """Raise ``error`` naming the first broken places of a shape or dtype contract."""
     __tracebackhide__ = True
     if problems:
-        head = f"{what} contract of {module!r} broken in {len(problems)} place{'s' if len(problems) > 1 else ''}:\n  "
-        raise error(explain(trace, head + "\n  ".join(problems[:10]), [module]))
+        head = f"{what} contract of {module!r} broken in {len(problems)} place{'s' if len(problems) > 1 else ''}:"
+        raise _fail(error, trace, head, [module], problems)
 
 
 def assert_dtype(
@@ -410,12 +505,11 @@ def assert_stats(
                 bound = f"<= {high}" if low is None else f"in [{low}, {high}]"
                 problems.append(f"{where} has absmax {s.absmax:.6g}, expected {bound}")
     if not checked:
-        raise StatsContractError(
-            explain(trace, f"no statistics were recorded for {module!r} ({side}); trace with stats='basic' (the default):", [module])
-        )
+        headline = f"no statistics were recorded for {module!r} ({side}); trace with stats='basic' (the default)."
+        raise _fail(StatsContractError, trace, headline, [module])
     if problems:
-        head = f"statistics contract of {module!r} broken in {len(problems)} place{'s' if len(problems) > 1 else ''}:\n  "
-        raise StatsContractError(explain(trace, head + "\n  ".join(problems[:10]), [module]))
+        head = f"statistics contract of {module!r} broken in {len(problems)} place{'s' if len(problems) > 1 else ''}:"
+        raise _fail(StatsContractError, trace, head, [module], problems)
     return calls
 
 
@@ -463,6 +557,6 @@ def assert_finding(trace: Trace, code: str, *, module: str | None = None) -> Fin
     found = [f for f in trace.findings if f.code == code and (module is None or (f.module and _matches(f.module, module)))]
     if not found:
         where = f" at {module!r}" if module else ""
-        raise FindingError(explain(trace, f"expected a finding {code!r}{where}, but none was recorded.", [module or ""]))
+        raise _fail(FindingError, trace, f"expected a finding {code!r}{where}, but none was recorded.", [module or ""])
     expected_ids(trace).update(id(f) for f in found)
     return found[0]
