@@ -107,6 +107,16 @@ def test_sink_counts_roots_acceptance_and_stages() -> None:
     assert value("spectrace_draft_position_proposed_total", {"position": "3", "sampling": "unknown", "rank": rank}) == 2
     assert value("spectrace_stage_input_width", {"stage": "draft.fc", "rank": rank}) == 64
     assert value("spectrace_stage_output_std", {"stage": "draft.fc", "rank": rank}) == 0.5
+    # Greedy and sampled requests in one step, as the engine says per request.
+    mixed = Acceptance(step=1, accept_lengths=[4, 2, 1], draft_tokens=4, accepted_per_position=[2, 1, 1, 0])
+    line = json.loads(mixed.model_dump_json()) | {"greedy": [True, False, False]}
+    sink.write([json.dumps(line)])
+    assert value("spectrace_accept_length_sum", {"sampling": "greedy", "rank": rank}) == 4
+    assert value("spectrace_accept_length_count", {"sampling": "sampled", "rank": rank}) == 2
+    assert value("spectrace_draft_position_accepted_total", {"position": "2", "sampling": "greedy", "rank": rank}) == 1
+    assert value("spectrace_draft_position_accepted_total", {"position": "0", "sampling": "sampled", "rank": rank}) == 1
+    assert value("spectrace_draft_position_proposed_total", {"position": "0", "sampling": "sampled", "rank": rank}) == 2
+    assert value("spectrace_verify_steps_total", {"rank": rank}) == 2
 
 
 @pytest.fixture()

@@ -14,8 +14,8 @@ The metrics live in ``prometheus_client``'s default registry, created once per p
 - ``spectrace_accept_length`` (histogram, one observation per request and verify step),
   ``spectrace_verify_steps_total``, and by draft position
   ``spectrace_draft_position_accepted_total`` / ``spectrace_draft_position_proposed_total``;
-  ``sampling`` is the engine's word (``greedy`` / ``sampled``) where an acceptance record
-  carries one, else ``unknown``;
+  ``sampling`` is ``greedy`` or ``sampled`` per request where the acceptance record says
+  (its ``greedy`` list), else ``unknown``;
 - ``spectrace_stage_input_width{stage}`` and ``spectrace_stage_output_std{stage}`` for a few
   roles of the EAGLE-3 data path, ``spectrace_fused_chunk_std{chunk}`` from fingerprints;
 - spectrace's own health: ``spectrace_records_dropped_total``, ``spectrace_internal_errors_total``,
@@ -95,7 +95,7 @@ def metrics() -> dict[str, Any]:
             ["sampling", *rank],
             buckets=ACCEPT_BUCKETS,
         )
-        m["verify"] = Counter("spectrace_verify_steps", "Verify steps with an acceptance record", ["sampling", *rank])
+        m["verify"] = Counter("spectrace_verify_steps", "Verify steps with an acceptance record", rank)
         m["accepted"] = Counter(
             "spectrace_draft_position_accepted", "Requests that accepted the draft token at a position", ["position", "sampling", *rank]
         )
@@ -171,7 +171,11 @@ class MetricsSink:
         last_call: dict[str, str] = {}
         for line in records:
             text = line if isinstance(line, str) else line.model_dump_json()
-            kind = text[9:24]  # after '{"type":"': every record's first field is its type
+            if text.startswith('{"type":"'):
+                kind = text[9:24]  # the recorder's compact lines: every record's first field is its type
+            else:  # a line written otherwise: its type read the slow way (never a call on the hot path)
+                text = json.dumps(json.loads(text), separators=(",", ":"))
+                kind = text[9:24] if text.startswith('{"type":"') else ""
             if kind.startswith('call"'):
                 at = text.find('"role":"')
                 if at >= 0:
@@ -193,16 +197,22 @@ class MetricsSink:
         self._health()
 
     def _acceptance(self, record: dict[str, Any]) -> None:
-        sampling = str(record.get("sampling") or "unknown")
         lengths = record.get("accept_lengths") or []
-        hist = self._m["accept"].labels(sampling, self._rank)
-        for n in lengths:
-            hist.observe(n)
-        self._m["verify"].labels(sampling, self._rank).inc()
-        for pos, accepted in enumerate(record.get("accepted_per_position") or []):
-            self._m["accepted"].labels(str(pos), sampling, self._rank).inc(accepted)
-        for pos in range(int(record.get("draft_tokens") or 0)):
-            self._m["proposed"].labels(str(pos), sampling, self._rank).inc(len(lengths))
+        kinds = _sampling(record, len(lengths))
+        for n, kind in zip(lengths, kinds):
+            self._m["accept"].labels(kind, self._rank).observe(n)
+        k = int(record.get("draft_tokens") or 0)
+        self._m["verify"].labels(self._rank).inc()
+        for kind in sorted(set(kinds)):
+            mine = [n for n, other in zip(lengths, kinds) if other == kind]
+            if len(mine) == len(lengths):  # one kind in the step: the engine's own per-position counts
+                per_position = list(record.get("accepted_per_position") or [])
+            else:  # a chain's accept length n accepted positions 0 .. n - 2 (the bonus token is not drafted)
+                per_position = [sum(1 for n in mine if n - 1 > pos) for pos in range(k)]
+            for pos, accepted in enumerate(per_position):
+                self._m["accepted"].labels(str(pos), kind, self._rank).inc(accepted)
+            for pos in range(k):
+                self._m["proposed"].labels(str(pos), kind, self._rank).inc(len(mine))
 
     def _finding(self, record: dict[str, Any]) -> None:
         from ..checks.root_causes import root_causes
@@ -270,3 +280,12 @@ def make_metrics_sink(settings: Settings, counters: Callable[[], Any]) -> Metric
     if settings.metrics_port:
         serve(settings.metrics_port, settings.metrics_address)
     return sink
+
+
+def _sampling(record: dict[str, Any], n: int) -> list[str]:
+    """Each request's sampling as the engine said it (``greedy``: one bool per request):
+    ``greedy`` or ``sampled``, else ``unknown``."""
+    greedy = record.get("greedy")
+    if isinstance(greedy, list) and len(greedy) == n:
+        return ["greedy" if g else "sampled" for g in greedy]
+    return [str(record.get("sampling") or "unknown")] * n
