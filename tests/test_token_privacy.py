@@ -180,3 +180,40 @@ def test_scopes_of_the_eagle3_draft() -> None:
     assert scopes[f"{layer}.self_attn"] == INPUTS and scopes[f"{layer}.self_attn.qkv_proj"] == INPUTS
     assert scopes[f"{layer}.hidden_norm"] is None and scopes[layer] is None
     assert all(s is None for n, s in scopes.items() if not n.startswith(layer))
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_sglang_first_layer_before_attention_keeps_shapes_only(tmp_path: Path) -> None:
+    """SGLang 0.5.23's own Llama target and EAGLE-3 draft under SPECTRACE=1 with every
+    module traced: fused qkv, rotary and RadixAttention's q/k/v inputs in layer 0, and the
+    draft's input norm, keep shapes only; what follows attention keeps its statistics."""
+    pytest.importorskip("sglang", reason="needs scripts/install-sglang-cpu.sh")
+    from test_sglang_live_records import _run  # (imported here: its module skips without SGLang)
+
+    records = _run(tmp_path, "healthy", SPECTRACE_MODULES="**", SPECTRACE_SGLANG_LAYERS="all")
+    first: dict[str, dict[str, Any]] = {}
+    for record in records:
+        if record["type"] == "call":
+            first.setdefault(record["module"], record)
+
+    def stats(module: str, side: str) -> list[bool]:
+        return [t["stats"] is not None for t in first[module][side] if t["dtype"] == "float32"]
+
+    for module in ("input_layernorm", "self_attn.qkv_proj", "self_attn.rotary_emb"):
+        assert not any(stats(f"target.model.layers.0.{module}", "inputs") + stats(f"target.model.layers.0.{module}", "outputs"))
+    for module in ("self_attn", "self_attn.attn"):
+        assert not any(stats(f"target.model.layers.0.{module}", "inputs")), module
+        assert all(stats(f"target.model.layers.0.{module}", "outputs")), module
+    assert all(stats("target.model.layers.0.self_attn.o_proj", "outputs"))
+    # SGLang's one rotary module serves every layer: no statistics in any call, yet the
+    # later layers' attention keeps its q statistic (the rotary's outputs are not remembered).
+    assert stats("target.model.layers.1.self_attn.attn", "inputs")[0]
+    assert all(stats("target.model.layers.1.self_attn.qkv_proj", "inputs") + stats("target.model.layers.1.self_attn.qkv_proj", "outputs"))
+    assert not any(stats("draft.model.layers.0.input_layernorm", "inputs") + stats("draft.model.layers.0.input_layernorm", "outputs"))
+    assert not any(stats("draft.model.layers.0.self_attn.qkv_proj", "inputs"))
+    assert all(stats("draft.model.layers.0.self_attn.qkv_proj", "outputs"))  # [embeds, hidden] mixed by the projection
+    assert all(stats("draft.model.layers.0.hidden_norm", "outputs"))
+    # Shapes stay: 12 token rows of the fused qkv projection.
+    (qkv,) = [t for t in first["target.model.layers.0.self_attn.qkv_proj"]["outputs"] if t["dtype"] == "float32"]
+    assert qkv["shape"][0] == 12

@@ -38,7 +38,7 @@ from .budget import StepBudget
 from .call_text import RawCall, RawTensor, StepContext, call_fields, call_texts, dumps, dumps_core
 from .graph_branch import capturing as _capturing
 from .identity import ByIdentity
-from .privacy import ALL, INPUTS, Scope, TokenTensors, token_scope
+from .privacy import ALL, INPUTS, SHARED, Scope, TokenTensors, shared, token_scope
 from .readback import Readback, StepStats
 from .roles import role_of
 from .selection import ModuleFilter, select
@@ -347,6 +347,8 @@ class Tracer:
                 if role.startswith("draft"):
                     self._drafts.add(root)  # never the lead of a loop while a target runs too
             scope = self._scope(root, name, prefix)
+            if scope == ALL and shared(root, module):
+                scope = SHARED  # one module called by every layer: no statistics, nothing remembered
             if scope is not None:
                 self._token_scope[full] = scope
             view = self._view(full, module)
@@ -1206,12 +1208,14 @@ class Tracer:
         if all(add is None and cols is None for _a, _t, add, cols in items):
             return self._note([(arg, t) for arg, t, _add, _cols in items], state, name, module_type, role, reuse=False, output=True)
         noted: list[RawTensor] = []
-        private = not self.token_stats and (self._token_scope.get(name) == ALL or TokenTensors.is_token_module(role, module_type))
+        scope = None if self.token_stats else self._token_scope.get(name)
+        private = not self.token_stats and (scope in (ALL, SHARED) or TokenTensors.is_token_module(role, module_type))
         for arg, tensor, add, cols in items:
             if private:
                 # A token-only module's output (privacy.py): shape and dtype only, remembered
                 # for the modules that take it next.
-                self._token_tensors.remember(tensor)
+                if scope != SHARED:
+                    self._token_tensors.remember(tensor)
                 noted.append(self._shape_only(arg, tensor, state, cols))
                 continue
             if not self.token_stats and self._token_tensors.holds(tensor):
@@ -1305,9 +1309,11 @@ class Tracer:
         # 0's input norm and q/k/v, ...), and those same tensors seen again, get no
         # statistics (asked here, without a call per tensor).
         token_module = False
+        keep_refs = True
         if not self.token_stats:
             scope = self._token_scope.get(name)
-            token_module = scope == ALL or (scope == INPUTS and not output) or TokenTensors.is_token_module(role, module_type)
+            token_module = scope in (ALL, SHARED) or (scope == INPUTS and not output) or TokenTensors.is_token_module(role, module_type)
+            keep_refs = scope != SHARED
         token_refs = None if self.token_stats else self._token_refs  # (empty: nothing to ask per tensor)
         for arg, tensor in tensors:
             hit = seen.get(id(tensor)) if seen is not None else None
@@ -1327,7 +1333,8 @@ class Tracer:
                     if budget is not None:
                         budget -= 1
                     if token_module:
-                        self._token_tensors.remember(tensor)  # a function of one token id: shape and dtype only
+                        if keep_refs:  # a function of the token ids alone: shape and dtype only
+                            self._token_tensors.remember(tensor)
                     elif token_refs and self._token_tensors.holds(tensor):
                         pass  # an embedding output seen again
                     elif state.capturing:

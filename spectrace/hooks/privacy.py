@@ -23,6 +23,10 @@ shape and dtype and get no statistics, whatever the profile or module glob:
   e.g. as the first decoder layer's ``hidden_states`` input, the EAGLE-3 draft layer's
   ``embeds``, or the v slice of a fused qkv output.
 
+A module of the first layer that other layers call too (SGLang builds one rotary module
+and hands it to every layer) gets no statistics in any of its calls, and its tensors are
+not remembered: the later layers' attention inputs keep theirs.
+
 Everything else keeps its statistics: a decoder layer's output and the logits are a
 function of the whole prefix, not of one id (docs/settings.md, privacy: what that still
 allows).
@@ -56,9 +60,13 @@ REMEMBERED = 64
 
 # What a module's place in the model says: "all" (inputs and outputs are a function of
 # the token ids alone), "inputs" (its inputs are; its outputs mix the context), or None.
-Scope = Literal["all", "inputs"]
+# "shared": an "all" module that other layers call too (SGLang hands one rotary module to
+# every layer): no statistics at all, and its tensors are not remembered, since most of
+# its calls belong to later layers whose attention inputs keep theirs.
+Scope = Literal["all", "inputs", "shared"]
 ALL: Scope = "all"
 INPUTS: Scope = "inputs"
+SHARED: Scope = "shared"
 _TARGET_LAYER0 = target_layer(0)
 # Layer containers (Hugging Face, SGLang, vLLM, GPT-2) and the draft's single layer.
 _STACKS = ("layers", "h", "layer", "blocks")
@@ -98,6 +106,17 @@ def token_scope(root: nn.Module, name: str, hint: str | None = None) -> Scope | 
         if role == DRAFT_LAYER:
             return _draft_scope(rel)
     return None
+
+
+def shared(root: nn.Module, module: nn.Module) -> bool:
+    """Whether ``module`` sits at more than one place under ``root``."""
+    places = 0
+    for _name, node in root.named_modules(remove_duplicate=False):
+        if node is module:
+            places += 1
+            if places > 1:
+                return True
+    return False
 
 
 def _target_scope(rel: tuple[str, ...]) -> Scope | None:
