@@ -148,6 +148,7 @@ def test_safe_text_is_one_convention() -> None:
     assert safe_argv(["a", "v\udc80"], keep_values=True) == ["a", "v\\x80"]
 
 
+@pytest.mark.slow  # a server-like subprocess (torch and transformers imported): ~15 s here
 def test_non_utf8_script_folder_and_argv_keep_the_whole_trace(host: tuple[Path, str], tmp_path: Path) -> None:
     """Script name, SPECTRACE_DIR and kept argv each hold 0xff: the trace is whole, the host unchanged."""
     script = os.fsencode(tmp_path) + b"/h" + BAD + b"st.py"
@@ -246,6 +247,7 @@ def _calls_counted(lines: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
     return sum(1 for r in lines if r["type"] == "call"), lines[-1]
 
 
+@pytest.mark.slow  # server-like subprocesses: ~15 s each here
 @pytest.mark.parametrize("action", ["rmtree", "unlink"])
 def test_folder_or_file_deleted_mid_run_is_made_again_and_counted(host: tuple[Path, str], whole: int, tmp_path: Path, action: str) -> None:
     folder = tmp_path / "traces"
@@ -262,6 +264,7 @@ def test_folder_or_file_deleted_mid_run_is_made_again_and_counted(host: tuple[Pa
     assert len(said) == 1 and f"{lost} records lost" in said[0]
 
 
+@pytest.mark.slow  # a server-like subprocess (torch and transformers imported): ~15 s here
 def test_file_replaced_mid_run_is_never_written_into(host: tuple[Path, str], tmp_path: Path) -> None:
     folder = tmp_path / "traces"
     done = _traced(host, folder, "replace")
@@ -275,6 +278,7 @@ def test_file_replaced_mid_run_is_never_written_into(host: tuple[Path, str], tmp
     assert any("was deleted while tracing" in w for w in _warnings(done.stderr))
 
 
+@pytest.mark.slow  # a server-like subprocess (torch and transformers imported): ~15 s here
 def test_file_renamed_away_keeps_its_records_and_a_new_file_follows(host: tuple[Path, str], tmp_path: Path) -> None:
     folder = tmp_path / "traces"
     done = _traced(host, folder, "rename")
