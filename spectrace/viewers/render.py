@@ -376,9 +376,9 @@ class DataPathTree:
                     name = f"b{b.boundary} " + ("embed" if b.boundary == 0 else f"layer {b.boundary - 1}")
                     t.append("\n" + (_row(name, b.total) if b.total else f"{name:<{LABEL_W}} not seen"))
                     if b.boundary == 0 and b.stats_from:
-                        note = f"b0: the statistics of {b.stats_from}; the embedding's own identify the token"
+                        note = f"b0: statistics of {b.stats_from} (an embedding row identifies its token)"
                     elif b.boundary == 0 and b.total and b.total.run.output is None:
-                        note = "b0: no statistics: an embedding row identifies its token (SPECTRACE_TOKEN_STATS=1)"
+                        note = "b0: no statistics by default: an embedding row identifies its token"
                 node = tree.add(_no_wrap(t))
                 if note:
                     node.add(Text(note, style="dim"))
