@@ -146,6 +146,21 @@ EVIDENCE_KEYS: dict[str, str] = {
     "engine_step": "the engine steps that replace such a tensor after the load",
     "trigger": "the config keys that make the engine take that step",
     "moment": "when the comparison ran (`first forward`, `CUDA-graph capture`)",
+    "greedy_mean": "mean accept length of the greedy requests (temperature 0 or top_k 1) in the window",
+    "sampled_mean": "mean accept length of the sampled requests in the window",
+    "greedy_requests": "greedy requests verified in the window",
+    "sampled_requests": "sampled requests verified in the window",
+    "temperatures": "the sampled requests' temperatures (up to 8 distinct values)",
+    "setting": "the engine setting that simulates acceptance, as it was read",
+    "baseline_mean": "mean accept length of the run's first windows",
+    "recent_mean": "mean accept length of the latest comparable windows",
+    "threshold": "how far it had to fall to count (the larger of 0.5, 15% of the baseline and 3x the baseline's spread)",
+    "baseline_steps": "the verify steps of the baseline windows `[first, last]`",
+    "recent_steps": "the verify steps of the latest comparable windows `[first, last]`",
+    "fell_in_steps": "the window where it fell `[first, last]`: the first one below the line that the run stays below",
+    "baseline_batch": "mean requests per verify step in the baseline",
+    "recent_batch": "mean requests per verify step in the latest windows",
+    "windows": "windows of verify steps the run was cut into so far",
 }
 
 # Evidence keys no literal in the source names: the audit adds the first to findings it

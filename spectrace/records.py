@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_serializer
 
 SCHEMA_VERSION = 2  # 2: role on calls, time stamps, once counts, the closing record named "counters"
 
@@ -124,6 +124,27 @@ class Acceptance(_Record):
     accept_lengths: list[int]
     draft_tokens: int = Field(description="tokens proposed per request (k)")
     accepted_per_position: list[int] = Field(default=[], description="how many requests accepted the draft token at position i")
+    # The verified requests' sampling, one entry per request as in accept_lengths; absent
+    # (not written) when the engine did not say, as in traces written before them.
+    greedy: list[bool] | None = Field(
+        None, description="per request: verified greedily (temperature 0 or top_k 1); absent when the engine did not say"
+    )
+    temperatures: list[float] | None = Field(None, description="per request: the sampling temperature (absent for an all-greedy step)")
+    top_ps: list[float] | None = Field(None, description="per request: top_p (absent for an all-greedy step)")
+    top_ks: list[int] | None = Field(None, description="per request: top_k, -1 for none (absent for an all-greedy step)")
+
+    @model_serializer(mode="wrap")
+    def _drop_absent_sampling(self, handler: Any) -> Any:
+        # Absent sampling is not written, so a record without it is the line it always was.
+        data = handler(self)
+        if isinstance(data, dict):
+            for key in _SAMPLING_KEYS:
+                if key in data and data[key] is None:
+                    del data[key]
+        return data
+
+
+_SAMPLING_KEYS = ("greedy", "temperatures", "top_ps", "top_ks")
 
 
 class Coverage(_Record):

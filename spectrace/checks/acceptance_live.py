@@ -26,24 +26,47 @@ from typing import NamedTuple
 
 from ..records import Acceptance, Finding
 from ..rules.catalogue import finding
+from .acceptance_sampling import SamplingTally, judge_low_window
 from .calls import COLLAPSE_MEAN, COLLAPSE_WINDOW
 
 SOURCE = "checks.acceptance_live"
 
 
 class VerifyStep(NamedTuple):
-    """One verify step: its number, its mean accept length, and the tokens proposed (k)."""
+    """One verify step: its number, its mean accept length, and the tokens proposed (k);
+    ``sampling`` its requests' accept lengths apart for greedy and sampled, when the
+    engine said how they were sampled."""
 
     step: int
     mean: float
     draft_tokens: int
+    sampling: SamplingTally | None = None
 
 
 def verify_step(record: Acceptance) -> VerifyStep | None:
     """The step an acceptance record shows; None when it names no request (no mean to take)."""
     if not record.accept_lengths:
         return None
-    return VerifyStep(record.step, sum(record.accept_lengths) / len(record.accept_lengths), record.draft_tokens)
+    sampling = None
+    if record.greedy is not None:
+        sampling = SamplingTally()
+        sampling.add(record)
+    return VerifyStep(record.step, sum(record.accept_lengths) / len(record.accept_lengths), record.draft_tokens, sampling)
+
+
+def _window_sampling(steps: Sequence[VerifyStep]) -> SamplingTally:
+    total = SamplingTally()
+    for s in steps:
+        if s.sampling is not None:
+            t = s.sampling
+            total.greedy_sum += t.greedy_sum
+            total.greedy_n += t.greedy_n
+            total.sampled_sum += t.sampled_sum
+            total.sampled_n += t.sampled_n
+            total.unknown_n += t.unknown_n
+            if len(total.temperatures) < 8:
+                total.temperatures |= t.temperatures
+    return total
 
 
 def check_collapse_window(
@@ -67,6 +90,11 @@ def check_collapse_window(
         return []
     first, last = recent[0].step, recent[-1].step
     k = max(s.draft_tokens for s in recent)
+    instead = judge_low_window(
+        _window_sampling(recent), window_mean=mean, draft_tokens=k, first_step=first, last_step=last, floor=floor, source=SOURCE
+    )
+    if instead is not None:
+        return instead  # sampling explains the window: only greedy requests judge the draft
     overall = f"{run_mean:.2f} over the run so far, " if run_mean is not None else ""
     evidence: dict[str, object] = {"window_mean": round(mean, 3), "window": size, "draft_tokens": k, "first_step": first}
     if run_mean is not None:

@@ -127,7 +127,13 @@ def check_acceptance(
 ) -> list[Finding]:
     """``acceptance_collapse`` for the first ``window`` verify steps in a row whose mean accept
     length is at most ``floor``. ``records`` is the whole run, or (live) only the latest
-    steps: then ``run_mean`` is the run's (mean, steps) so far, as the finding quotes it."""
+    steps: then ``run_mean`` is the run's (mean, steps) so far, as the finding quotes it.
+
+    Where the records carry the requests' sampling, only greedy requests judge the draft:
+    a low window of sampled requests beside healthy greedy ones, or of sampled requests
+    alone, is ``acceptance_sampled`` (checks/acceptance_sampling.py), never a collapse."""
+    from .acceptance_sampling import judge_low_window, tally
+
     steps = [r for r in records if r.accept_lengths]
     if len(steps) < window:
         return []
@@ -136,20 +142,35 @@ def check_acceptance(
         chunk = means[start : start + window]
         mean = sum(chunk) / window
         if mean <= floor:
+            shown = steps[start : start + window]
+            counts = tally(shown)
+            k = steps[0].draft_tokens
+            instead = judge_low_window(
+                counts, window_mean=mean, draft_tokens=k, first_step=shown[0].step, last_step=shown[-1].step, floor=floor
+            )
+            if instead is not None:
+                return instead
             overall, counted = run_mean if run_mean is not None else (sum(means) / len(means), len(means))
+            evidence: dict[str, object] = {
+                "window_mean": round(mean, 3),
+                "run_mean": round(overall, 3),
+                "run_steps": counted,
+                "window": window,
+                "draft_tokens": k,
+            }
+            greedy = counts.greedy_mean if counts.sampled_n else None
+            if greedy is not None:
+                # Sampled requests in the window too: the collapse is the greedy requests' own.
+                evidence["greedy_mean"] = round(greedy, 3)
+                evidence["sampled_mean"] = round(counts.sampled_mean or 0.0, 3)
+            also = f"; its greedy requests alone accept {greedy:.2f}" if greedy is not None else ""
             return [
                 finding(
                     "acceptance_collapse",
                     f"mean accept length {mean:.2f} over {window} verify steps from step {steps[start].step} "
-                    f"({overall:.2f} over the run's {counted} steps{' so far' if run_mean is not None else ''}, k={steps[0].draft_tokens}; a draft that never "
-                    f"misses reaches {steps[0].draft_tokens + 1:g})",
-                    evidence={
-                        "window_mean": round(mean, 3),
-                        "run_mean": round(overall, 3),
-                        "run_steps": counted,
-                        "window": window,
-                        "draft_tokens": steps[0].draft_tokens,
-                    },
+                    f"({overall:.2f} over the run's {counted} steps{' so far' if run_mean is not None else ''}, k={k}; a draft that never "
+                    f"misses reaches {k + 1:g}{also})",
+                    evidence=evidence,
                     step=steps[start].step,
                     source="checks.calls",
                 )

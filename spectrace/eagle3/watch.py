@@ -47,6 +47,7 @@ class PipelineWatch:
         reference: Fingerprint | None = None,
         target_name: str = "target",
         draft_name: str = "draft",
+        temperature: float | None = None,
     ) -> None:
         self.trace = trace
         self.target = target
@@ -56,6 +57,9 @@ class PipelineWatch:
         self.reference = reference
         self.target_name = target_name
         self.draft_name = draft_name
+        # The temperature speculate() verifies at, when the caller says it (recorded with each
+        # step, so acceptance findings tell greedy from sampled requests); None: not said.
+        self.temperature = temperature
         self.collector = FingerprintCollector(NUM_AUX)
         self.acceptance: list[Acceptance] = []
         self._step = 0
@@ -145,6 +149,9 @@ class PipelineWatch:
             draft_tokens=len(mask),
             accepted_per_position=[int(m) for m in mask],
         )
+        if self.temperature is not None:
+            record.greedy = [self.temperature <= 0]
+            record.temperatures = [float(self.temperature)]
         self.acceptance.append(record)
         self.trace.emit(record)
         self._step += 1

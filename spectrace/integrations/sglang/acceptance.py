@@ -12,12 +12,22 @@ time (:func:`drain`), and before anything reads the recorder or closes it.
 
 from __future__ import annotations
 
+import json
+import os
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ...checks.acceptance_sampling import check_synthetic_acceptance
 from ...checks.calls import COLLAPSE_MEAN, COLLAPSE_WINDOW, check_acceptance
+from ...checks.drift import DriftTracker
 from ...records import Acceptance
 from . import state
+
+# A step's sampling: (greedy, temperatures, top_ps, top_ks) per request; the last three are
+# None for an all-greedy batch (SGLang's own is_all_greedy, no per-request read).
+Sampling = tuple[list[bool], list[float] | None, list[float] | None, list[int] | None]
+_SAMPLING_KEYS = ("greedy", "temperatures", "top_ps", "top_ks")
 
 ACCEPT_BATCH = 16  # verify steps held before their records are built (two collapse windows)
 HELD_MAX = 64 * ACCEPT_BATCH  # past this the engine's thread builds them itself (bounded memory)
@@ -31,7 +41,7 @@ def _proposed(worker: Any) -> int:
     return max(int(value) - 1, 1) if isinstance(value, int) else 1
 
 
-def _record_maker() -> Callable[[int, list[int], int, list[int]], Acceptance]:
+def _record_maker() -> Callable[..., Acceptance]:
     """How an Acceptance record is made: pydantic's ``model_construct`` or the same thing inline.
 
     Every field is computed here from ints, so records are built without validation.
@@ -55,32 +65,49 @@ def _record_maker() -> Callable[[int, list[int], int, list[int]], Acceptance]:
     except Exception:  # a pydantic without these slots: model_construct it is
         set_dict = None
 
-    def inline(step: int, accept_lengths: list[int], draft_tokens: int, per_position: list[int]) -> Acceptance:
+    def inline(
+        step: int, accept_lengths: list[int], draft_tokens: int, per_position: list[int], sampling: Sampling | None = None
+    ) -> Acceptance:
         record = new(Acceptance)
-        set_dict(
-            record,
-            {
-                "type": "acceptance",
-                "step": step,
-                "accept_lengths": accept_lengths,
-                "draft_tokens": draft_tokens,
-                "accepted_per_position": per_position,
-            },
-        )
-        set_fields(record, {"step", "accept_lengths", "draft_tokens", "accepted_per_position"})
+        values = {
+            "type": "acceptance",
+            "step": step,
+            "accept_lengths": accept_lengths,
+            "draft_tokens": draft_tokens,
+            "accepted_per_position": per_position,
+            "greedy": None,
+            "temperatures": None,
+            "top_ps": None,
+            "top_ks": None,
+        }
+        fields = {"step", "accept_lengths", "draft_tokens", "accepted_per_position"}
+        if sampling is not None:
+            for key, value in zip(_SAMPLING_KEYS, sampling):
+                if value is not None:
+                    values[key] = value
+                    fields.add(key)
+        set_dict(record, values)
+        set_fields(record, fields)
         set_extra(record, {})
         set_private(record, None)
         return record
 
-    def construct(step: int, accept_lengths: list[int], draft_tokens: int, per_position: list[int]) -> Acceptance:
+    def construct(
+        step: int, accept_lengths: list[int], draft_tokens: int, per_position: list[int], sampling: Sampling | None = None
+    ) -> Acceptance:
+        extra = {k: v for k, v in zip(_SAMPLING_KEYS, sampling) if v is not None} if sampling is not None else {}
         return Acceptance.model_construct(
-            step=step, accept_lengths=accept_lengths, draft_tokens=draft_tokens, accepted_per_position=per_position
+            step=step, accept_lengths=accept_lengths, draft_tokens=draft_tokens, accepted_per_position=per_position, **extra
         )
 
     if set_dict is None:
         return construct
     try:
         a, b = inline(3, [2, 1], 2, [1, 0]), construct(3, [2, 1], 2, [1, 0])
+        c, d = (
+            inline(3, [2, 1], 2, [1, 0], ([True, False], [0.0, 1.0], [1.0, 0.9], [1, 20])),
+            construct(3, [2, 1], 2, [1, 0], ([True, False], [0.0, 1.0], [1.0, 0.9], [1, 20])),
+        )
         slots = {"__dict__", *(name for cls in Acceptance.__mro__ for name in getattr(cls, "__slots__", ()))}
         same = (
             not Acceptance.__pydantic_post_init__
@@ -88,6 +115,9 @@ def _record_maker() -> Callable[[int, list[int], int, list[int]], Acceptance]:
             and all(getattr(a, s) == getattr(b, s) and type(getattr(a, s)) is type(getattr(b, s)) for s in slots)
             and a.model_dump_json() == b.model_dump_json()
             and a == b
+            and list(c.__dict__.items()) == list(d.__dict__.items())
+            and c.model_fields_set == d.model_fields_set
+            and c.model_dump_json() == d.model_dump_json()
         )
     except Exception:
         same = False
@@ -114,16 +144,22 @@ def _ints(values: list[int]) -> str:
     return repr(values).replace(" ", "")
 
 
-def acceptance_line(step: int, accept_lengths: list[int], draft_tokens: int, per_position: list[int]) -> str:
+def acceptance_line(
+    step: int, accept_lengths: list[int], draft_tokens: int, per_position: list[int], sampling: Sampling | None = None
+) -> str:
     """The JSON line of an Acceptance record, written directly (a fifth of pydantic's cost).
     Plain ints only; ``tests/test_sglang_integration.py`` holds it to ``model_dump_json``."""
+    extra = ""
+    if sampling is not None:
+        # Rarer than the counts (a sampled batch): json's own writer, in the record's field order.
+        extra = "".join(f',"{k}":{json.dumps(v, separators=(",", ":"))}' for k, v in zip(_SAMPLING_KEYS, sampling) if v is not None)
     return (
         f'{{"type":"acceptance","step":{step},"accept_lengths":{_ints(accept_lengths)},'
-        f'"draft_tokens":{draft_tokens},"accepted_per_position":{_ints(per_position)}}}'
+        f'"draft_tokens":{draft_tokens},"accepted_per_position":{_ints(per_position)}{extra}}}'
     )
 
 
-def _build(st: state.State, held: list[tuple[Any, int]], rec: Any, as_lines: bool = False) -> Acceptance | None:
+def _build(st: state.State, held: list[tuple[Any, int, Sampling | None]], rec: Any, as_lines: bool = False) -> Acceptance | None:
     """Build, emit and window the records of ``held`` steps, in order (under the state lock).
 
     Returns the last record built (None with ``as_lines``: the records then go to the
@@ -138,8 +174,10 @@ def _build(st: state.State, held: list[tuple[Any, int]], rec: Any, as_lines: boo
     check = not rec.said("acceptance_collapse")
     step = st.accept_step
     record = None
+    extras = _extras(st)
+    drift = extras.drift
     try:
-        for correct, k in held:
+        for correct, k, sampling in held:
             try:
                 # sum() is int only if every count is (or is a bool): the lists SGLang builds
                 # with .tolist() pass as they are; numpy or torch scalars and floats become
@@ -177,11 +215,13 @@ def _build(st: state.State, held: list[tuple[Any, int]], rec: Any, as_lines: boo
                 else:
                     per_position = _clamped_positions(correct, k)
                     accept_lengths = [c + 1 for c in correct]
+                if sampling is not None and len(sampling[0]) != n:
+                    sampling = None  # not this step's batch (paired by order): unknown rather than wrong
                 if as_lines:
-                    lines.append(acceptance_line(step, accept_lengths, k, per_position))
-                    kept: Any = (step, accept_lengths, k)
+                    lines.append(acceptance_line(step, accept_lengths, k, per_position, sampling))
+                    kept: Any = (step, accept_lengths, k, sampling)
                 else:
-                    kept = record = make(step, accept_lengths, k, per_position)
+                    kept = record = make(step, accept_lengths, k, per_position, sampling)
             except Exception as exc:
                 state.internal_error("accept lengths", exc)
                 continue
@@ -195,6 +235,14 @@ def _build(st: state.State, held: list[tuple[Any, int]], rec: Any, as_lines: boo
             if step_mean is not None:
                 st.accept_sum += step_mean
                 st.accept_steps += 1
+                # Drift: a window of verify steps closes every DRIFT_STEPS; checked then, said once.
+                if drift.add(step - 1, accept_lengths, sampling[0] if sampling is not None else None) is not None and not drift.said:
+                    found_drift = drift.check(source="sglang.acceptance")
+                    if found_drift:
+                        rec.emit_lines(lines)  # the steps go before the finding they show
+                        lines = []
+                        for found in found_drift:
+                            state.emit_once(found.code, lambda found=found: found)
             # Checked once per full window of verify steps, not on every step's sliding
             # window: a collapse lasts far longer than one window.
             if len(window) >= COLLAPSE_WINDOW:
@@ -206,7 +254,7 @@ def _build(st: state.State, held: list[tuple[Any, int]], rec: Any, as_lines: boo
                     if len(means) >= COLLAPSE_WINDOW and sum(means) / len(means) <= COLLAPSE_MEAN + 1e-9:
                         rec.emit_lines(lines)  # the steps go before the finding they show
                         lines = []
-                        records = [r if isinstance(r, Acceptance) else make(r[0], r[1], r[2], []) for r, _ in window]
+                        records = [r if isinstance(r, Acceptance) else make(r[0], r[1], r[2], [], r[3]) for r, _ in window]
                         for found in check_acceptance(records, run_mean=(st.accept_sum / st.accept_steps, st.accept_steps)):
                             state.emit_once(found.code, lambda found=found: found)
                         check = not rec.said("acceptance_collapse")
@@ -218,7 +266,7 @@ def _build(st: state.State, held: list[tuple[Any, int]], rec: Any, as_lines: boo
     return record
 
 
-def _take_held(st: state.State) -> list[tuple[Any, int]]:
+def _take_held(st: state.State) -> list[tuple[Any, int, Sampling | None]]:
     # The list is never replaced, so the hook appends to it without a lock: what is here
     # now is taken from the front, and a step appended meanwhile (on the engine's thread)
     # lands past it and stays for the next build, in order. Callers hold the state lock,
@@ -248,7 +296,7 @@ def record_step(correct: Sequence[int], k: int) -> Acceptance:
         rec = state.recorder()
         if st.accept_pending:
             _build(st, _take_held(st), rec)
-        record = _build(st, [(correct, k)], rec)
+        record = _build(st, [(correct, k, None)], rec)
     if record is None:
         raise ValueError(f"accept counts are not numbers: {correct!r}")
     return record
@@ -263,6 +311,7 @@ def _batch_point(st: state.State, held: int) -> None:
         if st.accept_drain_for is not rec:
             rec.add_drain(drain)
             st.accept_drain_for = rec
+            _say_if_synthetic()
     if held >= ACCEPT_BATCH:
         rec = state.recorder()
         if held < HELD_MAX and hasattr(rec, "drain_soon"):
@@ -294,7 +343,8 @@ def hold_step(correct: list[int], k: int) -> None:
     """
     st = state.STATE
     pending = st.accept_pending
-    pending.append((correct, k))
+    queue = _extras(st).sampling
+    pending.append((correct, k, queue.popleft() if queue else None))  # type: ignore[arg-type]
     held = len(pending)
     if held == 1 or held >= ACCEPT_BATCH:
         _batch_point(st, held)
@@ -325,4 +375,75 @@ def after_v1_verify(result: Any, *args: Any, **kwargs: Any) -> None:
                 return None
     except Exception as exc:
         state.internal_error("accept lengths (v1)", exc)
+    return None
+
+
+# ------------------------------------------------------------------ sampling and drift
+#
+# Kept beside the engine's state (on the same object, so a reset drops them with it):
+# the sampling of the batches verified and not yet counted, in order, and the drift
+# windows of the run.
+
+
+class _Extras:
+    def __init__(self) -> None:
+        self.sampling: deque[Sampling | None] = deque(maxlen=4)  # overlap scheduling keeps at most 2 in flight
+        self.drift = DriftTracker()
+        self.synthetic_checked = False
+
+
+def _extras(st: state.State) -> _Extras:
+    extras = st.__dict__.get("_spectrace_acceptance")
+    if extras is None:
+        extras = st.__dict__["_spectrace_acceptance"] = _Extras()
+    return extras
+
+
+def _say_if_synthetic() -> None:
+    """SGLang's simulated acceptance makes every accept length synthetic: said once, loudly."""
+    extras = _extras(state.STATE)
+    if extras.synthetic_checked:
+        return
+    extras.synthetic_checked = True
+    settings = {k: os.environ.get(k) for k in ("SGLANG_SIMULATE_ACC_LEN", "SGLANG_SIMULATE_ACC_METHOD")}
+    for found in check_synthetic_acceptance("sglang", settings, source="sglang.acceptance"):
+        state.emit_once(found.code, lambda found=found: found)
+
+
+def sampling_of(batch: Any) -> Sampling | None:
+    """The batch's per-request sampling, from the host values SGLang keeps (no device read):
+    its ``is_all_greedy`` flag, else each request's ``sampling_params``. Greedy is SGLang's
+    own rule: top_k <= 1 (a temperature of 0 becomes top_k 1 when the request is made)."""
+    reqs = getattr(batch, "reqs", None)
+    if not reqs:
+        return None
+    n = len(reqs)
+    info = getattr(batch, "sampling_info", None)
+    if info is not None and getattr(info, "is_all_greedy", None) is True:
+        return ([True] * n, None, None, None)
+    greedy: list[bool] = []
+    temps: list[float] = []
+    top_ps: list[float] = []
+    top_ks: list[int] = []
+    for req in reqs:
+        params = req.sampling_params
+        top_k = int(params.top_k)
+        temp = float(params.temperature)
+        is_greedy = top_k <= 1 or temp == 0.0
+        greedy.append(is_greedy)
+        # SGLang rewrites a temperature of 0 to 1 with top_k 1; the record says what was asked.
+        temps.append(0.0 if is_greedy else temp)
+        top_ps.append(float(params.top_p))
+        top_ks.append(top_k)
+    return (greedy, temps, top_ps, top_ks)
+
+
+def before_verify(*args: Any, **kwargs: Any) -> None:
+    """HookRegistry BEFORE on ``EAGLEWorkerV2.verify(self, batch, ...)``: the batch's sampling,
+    paired in order with the accept counts ``on_verify_complete_cpu`` gets for it."""
+    try:
+        batch = args[1] if len(args) > 1 else kwargs.get("batch")
+        _extras(state.STATE).sampling.append(sampling_of(batch))
+    except Exception as exc:
+        state.internal_error("verify sampling", exc)
     return None
