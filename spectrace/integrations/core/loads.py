@@ -53,8 +53,7 @@ class DraftLoad:
 # (the first forward, graph capture), this says which trained tensors an engine step
 # replaced after the load: SGLang's ``set_embed_and_head`` swaps in the target's
 # Parameter objects, so the object and the storage change; an in-place copy changes only
-# the values. A handful of values per tensor keeps this at load-time cost: one gather and
-# one host read for all of them.
+# the values. A handful of values per tensor keeps this at load-time cost.
 
 LOADED_SAMPLES = 16  # values read per parameter, spread evenly over it
 
@@ -83,59 +82,40 @@ class ChangedParam:
     shared_with: str | None = None
 
 
-def _positions(numel: int) -> Any:
-    import torch
-
+def _positions(numel: int) -> list[int]:
     count = min(LOADED_SAMPLES, numel)
-    return torch.linspace(0, numel - 1, steps=count).long() if count else torch.zeros(0, dtype=torch.long)
+    if count <= 1:
+        return [0] * count
+    return [round(i * (numel - 1) / (count - 1)) for i in range(count)]
 
 
-def _sample(tensor: Any) -> Any | None:
-    """The values at the fixed positions, as float64 on the tensor's device (None: unreadable)."""
-    import torch
-
+def _sample(tensor: Any) -> tuple[float, ...] | None:
+    """The values at the fixed positions, read to the host (None: unreadable). Tensor methods
+    only: this package stays free of torch imports (the engine folders bring torch)."""
     t = tensor.detach()
     if t.is_meta or t.numel() == 0 or t.is_complex():
         return None
     try:
-        return t.reshape(-1)[_positions(t.numel()).to(t.device)].to(dtype=torch.float64)
+        flat = t.reshape(-1)
+        index = flat.new_tensor(_positions(flat.numel())).long()
+        return tuple(flat[index].double().tolist())
     except Exception:  # quantized or packed layouts: identity and storage still compare
         return None
 
 
-def _read(tensors: list[Any]) -> list[tuple[float, ...]]:
-    """Every sample to the host in one read (one device sync for the whole model)."""
-    import torch
-
-    if not tensors:
-        return []
-    flat = torch.cat([t.reshape(-1).to("cpu") if t.device.type != "cpu" else t.reshape(-1) for t in tensors]).tolist()
-    out: list[tuple[float, ...]] = []
-    at = 0
-    for t in tensors:
-        out.append(tuple(flat[at : at + t.numel()]))
-        at += t.numel()
-    return out
-
-
 def fingerprint_loaded(model: Any, names: Iterable[str]) -> dict[str, LoadedParam]:
-    """What the load left in each of ``names`` (the parameters the checkpoint wrote)."""
-    import torch
-
+    """What the load left in each of ``names`` (the parameters the checkpoint wrote).
+    Load time, once: one small host read per parameter."""
     params = dict(model.named_parameters(remove_duplicate=False))
-    kept: list[tuple[str, Any, Any]] = []
-    with torch.no_grad():
-        for name in names:
-            param = params.get(name)
-            if param is None:
-                continue
-            sample = _sample(param)
-            if sample is not None:
-                kept.append((name, param, sample))
-        values = _read([s for _, _, s in kept])
-    return {
-        name: LoadedParam(name, id(param), int(param.data_ptr()), tuple(param.shape), vals) for (name, param, _), vals in zip(kept, values)
-    }
+    out: dict[str, LoadedParam] = {}
+    for name in names:
+        param = params.get(name)
+        if param is None:
+            continue
+        values = _sample(param)
+        if values is not None:
+            out[name] = LoadedParam(name, id(param), int(param.data_ptr()), tuple(param.shape), values)
+    return out
 
 
 def _same(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
@@ -144,31 +124,100 @@ def _same(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
 
 
 def changed_since_load(model: Any, loaded: dict[str, LoadedParam], others: dict[int, str] | None = None) -> list[ChangedParam]:
-    """The loaded parameters that differ now, by object, storage or values (one host read).
+    """The loaded parameters that differ now, by object, storage or values.
 
     ``others`` maps storage pointers of another model's parameters (the target's) to their
     names, so a parameter that now shares one says whose it is. A tensor replaced by one of
     the very same values (a trainer that froze the target's embedding) is not a change."""
-    import torch
-
     params = dict(model.named_parameters(remove_duplicate=False))
-    now: list[tuple[LoadedParam, Any, Any]] = []
-    with torch.no_grad():
-        for name, then in loaded.items():
-            param = params.get(name)
-            if param is None:
-                continue
-            now.append((then, param, _sample(param)))
-        values = _read([s for _, _, s in now if s is not None])
     changed: list[ChangedParam] = []
-    it = iter(values)
-    for then, param, sample in now:
-        vals = next(it) if sample is not None else None
+    for name, then in loaded.items():
+        param = params.get(name)
+        if param is None:
+            continue
         shape = tuple(param.shape)
+        values = _sample(param)
         moved = id(param) != then.obj_id or int(param.data_ptr()) != then.data_ptr
-        differs = shape != then.shape or (vals is not None and not _same(vals, then.samples))
+        differs = shape != then.shape or (values is not None and not _same(values, then.samples))
         if not differs:
             continue
         shared = (others or {}).get(int(param.data_ptr())) if moved else None
         changed.append(ChangedParam(then.name, "replaced" if moved else "changed", then.shape, shape, shared))
     return changed
+
+
+class ReplacementWatch:
+    """A forward pre-hook that compares what the load wrote with what the draft runs.
+
+    ``moment()`` names the comparison about to happen (``first forward``, ``CUDA-graph
+    capture``) or returns None when none may run now (a stream is capturing: no host
+    read); ``final(moment)`` says whether the hook is done after it; ``report(changes,
+    moment)`` turns what changed into findings (the engine's words). Each parameter is
+    said once; a failure is handed to ``on_error`` and removes the hook."""
+
+    def __init__(
+        self,
+        model: Any,
+        loaded: dict[str, LoadedParam],
+        *,
+        moment: Callable[[bool], str | None],
+        final: Callable[[str], bool],
+        report: Callable[[list[ChangedParam], str], None],
+        others: Callable[[Any], dict[int, str]] | None = None,
+        on_error: Callable[[str, BaseException], None],
+    ) -> None:
+        import weakref
+
+        self.model = weakref.ref(model)
+        self.loaded = loaded
+        self.compared = False  # has one comparison run (the first forward's)
+        self.handle: Any = None
+        self._moment, self._final, self._report, self._others, self._on_error = moment, final, report, others, on_error
+
+    def attach(self, module: Any) -> ReplacementWatch:
+        self.handle = module.register_forward_pre_hook(self)
+        return self
+
+    def __call__(self, module: Any, args: Any) -> None:
+        try:
+            moment = self._moment(self.compared)
+            if moment is None:
+                return None
+            model = self.model()
+            if model is None:
+                self.remove()
+                return None
+            self.compare(model, moment)
+            self.compared = True
+            if self._final(moment):
+                self.remove()
+        except Exception as exc:
+            self.remove()
+            self._on_error("draft weights after load", exc)
+        return None
+
+    def compare(self, model: Any, moment: str) -> None:
+        changed = changed_since_load(model, self.loaded, self._others(model) if self._others else None)
+        if changed:
+            gone = {c.name for c in changed}
+            self.loaded = {k: v for k, v in self.loaded.items() if k not in gone}  # each said once
+            self._report(changed, moment)
+
+    def remove(self) -> None:
+        if self.handle is not None:
+            self.handle.remove()
+            self.handle = None
+
+
+def watch_replacements(model: Any, module: Any, written: Iterable[str], **hooks: Any) -> ReplacementWatch | None:
+    """Fingerprint ``written`` on ``model`` now and compare at ``module``'s forwards (see
+    :class:`ReplacementWatch` for ``hooks``). A second load replaces the first's watch."""
+    loaded = fingerprint_loaded(model, written)
+    old = model.__dict__.get("_spectrace_replacement_watch")
+    if old is not None:
+        old.remove()
+    if not loaded:
+        return None
+    watch = ReplacementWatch(model, loaded, **hooks).attach(module)
+    model.__dict__["_spectrace_replacement_watch"] = watch
+    return watch

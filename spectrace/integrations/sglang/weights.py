@@ -18,7 +18,7 @@ from ...checks.vocab_map import check_engine_hot_map
 from ...checks.weights import check_weights
 from ...hooks.weights import observe_load
 from ...records import Finding, Weights
-from ..core.loads import ChangedParam, DraftLoad, LoadedParam, changed_since_load, fingerprint_loaded
+from ..core.loads import ChangedParam, DraftLoad, watch_replacements
 from . import correlate, server, state
 from .graphs import capturing
 
@@ -195,9 +195,7 @@ def _check_hot_map(model: Any, maps: dict[str, Any]) -> None:
 #
 # What the checkpoint wrote is fingerprinted at the end of the load and compared once at
 # the draft's first forward, and once more at the first forward under CUDA-graph capture
-# when that comes later (a script's draft may run eagerly first). SGLang calls the root
-# model's forward() directly, so the hook is a forward pre-hook on its inner model,
-# which the root calls as a module.
+# when that comes later (a script's draft may run eagerly first): core/loads.py.
 
 _SET_EMBED_AND_HEAD = "EAGLEWorkerV2.init_lm_head -> set_embed_and_head (sglang/srt/speculative/eagle_worker_v2.py)"
 _SET_EMBED = "EAGLEWorkerV2.init_lm_head -> set_embed (sglang/srt/speculative/eagle_worker_v2.py)"
@@ -247,75 +245,49 @@ def _target_storages(draft: Any) -> dict[int, str]:
     return out
 
 
-class _ReplacementWatch:
-    """Compares what the load wrote with what the draft runs, at its first forward(s)."""
-
-    def __init__(self, model: Any, loaded: dict[str, LoadedParam]) -> None:
-        import weakref
-
-        self.model = weakref.ref(model)
-        self.loaded = loaded
-        self.eager_done = False
-        self.handle: Any = None
-
-    def __call__(self, module: Any, args: Any) -> None:
-        try:
-            in_capture = state.STATE.in_capture > 0
-            if capturing() or (self.eager_done and not in_capture):
-                return None  # no host reads while a stream captures; eager compared already
-            model = self.model()
-            if model is None:
-                self._remove()
-                return None
-            moment = "CUDA-graph capture" if in_capture else "first forward"
-            self._compare(model, moment)
-            self.eager_done = True
-            if in_capture:
-                self._remove()
-        except Exception as exc:
-            self._remove()
-            state.internal_error("draft weights after load", exc)
+def _moment(compared: bool) -> str | None:
+    """The comparison due now: the first forward, then the first under CUDA-graph capture
+    (its warm-up runs eagerly; never while a stream captures, when no host read may run)."""
+    if capturing():
         return None
+    in_capture = state.STATE.in_capture > 0
+    if compared and not in_capture:
+        return None
+    return "CUDA-graph capture" if in_capture else "first forward"
 
-    def _compare(self, model: Any, moment: str) -> None:
-        changed = changed_since_load(model, self.loaded, _target_storages(model))
-        if not changed:
-            return
+
+def _say(model: Any) -> Any:
+    def report(changed: list[ChangedParam], moment: str) -> None:
         replaced = [_explain(model, c) for c in changed]
         for found in check_replaced_weights(replaced, moment=moment, source="sglang.weights"):
             key = "weights_replaced_after_load:" + ",".join(sorted(r.name for r in replaced))
             state.emit_once(key, lambda found=found: found)
-        self.loaded = {k: v for k, v in self.loaded.items() if k not in {c.name for c in changed}}  # said once each
 
-    def _remove(self) -> None:
-        if self.handle is not None:
-            self.handle.remove()
-            self.handle = None
+    return report
 
 
 def _watch_replacements(model: Any, record: Weights) -> None:
-    """Fingerprint what the checkpoint wrote; compare at the draft's first forward."""
-    written = [n for n in record.written if n != "hot_token_id"]
-    loaded = fingerprint_loaded(model, written)
-    if not loaded:
-        return
-    inner = getattr(model, "model", None)
-    import torch.nn as nn
+    """Fingerprint what the checkpoint wrote; compare at the draft's first forward(s).
+    SGLang calls the root's forward() directly, so the hook sits on its inner model."""
+    import weakref
 
-    target = inner if isinstance(inner, nn.Module) else model
-    old = getattr(model, "_spectrace_replacement_watch", None)
-    if old is not None:
-        old._remove()  # a second load: the newest fingerprint is the one that counts
-    watch = _ReplacementWatch(model, loaded)
-    watch.handle = target.register_forward_pre_hook(watch)
-    try:
-        model._spectrace_replacement_watch = watch
-    except Exception:
-        pass
+    inner = getattr(model, "model", None)
+    module = inner if callable(getattr(inner, "register_forward_pre_hook", None)) else model
+    ref = weakref.ref(model)
+    watch_replacements(
+        model,
+        module,
+        [n for n in record.written if n != "hot_token_id"],
+        moment=_moment,
+        final=lambda moment: moment == "CUDA-graph capture",
+        report=lambda changed, moment: _say(ref())(changed, moment) if ref() is not None else None,
+        others=_target_storages,
+        on_error=state.internal_error,
+    )
 
 
 def check_replaced_now(model: Any, moment: str = "check") -> None:
     """Compare the draft's tensors with what its load wrote now (tests, notebooks)."""
-    watch = getattr(model, "_spectrace_replacement_watch", None)
+    watch = model.__dict__.get("_spectrace_replacement_watch")
     if watch is not None:
-        watch._compare(model, moment)
+        watch.compare(model, moment)

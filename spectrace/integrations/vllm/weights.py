@@ -18,9 +18,10 @@ import functools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from ...checks.replaced import ReplacedWeight, check_replaced_weights
 from ...checks.vllm import check_vllm_weights
 from ...hooks.weights import observe_load
-from ..core.loads import DraftLoad
+from ..core.loads import ChangedParam, DraftLoad, watch_replacements
 from . import state
 
 _SKIPPED_BY_DESIGN = ("t2d",)
@@ -115,6 +116,7 @@ def around_draft_load(original: Any, *args: Any, **kwargs: Any) -> Any:
         state.emit(record)
         for found in check_vllm_weights(record, type(model).__name__):
             state.emit_finding(found)
+        _watch_replacements(model, record.written)
     except Exception as exc:
         state.internal_error("draft load_weights report", exc)
     return result
@@ -129,3 +131,59 @@ def _source(model: Any) -> str:
     from .draft import draft_path
 
     return draft_path(model) or ""
+
+
+# ------------------------------------------------------------------ weights replaced after load
+#
+# vLLM 0.32's proposer shares the target's embedding and head only when the checkpoint has
+# none or an identical one (``_maybe_share_embeddings`` / ``_maybe_share_lm_head`` in
+# v1/spec_decode/llm_base_proposer.py); releases before the fix shared them regardless.
+# What the checkpoint wrote is compared at the draft's first forward (vLLM's dummy run,
+# before any graph is captured): a trained tensor swapped out since is named.
+
+_SHARE_STEP = {
+    "lm_head.": "the proposer's _maybe_share_lm_head (vllm/v1/spec_decode/llm_base_proposer.py)",
+    "embed_tokens.": "the proposer's _maybe_share_embeddings (vllm/v1/spec_decode/llm_base_proposer.py)",
+}
+
+
+def _explain(change: ChangedParam) -> ReplacedWeight:
+    step = next((where for part, where in _SHARE_STEP.items() if part in change.name), None)
+    fix = (
+        "serve with a vLLM whose proposer keeps a draft's own trained head and embedding (it shares them only when the "
+        "checkpoint has none or identical ones), or report the sharing step to vLLM"
+        if step
+        else None
+    )
+    return ReplacedWeight(change.name, change.how, shared_with=change.shared_with, step=step, fix=fix)
+
+
+def _watch_replacements(model: Any, written: list[str]) -> None:
+    import weakref
+
+    ref = weakref.ref(model)
+
+    def report(changed: list[ChangedParam], moment: str) -> None:
+        if ref() is None:
+            return
+        for found in check_replaced_weights([_explain(c) for c in changed], moment=moment, source="vllm.weights"):
+            state.emit_finding(found)
+
+    watch_replacements(
+        model,
+        model,
+        written,
+        moment=lambda compared: None if compared or _capturing() else "first forward",
+        final=lambda moment: True,
+        report=report,
+        on_error=state.internal_error,
+    )
+
+
+def _capturing() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+    except Exception:
+        return False
