@@ -1,9 +1,10 @@
 """``spectrace demo``: every EAGLE-3 wiring bug, reproduced, traced and diagnosed.
 
 Runs the trained tiny target/draft pair healthy and under each bug switch, with
-tracing on, writes one trace folder per scenario, and prints one line per scenario
-(mean accept length and the root cause's code) so the whole run fits one screen;
-``--details`` adds every finding's code and one-line cause. Progress goes to stderr.
+tracing on, writes one trace folder per scenario, and prints a few lines per scenario
+that fit 80 columns: its mean accept length and trace folder, what is wrong (the root
+cause's code and what was seen) and its one fix. ``--details`` shows every finding of
+each scenario: what was seen, the cause, the fix. Progress goes to stderr.
 
     $ spectrace demo                    # all scenarios into ./spectrace-demo/
     $ spectrace demo --bug fc_bypass    # one scenario
@@ -15,11 +16,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .records import SEVERITY_RANK, Finding, Fingerprint
+
+if TYPE_CHECKING:
+    from rich.text import Text
 from .settings import Settings
 
 DEFAULT_OUT = "spectrace-demo"
@@ -118,35 +123,122 @@ def _clear_old_traces(trace_dir: str) -> None:
                 os.remove(os.path.join(trace_dir, entry))
 
 
-def _table(results: list[ScenarioResult], details: bool = False) -> Any:
-    """One line per scenario: accept length, the root cause and how many findings follow
-    from it; with ``details``, every finding's code and cause beneath."""
-    from rich.table import Table
+SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "dim"}
+INDENT = "  "
 
-    # The run's time goes under the table: a title wider than the table would wrap.
-    table = Table(title=f"spectrace demo: EAGLE-3 pipeline, k={K}", show_lines=details)
-    table.add_column("scenario", no_wrap=True)
-    table.add_column("accept", justify="right", no_wrap=True)
-    table.add_column("root cause" if not details else "findings: code, then the cause", overflow="fold")
-    for r in results:
-        roots = root_causes(r.findings)
-        if not roots:
-            summary = "[green]no findings[/]"
+
+def _wrap(label: str, text: str, width: int, indent: str = INDENT, limit: int | None = None) -> list[Text]:
+    """``label text`` wrapped at ``width``, continuation lines under the text; never breaks
+    a word, so an identifier or a path in a fix stays whole and can be copied."""
+    from rich.text import Text
+
+    lines = textwrap.wrap(
+        f"{label}{text}",
+        width=width,
+        initial_indent=indent,
+        subsequent_indent=indent + " " * len(label),
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+    if limit is not None and len(lines) > limit:
+        lines = lines[:limit]
+        lines[-1] = lines[-1][: width - 1] + "…"
+    return [Text(line) for line in lines]
+
+
+def _headline(r: ScenarioResult, name_width: int, width: int) -> list[Text]:
+    """The scenario's name, accept length and trace folder; a folder too long for the line
+    goes on its own line beneath (a path is never cut: it is there to be copied)."""
+    from rich.text import Text
+
+    line = Text(f"{r.name:<{name_width}}  {r.accept_length:>6.2f}  ")
+    lines = [line]
+    if len(line) + len(r.trace_dir) <= width:
+        line.append(r.trace_dir, style="cyan")
+    else:
+        line.rstrip()
+        lines.append(Text(INDENT + "trace: "))
+        lines[-1].append(r.trace_dir, style="cyan")
+    if not r.findings:
+        if len(lines[-1]) + len("  no findings") <= width:
+            lines[-1].append("  no findings", style="green")
         else:
-            style = {"error": "bold red", "warning": "yellow", "info": "dim"}
-            first = roots[0]
-            more = len({f.code for f in r.findings}) - 1
-            summary = f"[{style[first.severity]}]{first.code}[/]" + (f" [dim](+{more} more)[/]" if more > 0 else "")
-        if details:
-            lines = [summary]
-            seen: set[str] = set()
-            for f in sorted(r.findings, key=lambda f: SEVERITY_RANK[f.severity]):
-                if f.code not in seen:
-                    seen.add(f.code)
-                    lines.append(f"  {f.code}: {_short(f.message)}")
-            summary = "\n".join(lines)
-        table.add_row(r.name, f"{r.accept_length:.2f}", summary)
-    return table
+            lines.append(Text(INDENT + "no findings", style="green"))
+    return lines
+
+
+def report_lines(results: list[ScenarioResult], width: int = 80, details: bool = False) -> list[Text]:
+    """The demo's screen, each line at most ``width`` wide (a trace folder longer than the
+    screen aside): per scenario its accept length and trace folder, what is wrong and the
+    one fix; with ``details``, every finding's seen text, cause and fix, root causes first
+    (the view's judgement)."""
+    from rich.text import Text
+
+    name_width = max([len("scenario"), *(len(r.name) for r in results)])
+    lines = [
+        Text(_cut(f"spectrace demo: EAGLE-3 pipeline, k={K}; accept = tokens accepted per verify", width), style="bold"),
+        Text(_cut(f"{'scenario':<{name_width}}  {'accept':>6}  trace folder, then what is wrong and the fix", width), style="bold"),
+    ]
+    for r in results:
+        lines += _headline(r, name_width, width)
+        if r.findings:
+            lines += _details(r, width) if details else _summary(r, width)
+    return lines
+
+
+def _summary(r: ScenarioResult, width: int) -> list[Text]:
+    """The root cause in one line (its code, how many other codes follow, what was seen),
+    then its whole fix."""
+    from rich.text import Text
+
+    first = root_causes(r.findings)[0]
+    more = len({f.code for f in r.findings} - {first.code})
+    line = Text(INDENT)
+    line.append(first.code, style=SEVERITY_STYLE[first.severity])
+    if more:
+        line.append(f" (+{more} more)", style="dim")
+    line.append(": " + _cut_words(_short(first.message, width), width - len(line) - 2))
+    return [line, *_wrap("fix: ", first.fix, width)]
+
+
+def _details(r: ScenarioResult, width: int) -> list[Text]:
+    """Every code of a scenario once, root causes first: what was seen, the cause, the fix."""
+    from rich.text import Text
+
+    from .checks.root_causes import root_causes as judge
+    from .rules.catalogue import CATALOGUE
+
+    judged = judge(r.findings)
+    ranked = sorted(zip(r.findings, judged), key=lambda fj: (fj[1].root is not None, SEVERITY_RANK.get(fj[0].severity, 9)))
+    lines: list[Text] = []
+    seen: set[str] = set()
+    for f, j in ranked:
+        if f.code in seen:
+            continue
+        seen.add(f.code)
+        head = Text(INDENT)
+        head.append(f"{f.severity.upper()} {f.code}", style=SEVERITY_STYLE[f.severity])
+        head.append(" (root cause)" if j.root is None else f" (follows from {j.root})", style="dim")
+        lines.append(head)
+        lines += _wrap("seen: ", f.message, width, INDENT * 2, limit=3)
+        code = CATALOGUE.get(f.code)
+        if code is not None:
+            lines += _wrap("cause: ", code.meaning, width, INDENT * 2)
+        lines += _wrap("fix: ", f.fix, width, INDENT * 2)
+    return lines
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"
+
+
+def _cut_words(text: str, limit: int) -> str:
+    # Cut between words where one ends late enough: a half word reads as a typo.
+    if len(text) <= limit:
+        return text
+    head = text[: max(limit - 1, 0)]
+    space = head.rfind(" ")
+    return (head[:space] if space > limit // 2 else head).rstrip(" ,;:(") + "…"
 
 
 def root_causes(findings: list[Finding]) -> list[Finding]:
@@ -166,8 +258,7 @@ def root_causes(findings: list[Finding]) -> list[Finding]:
 
 def _short(message: str, limit: int = 90) -> str:
     # The cause's first clause; the whole message is in the trace and in `spectrace view`.
-    text = message.split("; ")[0]
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return _cut(message.split("; ")[0], limit)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bug", action="append", choices=list(BUGS), help="run only this scenario (repeatable)")
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"folder for the traces (default: ./{DEFAULT_OUT})")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
-    parser.add_argument("--details", action="store_true", help="every finding's code and cause under its scenario")
+    parser.add_argument("--details", action="store_true", help="every finding under its scenario: what was seen, the cause, the fix")
     args = parser.parse_args(argv)
 
     os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
@@ -226,12 +317,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from rich.console import Console
 
-    console = Console()
-    console.print(_table(results, details=args.details))
-    console.print(f"{len(results)} scenario{'s' if len(results) != 1 else ''} in {total:.1f} s.")
-    console.print(f"Traces in {os.path.join(args.out, '<scenario>')}. Read one with: spectrace view {os.path.join(args.out, names[-1])}")
+    console = Console(highlight=False)
+    width = min(console.width, 100)  # wider lines read worse; 80 columns fit every line
+    for line in report_lines(results, width, details=args.details):
+        console.print(line, overflow="fold")
+    pattern = os.path.join(args.out, "<scenario>")
+    console.print(
+        f"{len(results)} scenario{'s' if len(results) != 1 else ''} in {total:.1f} s. Read one: spectrace view {pattern}", overflow="fold"
+    )
     if not args.details:
-        console.print("Every finding and its cause: spectrace demo --details, or spectrace view.")
+        console.print("Every finding, its cause and fix: spectrace demo --details, or spectrace view.", overflow="fold")
     healthy = [r for r in results if r.name == "healthy"]
     if healthy and healthy[0].errors:
         sys.stderr.write("spectrace demo: the healthy scenario produced an error finding (a false positive)\n")

@@ -114,21 +114,70 @@ def test_demo_command_one_scenario(tmp_path):
     assert "fc_bypass" in {f["code"] for f in row["findings"]}
 
 
-def test_demo_table_is_one_line_per_scenario_with_progress_on_stderr(tmp_path):
+def test_demo_screen_says_what_is_wrong_the_fix_and_the_trace_with_progress_on_stderr(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECTRACE")}
     out = subprocess.run(
-        [sys.executable, "-m", "spectrace", "demo", "--bug", "healthy", "--bug", "fc_bypass", "--out", str(tmp_path)],
+        [sys.executable, "-m", "spectrace", "demo", "--bug", "healthy", "--bug", "fc_bypass", "--out", "spectrace-demo"],
         capture_output=True,
         text=True,
         timeout=600,
         env={**env, "COLUMNS": "80"},
+        cwd=tmp_path,  # as a user runs it: traces under ./spectrace-demo
     )
     assert out.returncode == 0, out.stderr
     progress = out.stderr.splitlines()
     assert progress[0].startswith("[1/2] healthy ... accept ") and progress[1].startswith("[2/2] fc_bypass ... accept ")
-    rows = [line for line in out.stdout.splitlines() if line.startswith("│")]
-    assert len(rows) == 2, out.stdout  # one line each: the screen holds every scenario
-    assert "healthy" in rows[0] and "no findings" in rows[0]
-    assert "fc_bypass" in rows[1] and "more)" in rows[1]  # the root cause, and how many follow
-    assert all(len(line) <= 80 for line in out.stdout.splitlines())
+    lines = out.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines), out.stdout
+    healthy = next(line for line in lines if line.startswith("healthy "))
+    assert healthy.endswith("spectrace-demo/healthy  no findings")
+    bypass = next(i for i, line in enumerate(lines) if line.startswith("fc_bypass "))
+    assert lines[bypass].endswith("spectrace-demo/fc_bypass")  # where its trace is
+    assert lines[bypass + 1].startswith("  aux_capture_disabled (+2 more): ")  # what is wrong, and how many follow
+    assert lines[bypass + 2] == "  fix: set eagle_config.use_aux_hidden_state=true in the draft's config.json"
+    assert "Read one: spectrace view spectrace-demo/<scenario>" in out.stdout
     assert "spectrace demo --details" in out.stdout
+
+
+def _screen(results, details: bool) -> list[str]:
+    from dataclasses import replace
+
+    from spectrace.demo import report_lines
+
+    # The folders as `spectrace demo` names them by default (the fixture's are temporary ones).
+    ordered = [replace(results[name], trace_dir=f"spectrace-demo/{name}") for name in BUGS]
+    return [line.plain for line in report_lines(ordered, 80, details=details)]
+
+
+def test_every_row_names_its_root_cause_fix_and_trace_within_80_columns(results):
+    from spectrace.demo import root_causes
+
+    lines = _screen(results, details=False)
+    assert all(len(line) <= 80 for line in lines), "\n".join(lines)
+    assert len(lines) <= 38  # with the two footer lines, one 80x40 screen
+    for name, r in results.items():
+        head = next(i for i, line in enumerate(lines) if line.startswith(f"{name} "))
+        assert lines[head].endswith((f"spectrace-demo/{name}", f"spectrace-demo/{name}  no findings"))
+        if name == "healthy":
+            assert lines[head].endswith("no findings")
+            continue
+        root = root_causes(r.findings)[0]
+        assert lines[head + 1].startswith(f"  {root.code}")
+        block = " ".join(line.strip() for line in lines[head + 2 :] if line.startswith("  "))
+        assert block.startswith(f"fix: {root.fix}")  # whole, words never broken: it can be copied
+
+
+def test_details_show_what_was_seen_the_cause_and_the_fix_of_every_code(results):
+    from spectrace.rules.catalogue import CATALOGUE
+
+    lines = _screen(results, details=True)
+    assert all(len(line) <= 80 for line in lines), "\n".join(lines)
+    text = "\n".join(lines)
+    for r in results.values():
+        for code in {f.code for f in r.findings}:
+            assert f" {code} (" in text  # "(root cause)" or "(follows from ...)"
+    flat = " ".join(line.strip() for line in lines)
+    assert f"cause: {CATALOGUE['weights_dropped'].meaning}" in flat
+    dropped = next(f for f in results["layers0_names"].findings if f.code == "weights_dropped")
+    assert f"fix: {dropped.fix}" in flat
+    assert "ERROR fc_bypass (follows from aux_capture_disabled)" in text
