@@ -309,6 +309,10 @@ class Settings:
     # Tensor VALUES (user data): the first N tokens of the fused draft input and their ids,
     # for a few steps, in a safetensors file beside the trace (hooks/values.py). 0: off.
     capture_values: int = 0
+    # SPECTRACE_REPLAY / SPECTRACE_REPLAY_ROWS: the draft's inputs and module outputs of a few
+    # forwards kept beside the trace for `spectrace replay` (tensor values: user data, off).
+    replay: bool = False
+    replay_rows: int = 8
     # SPECTRACE_RANK, else RANK: the rank in the trace's name and header (None: no rank).
     rank: int | None = None
     fused_stats: bool = True  # SPECTRACE_FUSED_STATS: the fused Triton statistics kernels on GPUs
@@ -368,6 +372,14 @@ class Settings:
                 f"SPECTRACE_CAPTURE_VALUES={capture_values}: tensor values and token ids of the fused draft input are "
                 "written beside the trace (*.values.safetensors); they are user data, keep them private",
             )
+        replay = _flag(env, "SPECTRACE_REPLAY", False)
+        if replay:
+            _bad(
+                "SPECTRACE_REPLAY",
+                "1",
+                "SPECTRACE_REPLAY=1: the draft's inputs and module outputs of a few forwards are written beside the "
+                "trace (*.replay.safetensors) for `spectrace replay`; they are user data, keep them private",
+            )
         return cls(
             enabled=_flag(env, "SPECTRACE", False),
             dir=env.get("SPECTRACE_DIR", "").strip() or "spectrace-traces",
@@ -387,6 +399,8 @@ class Settings:
             fingerprint=fingerprint_path(env),
             control=control_path(env),
             capture_values=capture_values,
+            replay=replay,
+            replay_rows=_positive_int(env, "SPECTRACE_REPLAY_ROWS", 8, 256),
             rank=env_rank(env),
             fused_stats=fused_stats_on(env),
             **_metrics_port(env),

@@ -172,3 +172,25 @@ def test_sglang_draft_rope_and_head(tmp_path: Path, capsys: pytest.CaptureFixtur
         "head_clean": (0, None),
         "head_bad": (1, "lm_head"),
     }
+
+
+def test_the_replay_switch_keeps_inputs_beside_a_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # SPECTRACE_REPLAY (Settings.replay) through spectrace.trace(): no code of the user's keeps them.
+    import spectrace
+    from spectrace.settings import Settings
+
+    draft = load_draft()
+    g = torch.Generator().manual_seed(0)
+    ids, fused = torch.randint(0, 128, (10,), generator=g), torch.randn(10, 192, generator=g)
+    with spectrace.trace({"draft": draft}, directory=str(tmp_path / "trace"), settings=Settings(replay=True)) as t, torch.no_grad():
+        draft(ids, fused, torch.arange(10))
+    assert t.path is not None
+    kept = list((tmp_path / "trace").glob("*.replay.safetensors"))
+    assert len(kept) == 1 and stat.S_IMODE(os.stat(kept[0]).st_mode) == 0o600
+    assert read_replay(str(kept[0]))[1]  # at least the one forward from position 0
+    assert replay_main([str(tmp_path / "trace"), "--draft", str(_checkpoint(tmp_path / "ckpt"))]) == 0
+    assert "matches its checkpoint" in capsys.readouterr().out
+    # Off by default: nothing is kept.
+    with spectrace.trace({"draft": draft}, directory=str(tmp_path / "off")), torch.no_grad():
+        draft(ids, fused, torch.arange(10))
+    assert not list((tmp_path / "off").glob("*.replay.*"))

@@ -33,6 +33,7 @@ import torch.nn as nn
 
 from ..recorder import Recorder
 from ..records import Call
+from ..sinks.base import safe_text
 from . import callwrap, hookdicts, stepwrap
 from .budget import StepBudget
 from .call_text import RawCall, RawTensor, StepContext, call_fields, call_texts, dumps, dumps_core
@@ -229,6 +230,7 @@ class Tracer:
 
     def __init__(self, recorder: Recorder, *, stats: str = "basic", sample: int = 1, budget: float = 0.0) -> None:
         self.recorder = recorder
+        self._replay: Any = None  # SPECTRACE_REPLAY's capture of a draft (hooks/replay_capture.py)
         self.stats_mode = stats
         self.sample = max(1, sample)
         # SPECTRACE_BUDGET: the steps this tracer numbers are traced one in N, N measured
@@ -322,7 +324,9 @@ class Tracer:
         names: list[str] = []
         if prefix.split("#")[0].lower() == "draft":
             self._drafts.add(root)  # (or a module's draft role, below)
-        root_name = prefix or type(root).__name__
+        # Names enter records here: escaped once (a ModuleDict key may hold any str), so a
+        # record of the module is always valid UTF-8 and says its name as the view does.
+        root_name = safe_text(prefix or type(root).__name__)
         # A class's wrapper costs every untraced instance of it a lookup per call (about half
         # what it saves a traced one): only classes mostly traced here get one. A traced
         # lm_head or fc leaves nn.Linear alone, and the hundreds of projections with it.
@@ -331,7 +335,7 @@ class Tracer:
         for name, module in chosen:
             if module in self._hooked:
                 continue
-            full = f"{prefix}.{name}" if prefix else name
+            full = safe_text(f"{prefix}.{name}" if prefix else name)
             self._hooked[module] = full
             # Through the class's forward where it can be (callwrap: torch's hook path costs
             # more than our hooks); a root, or a module with a forward of its own, gets
@@ -376,8 +380,23 @@ class Tracer:
             names.append(full)
         if self.values is not None:
             self._hook_values(root, prefix)
+        self._keep_replay(root, prefix)
         self.wrap_forward(root)
         return names
+
+    def _keep_replay(self, root: nn.Module, prefix: str) -> None:
+        """SPECTRACE_REPLAY: a draft's inputs and module outputs of a few forwards, kept beside
+        the trace for ``spectrace replay`` (one draft per tracer)."""
+        settings = self.recorder.settings
+        if self._replay is not None or not settings.replay:
+            return
+        from .replay_capture import draft_parts, keep_replay
+
+        try:
+            if root in self._drafts and draft_parts(root) is not None:
+                self._replay = keep_replay(root, rows=settings.replay_rows, recorder=self.recorder)
+        except Exception as exc:  # never into the host
+            self.recorder.internal_error(f"replay: {type(exc).__name__}: {exc}")
 
     def _hook_values(self, root: nn.Module, prefix: str) -> None:
         """The aux concat hands its output to the values capture (whatever the selection)."""

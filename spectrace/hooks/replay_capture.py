@@ -51,11 +51,11 @@ def replay_enabled(env: Any = None) -> bool:
 
 
 def _rows_setting(env: Any = None) -> int:
+    # The settings' one parser: ASCII digits, 1 to 256, a bad value named once with the default.
+    from ..settings import parse_number
+
     env = os.environ if env is None else env
-    try:
-        return max(1, min(256, int(env.get(ENV_ROWS, DEFAULT_ROWS))))
-    except (TypeError, ValueError):
-        return DEFAULT_ROWS
+    return int(parse_number(env, ENV_ROWS, DEFAULT_ROWS, 1, 256))
 
 
 def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], i: int, name: str) -> Any:
