@@ -70,3 +70,20 @@ def after_observe_draft(result: Any, *args: Any, **kwargs: Any) -> None:
                 st.accept_drain_for = rec
         st.accept_counts.append(int(accepted))
     return None
+
+
+def note_speculative_config(spec: Any) -> None:
+    """vLLM's speculative config, when the draft is built: synthetic rejection sampling makes
+    every accept length in the trace synthetic, said once and loudly (acceptance_synthetic)."""
+    try:
+        from ...checks.acceptance_sampling import check_synthetic_acceptance
+
+        method = getattr(spec, "rejection_sample_method", None)
+        if method is None:
+            return
+        settings = {"rejection_sample_method": method, "synthetic_acceptance_rates": getattr(spec, "synthetic_acceptance_rates", None)}
+        rec = state.recorder()
+        for found in check_synthetic_acceptance("vllm", settings, source="vllm.acceptance"):
+            rec.once(found.code, lambda found=found: found)
+    except Exception as exc:
+        state.internal_error("speculative config", exc)
