@@ -127,15 +127,23 @@ class DriftTracker:
         """Take one verify step; the window it completed, if any."""
         if not accept_lengths:
             return None
+        known = greedy is not None and len(greedy) == len(accept_lengths)
+        return self.add_sums(step, sum(accept_lengths), len(accept_lengths), sum(1 for g in greedy if g) if known and greedy else None)
+
+    def add_sums(self, step: int, lengths_sum: int, requests: int, greedy: int | None = None) -> DriftWindow | None:
+        """:meth:`add` from a step's sums (an engine hook has them already): the accept lengths'
+        sum, the requests, and how many of them were greedy (None: unknown)."""
+        if requests <= 0:
+            return None
         if self._first is None:
             self._first = step
         self._last = step
         self._n_steps += 1
-        self._sum += sum(accept_lengths)
-        self._requests += len(accept_lengths)
-        if greedy is not None and len(greedy) == len(accept_lengths):
-            self._known += len(greedy)
-            self._greedy += sum(1 for g in greedy if g)
+        self._sum += lengths_sum
+        self._requests += requests
+        if greedy is not None:
+            self._known += requests
+            self._greedy += greedy
         if self._n_steps < self.steps:
             return None
         window = DriftWindow(

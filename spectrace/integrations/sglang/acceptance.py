@@ -177,7 +177,10 @@ def _build(st: state.State, held: list[tuple[Any, int, Sampling | None]], rec: A
     extras = _extras(st)
     drift = extras.drift
     try:
-        for correct, k, sampling in held:
+        for item in held:
+            # (counts, k, sampling); a (counts, k) pair held by an older caller has no sampling.
+            correct, k = item[0], item[1]
+            sampling = item[2] if len(item) > 2 else None
             try:
                 # sum() is int only if every count is (or is a bool): the lists SGLang builds
                 # with .tolist() pass as they are; numpy or torch scalars and floats become
@@ -236,7 +239,8 @@ def _build(st: state.State, held: list[tuple[Any, int, Sampling | None]], rec: A
                 st.accept_sum += step_mean
                 st.accept_steps += 1
                 # Drift: a window of verify steps closes every DRIFT_STEPS; checked then, said once.
-                if drift.add(step - 1, accept_lengths, sampling[0] if sampling is not None else None) is not None and not drift.said:
+                greedy_n = sum(sampling[0]) if sampling is not None else None
+                if drift.add_sums(step - 1, total + n, n, greedy_n) is not None and not drift.said:
                     found_drift = drift.check(source="sglang.acceptance")
                     if found_drift:
                         rec.emit_lines(lines)  # the steps go before the finding they show
