@@ -95,7 +95,7 @@ def _record_maker() -> Callable[..., Acceptance]:
     def construct(
         step: int, accept_lengths: list[int], draft_tokens: int, per_position: list[int], sampling: Sampling | None = None
     ) -> Acceptance:
-        extra = {k: v for k, v in zip(_SAMPLING_KEYS, sampling) if v is not None} if sampling is not None else {}
+        extra: dict[str, Any] = {k: v for k, v in zip(_SAMPLING_KEYS, sampling) if v is not None} if sampling is not None else {}
         return Acceptance.model_construct(
             step=step, accept_lengths=accept_lengths, draft_tokens=draft_tokens, accepted_per_position=per_position, **extra
         )
@@ -159,7 +159,7 @@ def acceptance_line(
     )
 
 
-def _build(st: state.State, held: list[tuple[Any, int, Sampling | None]], rec: Any, as_lines: bool = False) -> Acceptance | None:
+def _build(st: state.State, held: list[Any], rec: Any, as_lines: bool = False) -> Acceptance | None:
     """Build, emit and window the records of ``held`` steps, in order (under the state lock).
 
     Returns the last record built (None with ``as_lines``: the records then go to the
@@ -270,7 +270,7 @@ def _build(st: state.State, held: list[tuple[Any, int, Sampling | None]], rec: A
     return record
 
 
-def _take_held(st: state.State) -> list[tuple[Any, int, Sampling | None]]:
+def _take_held(st: state.State) -> list[Any]:
     # The list is never replaced, so the hook appends to it without a lock: what is here
     # now is taken from the front, and a step appended meanwhile (on the engine's thread)
     # lands past it and stays for the next build, in order. Callers hold the state lock,
