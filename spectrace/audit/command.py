@@ -6,7 +6,8 @@
 Exit status: 0 no error finding, 1 at least one error finding, 2 unusable input (one
 line on stderr, never a traceback).
 
-The table shows at most :data:`MAX_TABLE_FINDINGS` findings and says how many it left
+The text report shows at most :data:`MAX_TABLE_FINDINGS` findings (each as stacked seen /
+cause / fix / applies-to lines) and says how many it left
 out; ``--json`` lists every one. A name that is not valid Unicode (a file name's
 undecodable bytes, held as ``\\udcXX`` by Python's surrogateescape, or a lone surrogate
 from a header) is written as its ``\\uXXXX`` escape: the JSON stays valid and
@@ -21,6 +22,7 @@ import json
 import os
 import re
 import sys
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
@@ -29,8 +31,10 @@ from pydantic import BaseModel
 
 from ..checks.checkpoint import AuditResult, audit
 from ..records import Finding, Severity
+from ..rules.catalogue import CATALOGUE
 from .checkpoint import AuditInputError, DraftCheckpoint, TargetConfig, read_checkpoint, read_target_config
 from .engines import get_engine, parse_engine
+from .text import applies_to, finding_lines, notes
 
 PROG = "spectrace audit"
 # Rows of the findings table; a checkpoint of 10,000 decoder layers missing would
@@ -126,6 +130,8 @@ class ReportFinding(BaseModel):
     evidence: dict[str, Any]
     fix: str
     module: str | None
+    cause: str = ""  # the catalogue's meaning of the code
+    applies_to: str = ""  # the engine releases the finding holds for
 
 
 class AuditReport(BaseModel):
@@ -138,7 +144,16 @@ class AuditReport(BaseModel):
 def report(findings: list[Finding], info: dict[str, Any]) -> AuditReport:
     return AuditReport(
         findings=[
-            ReportFinding(code=f.code, severity=f.severity, message=f.message, evidence=f.evidence, fix=f.fix, module=f.module)
+            ReportFinding(
+                code=f.code,
+                severity=f.severity,
+                message=f.message,
+                evidence=f.evidence,
+                fix=f.fix,
+                module=f.module,
+                cause=CATALOGUE[f.code].meaning if f.code in CATALOGUE else "",
+                applies_to=applies_to(f, info),
+            )  # fmt: skip
             for f in findings
         ],
         checkpoint=info,
@@ -177,37 +192,47 @@ def _stdout_escaping_unencodable() -> Iterator[None]:
 
 
 def render(findings: list[Finding], info: dict[str, Any]) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
+    """The text report: a header, then one stacked block per finding (seen / cause / fix /
+    applies to, as ``spectrace view`` draws them), wrapped at spaces to the terminal's width."""
     from ..viewers.terminal import safe_console
 
     console = safe_console()  # escapes the control characters a checkpoint's strings carry
+    width = max(console.width, 40)
     engine = info["engine"]
     cap = info["engine_capture"]
-    console.print(
-        f"[bold]spectrace audit[/] {escape(info['path'])}  format={info['format']}  tensors={info['num_tensors']}  "
-        f"engine={escape(engine.get('spec') or engine['name'] + '==' + engine['version'])}"
+
+    def say(line: str, style: str = "") -> None:
+        # Plain text, never wrapped by rich: text.stack has wrapped it at spaces already.
+        console.print(line, style=style or None, markup=False, highlight=False, soft_wrap=True)
+
+    head = (
+        f"spectrace audit {info['path']}  format={info['format']}  tensors={info['num_tensors']}  "
+        f"engine={engine.get('spec') or engine['name'] + '==' + engine['version']}"
     )
+    for line in textwrap.wrap(head, width, break_long_words=False, break_on_hyphens=False):
+        say(line, "bold")
     trained = "; ".join(f"{r['trainer']}: {r['boundaries']}" for r in info["trained_readings"]) or "unknown"
     captured = cap["boundaries"] if cap["boundaries"] is not None else "unknown (no --target-config)"
     # The capture rule and the releases it holds for: a rule is a fact of some releases only.
     rule = f" ({cap['rule']} rule" + (f", {cap['rule_releases']})" if cap.get("rule_releases") else ")")
-    console.print(escape(f"trained boundaries: {trained}   engine captures: {captured}{rule}"))
+    for line in textwrap.wrap(f"trained boundaries: {trained}   engine captures: {captured}{rule}", width, break_long_words=False):
+        say(line)
     if not findings:
-        console.print("[green]no findings[/]")
-    else:
-        colour = {"error": "red", "warning": "yellow", "info": "cyan"}
-        table = Table(show_lines=True)
-        for col in ("code", "severity", "message", "fix"):
-            table.add_column(col, overflow="fold")
-        for f in findings[:MAX_TABLE_FINDINGS]:
-            table.add_row(f.code, f"[{colour[f.severity]}]{f.severity}[/]", escape(f.message), escape(f.fix))
-        console.print(table)
-        if len(findings) > MAX_TABLE_FINDINGS:
-            console.print(f"{len(findings) - MAX_TABLE_FINDINGS} more findings left out of the table; --json lists all {len(findings)}")
-    for note in engine["assumptions"]:
-        console.print(f"[dim]assumed: {escape(note)}[/]")
+        say("no findings", "green")
+    colour = {"error": "red", "warning": "yellow", "info": "cyan"}
+    for f in findings[:MAX_TABLE_FINDINGS]:
+        say("")
+        for line in finding_lines(f, info, width):
+            say(line, "" if line.startswith(" ") else f"bold {colour[f.severity]}")
+    if len(findings) > MAX_TABLE_FINDINGS:
+        say("")
+        say(f"{len(findings) - MAX_TABLE_FINDINGS} more findings left out of the table; --json lists all {len(findings)}")
+    shown = notes(info)
+    if shown:
+        say("")
+    for note in shown:
+        for i, line in enumerate(textwrap.wrap(note, width - 9, break_long_words=False, break_on_hyphens=False)):
+            say(("assumed: " if i == 0 else " " * 9) + line, "dim")
 
 
 class _OutputClosed(Exception):
