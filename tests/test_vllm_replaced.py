@@ -40,6 +40,7 @@ def _recorder() -> Recorder:
 def installed():
     import vllm.model_executor.models.llama  # noqa: F401
     import vllm.model_executor.models.llama_eagle3  # noqa: F401
+    import vllm.v1.spec_decode.metrics  # noqa: F401
 
     st_vllm.install(_recorder())
     yield
@@ -101,3 +102,24 @@ def test_vllm_synthetic_rejection_sampling_is_said(rec, tmp_path) -> None:
     st_acceptance.note_speculative_config(synthetic)
     (one,) = [r for r in rec.records() if isinstance(r, Finding)]
     assert one.code == "acceptance_synthetic" and "SYNTHETIC" in one.message
+
+
+@pytest.mark.parametrize("falls", [True, False])
+def test_vllm_acceptance_drift(rec, falls: bool) -> None:
+    # vLLM's own per-step stats objects, as its scheduler fills them: acceptance falling
+    # half-way through at the same batch is named with its window; a steady run is not.
+    from vllm.v1.spec_decode.metrics import SpecDecodingStats
+
+    from spectrace.checks.drift import DRIFT_STEPS
+
+    steps = 12 * DRIFT_STEPS
+    for step in range(steps):
+        stats = SpecDecodingStats.new(3)
+        for accepted in [3, 3, 2, 3] if step < steps // 2 or not falls else [1, 0, 1, 1]:
+            stats.observe_draft(num_draft_tokens=3, num_accepted_tokens=accepted)
+    drift = [r for r in rec.records() if isinstance(r, Finding) and r.code == "acceptance_drift"]
+    if not falls:
+        assert drift == []
+        return
+    (one,) = drift
+    assert one.evidence["fell_in_steps"][0] == steps // 2

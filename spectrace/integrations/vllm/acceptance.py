@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...checks.calls import COLLAPSE_WINDOW, check_acceptance
+from ...checks.drift import DriftTracker
 from ...records import Acceptance
 from . import state
 
@@ -33,6 +34,13 @@ def _build_step() -> None:
     st.accept_window.append(record)
     st.accept_sum += sum(record.accept_lengths) / len(record.accept_lengths)
     st.accept_steps += 1
+    # Drift: windows of verify steps, kept beside the engine's state (a reset drops them too).
+    drift = st.__dict__.get("_spectrace_drift")
+    if drift is None:
+        drift = st.__dict__["_spectrace_drift"] = DriftTracker()
+    if drift.add(record.step, record.accept_lengths) is not None and not drift.said:
+        for found in drift.check(source="vllm.acceptance"):
+            rec.once(found.code, lambda found=found: found)
     if len(st.accept_window) >= COLLAPSE_WINDOW:
         if not rec.said("acceptance_collapse"):
             for found in check_acceptance(st.accept_window, run_mean=(st.accept_sum / st.accept_steps, st.accept_steps)):
