@@ -248,10 +248,10 @@ def _target_storages(draft: Any) -> dict[int, str]:
 def _moment(compared: bool) -> str | None:
     """The comparison due now: the first forward, then the first under CUDA-graph capture
     (its warm-up runs eagerly; never while a stream captures, when no host read may run)."""
-    if capturing():
-        return None
     in_capture = state.STATE.in_capture > 0
     if compared and not in_capture:
+        return None  # the cheap test first: this runs on every draft forward until capture
+    if capturing():
         return None
     return "CUDA-graph capture" if in_capture else "first forward"
 
