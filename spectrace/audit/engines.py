@@ -438,8 +438,12 @@ def vllm_engine(version: str) -> Engine:
         assumptions=(
             f"modelled on vLLM {', '.join(VLLM_READ)}'s source{read}: the speculators format is read natively",
             "the runner is Model Runner V2, what a CUDA server runs by default: it reads top-level "
-            "eagle_aux_hidden_state_layer_ids (or eagle_config.layer_ids) and not eagle_config.eagle_aux_hidden_state_layer_ids; "
-            "VLLM_USE_V2_MODEL_RUNNER=0 (and vLLM's CPU build) run the V1 runner, which reads those too",
+            "eagle_aux_hidden_state_layer_ids, then dflash_config.target_layer_ids + 1, dspark_target_layer_ids, "
+            "top-level target_layer_ids + 1, then dflash_config.layer_ids / eagle_config.layer_ids, and not "
+            "eagle_config.eagle_aux_hidden_state_layer_ids; VLLM_USE_V2_MODEL_RUNNER=0 (and vLLM's CPU build) run "
+            "the V1 runner, which reads that one too",
+            "the draft class is the one vLLM's registry gives the config's architectures (Eagle3Qwen3ForCausalLM, "
+            "Eagle3DeepseekV2ForCausalLM, else Eagle3LlamaForCausalLM); the training flags it does not read are findings",
             "the target captures id k as boundary k (0 = the embedding, n = the last layer's output; others are dropped "
             "without a word), distinct ids in ascending order; no ids -> defaults (2, n//2, n-3)",
             "unknown checkpoint names raise at load, except '.bias' tensors, which AutoWeightsLoader ignores without a word",

@@ -16,7 +16,17 @@ from typing import Any
 from ..records import Capture, Finding, Weights
 from ..rules.catalogue import finding
 from ..rules.readings import readings
-from ..rules.vllm import D2T_PARAM, IDS_KEY, RUNNER_NAMES, default_ids, ignored_nested_ids, uses_aux_hidden_state, vllm_boundaries
+from ..rules.vllm import (
+    D2T_PARAM,
+    IDS_KEY,
+    RUNNER_NAMES,
+    default_ids,
+    ignored_nested_ids,
+    unread_flags,
+    uses_aux_hidden_state,
+    vllm_boundaries,
+    vllm_release,
+)
 from .capture import check_capture
 from .weights import check_weights
 
@@ -84,7 +94,7 @@ def check_vllm_runner_ids(
             "aux_layers_mismatch",
             f"the draft config nests its ids in eagle_config.{IDS_KEY} {nested}, which {name} does not read: the "
             f"target captures its defaults {tuple(defaults)} = boundaries {got} instead of the trained boundaries "
-            f"{trained}{convention}",
+            f"{trained}{convention}; vLLM logs this fallback at info level only",
             module=module,
             evidence={
                 "runner": runner,
@@ -102,23 +112,63 @@ def check_vllm_runner_ids(
     ]
 
 
-def check_vllm_fc_bypass(config: Mapping[str, Any], *, module: str | None = "draft") -> list[Finding]:
-    """fc_bypass: ``use_aux_hidden_state`` false makes vLLM build no fc and feed the draft raw states."""
+def check_vllm_fc_bypass(
+    config: Mapping[str, Any], *, module: str | None = "draft", version: str | None = None, runner: str | None = None
+) -> list[Finding]:
+    """fc_bypass: ``use_aux_hidden_state`` false makes vLLM build no fc and feed the draft raw states.
+
+    With ``version`` and ``runner`` "mrv2" given, a release whose Model Runner V2 does not read
+    the flag (before 0.33.0, vllm#40551) is said too: its target still returns aux states."""
     if uses_aux_hidden_state(config):
         return []
+    message = (
+        "the draft config sets eagle_config.use_aux_hidden_state=false: vLLM builds the EAGLE-3 draft without fc, "
+        "drops fc.weight from the checkpoint, and combine_hidden_states hands the target's last hidden state to "
+        "the draft unfused"
+    )
+    evidence: dict[str, Any] = {"use_aux_hidden_state": False}
+    if version is not None and runner == "mrv2":
+        reads = vllm_release(version).mrv2_reads_use_aux
+        evidence["runner_reads_flag"] = reads
+        if not reads:
+            message += (
+                f"; Model Runner V2 of vLLM {version} does not read the flag and still makes the target return its "
+                "aux hidden states, which the draft, built without fc, was not made for (read from 0.33.0 on)"
+            )
     return [
         finding(
             "fc_bypass",
-            "the draft config sets eagle_config.use_aux_hidden_state=false: vLLM builds the EAGLE-3 draft without fc, "
-            "drops fc.weight from the checkpoint, and combine_hidden_states hands the target's last hidden state to "
-            "the draft unfused",
+            message,
             module=module,
-            evidence={"use_aux_hidden_state": False},
+            evidence=evidence,
             fix="set eagle_config.use_aux_hidden_state=true for an EAGLE-3 draft trained on fused aux states "
             "(remove the key: vLLM's default is true)",
             source=SOURCE,
         )
     ]
+
+
+def check_vllm_class_flags(config: Mapping[str, Any], draft_class: str, *, module: str | None = "config.json") -> list[Finding]:
+    """unsupported_config_flag: a training flag the config sets that ``draft_class`` never reads
+    (e.g. ``norm_before_fc`` on ``Eagle3DeepseekV2ForCausalLM``), so the draft computes other
+    than it was trained to, without a word."""
+    out: list[Finding] = []
+    for flag in unread_flags(config, draft_class):
+        value = "false" if flag == "use_aux_hidden_state" else "true"
+        where = "eagle_config." if flag == "use_aux_hidden_state" else ""
+        out.append(
+            finding(
+                "unsupported_config_flag",
+                f"{where}{flag}={value} is not read by vLLM's {draft_class}: the draft runs as if it were "
+                f"{'true' if value == 'false' else 'false'}, other than it was trained",
+                module=module,
+                evidence={"flag": flag, "draft_class": draft_class},
+                fix=f"retrain without {flag}, or serve with a draft class that reads it (Eagle3LlamaForCausalLM "
+                "reads norm_before_residual, norm_before_fc, fc_norm, norm_output and use_aux_hidden_state)",
+                source=SOURCE,
+            )
+        )
+    return out
 
 
 def check_vllm_fc_width(seen_width: int, fc_in_features: int, *, module: str | None = "draft.model.fc") -> list[Finding]:

@@ -23,10 +23,10 @@ from ..audit.checkpoint import DraftConfigFile, TargetConfig, TensorInfo, VocabM
 from ..audit.engines import Engine, dims_of
 from ..records import SEVERITY_RANK, Capture, Finding
 from ..rules.catalogue import finding
-from ..rules.vllm import IDS_KEY, default_ids, ignored_nested_ids, vllm_boundaries
+from ..rules.vllm import IDS_KEY, default_ids, draft_class_for, ignored_nested_ids, vllm_boundaries, vllm_release
 from . import checkpoint as generic
 from .capture import check_capture
-from .vllm import check_vllm_fc_bypass, check_vllm_runner_ids
+from .vllm import check_vllm_class_flags, check_vllm_fc_bypass, check_vllm_runner_ids
 
 RUNNER = "mrv2"  # what a CUDA server of the releases read runs unless VLLM_USE_V2_MODEL_RUNNER=0
 
@@ -41,6 +41,8 @@ def config_view(cfg: DraftConfigFile) -> dict[str, Any]:
         eagle[IDS_KEY] = list(cfg.eagle_config_ids)
     if cfg.use_aux_hidden_state is not None:
         eagle["use_aux_hidden_state"] = cfg.use_aux_hidden_state
+    for flag, value in cfg.flags.items():
+        view[flag] = value
     if eagle:
         view["eagle_config"] = eagle
     if cfg.stated is not None:
@@ -107,7 +109,9 @@ def audit_vllm(
         missing = [f for f in missing if "model.fc.weight" not in f.evidence.get("parameters", [])]
     findings += missing
     findings += generic.check_tensor_shapes(replay, engine)
-    findings += check_vllm_fc_bypass(view, module="config.json")
+    findings += check_vllm_fc_bypass(view, module="config.json", version=engine.version, runner=RUNNER)
+    draft_class = draft_class_for(cfg.architectures)
+    findings += check_vllm_class_flags(view, draft_class)
     if ignored:
         findings += _ignored_ids(cfg, view, target)
     else:
@@ -127,6 +131,7 @@ def audit_vllm(
         "name": engine.name,
         "version": engine.version,
         "draft_class": engine.draft_class,
+        "built_class": draft_class,
         "assumptions": list(engine.assumptions),
     }
     if ignored and target is not None:
@@ -138,6 +143,8 @@ def audit_vllm(
             "boundaries": vllm_boundaries(defaults, target.num_hidden_layers),
         }
     summary["runner"] = RUNNER
+    release = vllm_release(engine.version)
+    summary["vllm_release"] = {"read": release.read, "mrv2_reads_use_aux_hidden_state": release.mrv2_reads_use_aux}
     return generic.AuditResult(findings, summary)
 
 
