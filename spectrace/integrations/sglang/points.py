@@ -90,6 +90,8 @@ POINTS: tuple[Point, ...] = (
     ),
     # accept lengths (CPU lists)
     Point(f"{S}.eagle_worker_v2", "EAGLEWorkerV2.on_verify_complete_cpu", "AFTER", "acceptance:after_verify_complete_cpu", "acceptance"),
+    # The verified requests' sampling (host-side values only), paired with the accept lengths.
+    Point(f"{S}.eagle_worker_v2", "EAGLEWorkerV2.verify", "BEFORE", "acceptance:before_verify", "acceptance_sampling"),
     Point(f"{S}.eagle_worker", "EAGLEWorker.verify", "AFTER", "acceptance:after_v1_verify", "acceptance"),
     # CUDA graphs: replay coverage, stale draft-extend input. Where the runners replay through
     # runner_backend (0.5.17+), each captured graph's graph_stats.ReplayGate counts its replays, so

@@ -92,6 +92,10 @@ def after_draft_init(result: Any, *args: Any, **kwargs: Any) -> None:
         note_draft_config(raw, f"{path}/config.json")
     else:
         note_draft_config(config_to_dict(getattr(model, "config", None)), f"{type(model).__name__}.config")
+    # Synthetic rejection sampling makes every acceptance figure synthetic: said once.
+    from .acceptance import note_speculative_config
+
+    note_speculative_config(spec)
     return None
 
 
