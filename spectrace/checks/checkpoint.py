@@ -33,6 +33,7 @@ from ..rules.conventions import (
 from ..rules.readings import IDS_KEY, Reading
 from ..rules.readings import trained_readings as shared_readings
 from .capture import aux_ids_fix, check_engine_support, ids_for_boundaries
+from .draft_class import check_draft_class
 from .rope import check_rope, effective_rotary
 from .vocab_map import check_vocab_map
 
@@ -776,6 +777,9 @@ def audit(
     findings += check_null_keys(cfg, engine)
     findings += check_fc_width(cfg, tensors, engine, target)
     findings += check_aux_enabled(cfg, engine)
+    if engine.name == "sglang":
+        has_ids = bool(cfg.top_level_ids or cfg.eagle_config_ids)
+        findings += check_draft_class(cfg.architectures, tensors, has_ids)
     findings += check_aux_layers(cfg, engine, target)
     findings += check_short_capture(cfg, engine, target)
     findings += check_capture_support(cfg, engine, target)

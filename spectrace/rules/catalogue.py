@@ -69,6 +69,14 @@ CATALOGUE: dict[str, Code] = {
             "use --speculative-algorithm EAGLE3 for an EAGLE-3 draft (LlamaForCausalLMEagle3)",
         ),
         Code(
+            "draft_class_mismatch",
+            "error",
+            "the engine picks the draft class from the checkpoint's architectures (renaming some target names to their "
+            "NextN/MTP head): an EAGLE-3 checkpoint mapped to a NextN, MTP or EAGLE-1 class loads and runs as that class",
+            "set architectures to an EAGLE-3 draft class (SGLang: LlamaForCausalLMEagle3) and launch with "
+            "--speculative-algorithm EAGLE3",
+        ),
+        Code(
             "unsupported_config_flag",
             "error",
             "the engine's draft class reads only the config keys it implements: a training flag it does not implement "
