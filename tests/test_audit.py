@@ -504,7 +504,9 @@ def test_json_output_parses() -> None:
     proc = run_cli(SPECULATORS, "--target-config", TARGET, "--json")
     assert proc.returncode == 1, proc.stderr
     out = json.loads(proc.stdout)
-    assert out["findings"] and set(out["findings"][0]) == {"code", "severity", "message", "evidence", "fix", "module"}
+    # The fields of old, and the two added beside them (fields are only ever added).
+    fields = {"code", "severity", "message", "evidence", "fix", "module", "cause", "applies_to"}
+    assert out["findings"] and set(out["findings"][0]) == fields
     ck = out["checkpoint"]
     assert ck["format"] == "speculators" and ck["num_tensors"] == 17
     assert ck["engine_capture"]["boundaries"] == [2, 4, 5]
