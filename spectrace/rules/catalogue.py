@@ -73,8 +73,7 @@ CATALOGUE: dict[str, Code] = {
             "error",
             "the engine picks the draft class from the checkpoint's architectures (renaming some target names to their "
             "NextN/MTP head): an EAGLE-3 checkpoint mapped to a NextN, MTP or EAGLE-1 class loads and runs as that class",
-            "set architectures to an EAGLE-3 draft class (SGLang: LlamaForCausalLMEagle3) and launch with "
-            "--speculative-algorithm EAGLE3",
+            "set architectures to an EAGLE-3 draft class (SGLang: LlamaForCausalLMEagle3) and launch with --speculative-algorithm EAGLE3",
         ),
         Code(
             "unsupported_config_flag",
