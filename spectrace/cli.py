@@ -30,7 +30,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "audit": ("spectrace.audit.command:main", "check a draft checkpoint against the serving engine before launch"),
     "fingerprint": ("spectrace.demo:fingerprint_main", "record the per-chunk statistics of the fused draft input"),
     "compare-train": ("spectrace.compare_train:main", "say by value which target boundary each served fused-input chunk is"),
-    "replay": ("spectrace.replay.command:main", "run the served draft's kept inputs through its checkpoint; name the first module that diverges"),
+    "replay": (
+        "spectrace.replay.command:main",
+        "run the served draft's kept inputs through its checkpoint; name the first module that diverges",
+    ),
     "settings": ("spectrace.cli:settings_main", "print the SPECTRACE_* settings in effect"),
     "fleet": ("spectrace.fleet:main", "which instances report which root causes, from the Prometheus that scrapes them"),
 }

@@ -26,6 +26,11 @@ def parser() -> argparse.ArgumentParser:
         prog="spectrace replay",
         description="Feed the served draft's kept inputs to a reference draft loaded from its checkpoint; "
         "name the first module that computes something else.",
+        epilog="examples:\n"
+        "  SPECTRACE=1 SPECTRACE_REPLAY=1 SPECTRACE_DIR=traces python -m sglang.launch_server ...   keep the inputs\n"
+        "  spectrace replay traces --draft ./my-draft           exit 0: matches; 1: a module diverges; 2: bad input\n"
+        "  spectrace replay traces --draft ./my-draft --json    the comparison, module by module",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("trace", help="a trace file or folder holding a .replay.safetensors file (SPECTRACE_REPLAY=1)")
     p.add_argument("--draft", required=True, help="the draft checkpoint folder (config.json and weights)")
