@@ -6,7 +6,7 @@ Under CUDA graphs no per-module hook runs in replay; what runs per decode step i
 patch-point wrappers that SGLang's HookRegistry (or the import hook) puts on
 ``on_verify_complete_cpu`` and the draft-extend runner, and the ``ReplayGate`` in front
 of each captured graph. This wraps stand-in functions with those very wrappers
-(``patching._wrap`` over the real ``POINTS``), puts the real gates in front of stand-in
+(``patching.PATCHER.wrap`` over the real ``POINTS``), puts the real gates in front of stand-in
 graphs of a backend that replays as SGLang's does, calls them in the order one EAGLE-3
 decode step does, and compares with the same functions ungated and unwrapped, in one
 process, interleaved. The recorder writes JSONL as on a server. Prints us per step; a
@@ -138,7 +138,7 @@ def build(wrapped: bool, batch: int) -> list:
         fn = getattr(cls, method)
         if wrapped and feature is not None:
             point = next(p for p in POINTS if p.feature == feature and p.kind == kind and p.qualname.endswith(method))
-            fn = patching._wrap(fn, point)
+            fn = patching.PATCHER.wrap(fn, point)
         if graph is not None:
             backend, key = graphs[graph]
             calls.append((fn, (backend, key, None)))

@@ -350,6 +350,7 @@ def test_processes_that_share_a_pid_or_have_no_header_stay_apart(tmp_path: Path)
 
 def test_a_reader_that_leaves_early_ends_the_export_quietly(bypass: Path) -> None:
     """`spectrace export TRACE -o - | head -c 100`."""
+    import signal
     import subprocess
     import sys
 
@@ -360,6 +361,7 @@ def test_a_reader_that_leaves_early_ends_the_export_quietly(bypass: Path) -> Non
     first = proc.stdout.read(100)
     proc.stdout.close()
     err = proc.stderr.read().decode()
-    assert proc.wait(timeout=120) == 0, err
+    # Quietly as `cat` ends: 0 when everything fit the pipe, else SIGPIPE (the shell's 141).
+    assert proc.wait(timeout=120) in (0, -signal.SIGPIPE), err
     assert first.startswith(b'{"traceEvents":[')
     assert "Traceback" not in err and "Error" not in err
