@@ -194,3 +194,22 @@ def test_the_replay_switch_keeps_inputs_beside_a_trace(tmp_path: Path, capsys: p
     with spectrace.trace({"draft": draft}, directory=str(tmp_path / "off")), torch.no_grad():
         draft(ids, fused, torch.arange(10))
     assert not list((tmp_path / "off").glob("*.replay.*"))
+
+
+def test_the_view_shows_a_replay_that_diverged_as_a_finding(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import spectrace
+    from spectrace.settings import Settings
+
+    draft = load_draft()
+    draft.model.decoder_layer.self_attn.rope_theta = 500000.0  # the served rotary base, not the checkpoint's
+    g = torch.Generator().manual_seed(0)
+    ids, fused = torch.randint(0, 128, (10,), generator=g), torch.randn(10, 192, generator=g)
+    with spectrace.trace({"draft": draft}, directory=str(tmp_path / "trace"), settings=Settings(replay=True)), torch.no_grad():
+        draft(ids, fused, torch.arange(10))
+    assert replay_main([str(tmp_path / "trace"), "--draft", str(_checkpoint(tmp_path / "ckpt"))]) == 1
+    capsys.readouterr()
+    out = subprocess.run(
+        [sys.executable, "-m", "spectrace", "view", str(tmp_path / "trace"), "--json"], capture_output=True, text=True, timeout=120
+    )
+    codes = {(g["code"], g["severity"]) for g in json.loads(out.stdout)["findings"]}
+    assert ("replay_divergence", "error") in codes, codes

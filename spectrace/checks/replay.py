@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from ..records import Finding
 from ..rules.catalogue import finding
 
@@ -37,13 +40,26 @@ RESULT_SUFFIX = ".replay.json"  # what spectrace replay writes beside the trace 
 MAX_RESULT_BYTES = 1 << 20
 
 
+def result_finding(raw: Any) -> Finding | None:
+    """The ``replay_divergence`` finding of one replay result (``<stem>.replay.json``, as
+    ``spectrace replay`` writes it, parsed); None for a result that agrees or is not one."""
+    if not isinstance(raw, Mapping) or raw.get("agree", True) or not isinstance(raw.get("first_divergence"), str):
+        return None
+    check = next((m for m in raw.get("modules") or [] if isinstance(m, Mapping) and m.get("module") == raw["first_divergence"]), {})
+    causes = [str(c) for c in raw.get("causes") or []]
+    return replay_divergence(
+        raw["first_divergence"], str(raw.get("served", "")), str(raw.get("expected", "")), causes,
+        check.get("max_error"), check.get("tolerance"), str(raw.get("replay_file", "")),
+    )  # fmt: skip
+
+
 def findings_beside(folder: str) -> list[Finding]:
     """The ``replay_divergence`` findings of the replay results in a trace folder (none for a
     result that agrees, or one that cannot be read)."""
     import json
     import os
 
-    from ..safe_files import SafeFileError, open_regular
+    from ..safe_files import SafeFileError, read_regular
 
     out: list[Finding] = []
     try:
@@ -52,25 +68,9 @@ def findings_beside(folder: str) -> list[Finding]:
         return out
     for name in names:
         try:
-            fd, size = open_regular(os.path.join(folder, name))
-        except SafeFileError:
+            found = result_finding(json.loads(read_regular(os.path.join(folder, name), MAX_RESULT_BYTES).decode("utf-8")))
+        except (SafeFileError, OSError, ValueError):
             continue
-        try:
-            if size > MAX_RESULT_BYTES:
-                continue
-            raw = json.loads(os.read(fd, size + 1).decode("utf-8"))
-        except (OSError, ValueError):
-            continue
-        finally:
-            os.close(fd)
-        if not isinstance(raw, dict) or raw.get("agree", True) or not isinstance(raw.get("first_divergence"), str):
-            continue
-        check = next((m for m in raw.get("modules") or [] if isinstance(m, dict) and m.get("module") == raw["first_divergence"]), {})
-        causes = [str(c) for c in raw.get("causes") or []]
-        out.append(
-            replay_divergence(
-                raw["first_divergence"], str(raw.get("served", "")), str(raw.get("expected", "")), causes,
-                check.get("max_error"), check.get("tolerance"), str(raw.get("replay_file", "")),
-            )
-        )  # fmt: skip
+        if found is not None:
+            out.append(found)
     return out

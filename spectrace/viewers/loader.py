@@ -32,6 +32,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from spectrace.checks.from_records import findings_from_records
+from spectrace.checks.replay import MAX_RESULT_BYTES, RESULT_SUFFIX, result_finding
 from spectrace.records import (
     LEGACY_RECORD_TYPES,
     RECORD_ADAPTER,
@@ -48,6 +49,7 @@ from spectrace.records import (
     Values,
     Weights,
 )
+from spectrace.safe_files import SafeFileError, read_regular
 
 MAX_LINE_BYTES = 1 << 20  # a record this long is a writer bug or not a trace; never hold it
 MAX_CALLS_PER_FILE = 200_000  # a second bound on calls, below the byte budget's for tiny records
@@ -358,7 +360,7 @@ class FileReader:
         # Findings the calls imply (checks.from_records), made again when the calls change;
         # kept apart so a later pass replaces them rather than adding to them.
         self._derived: list[Finding] = []
-        self._derived_from: tuple[int, int] = (-1, -1)
+        self._derived_from: tuple[int, int, str | None] = (-1, -1, None)
 
     def _restart(self, why: str) -> None:
         self.budget.release(self.kept_bytes, len(self.file.acceptance.by_step))
@@ -626,16 +628,33 @@ class FileReader:
         self._derive()
 
     def _derive(self) -> None:
-        """The findings the file's calls imply, as every other consumer makes them."""
+        """The findings the file's calls imply, as every other consumer makes them, and a
+        replay result written beside it."""
         f = self.file
         derived_ids = {id(d) for d in self._derived}
         recorded = [fd for fd in f.findings if id(fd) not in derived_ids]
-        key = (len(f.calls), len(recorded))
+        replay = _replay_result(f.path)
+        key = (len(f.calls), len(recorded), replay.message if replay is not None else None)
         if key == self._derived_from:
             return
         self._derived_from = key
         self._derived = findings_from_records(f.calls, recorded, f.coverage)
+        if replay is not None:
+            self._derived.append(replay)
         f.findings = recorded + self._derived
+
+
+def _replay_result(path: str) -> Finding | None:
+    """What ``spectrace replay`` wrote beside this trace file (``<stem>.replay.json``), as
+    its finding; None when there is none, it agrees, or it cannot be read."""
+    stem = path[: -len(".jsonl")] if path.endswith(".jsonl") else None
+    if stem is None or not os.path.exists(stem + RESULT_SUFFIX):
+        return None
+    try:
+        raw = json.loads(read_regular(stem + RESULT_SUFFIX, MAX_RESULT_BYTES).decode("utf-8"))
+    except (SafeFileError, OSError, ValueError):
+        return None
+    return result_finding(raw)
 
 
 def shown_path(path: str) -> str:
