@@ -41,6 +41,7 @@ batches of JSON lines (header first) and counts what it raises.
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import secrets
 import socket
@@ -312,22 +313,12 @@ def create_own_file(folder: int, first: str, flags: int, shown: str) -> tuple[in
     """A new file of this user's under the folder descriptor ``folder``: ``first``, or the
     next free numbered name; returns (descriptor, name). ``flags`` include O_CREAT | O_EXCL:
     whatever sits at a name already is never opened. ``shown``: the folder, for the error."""
-    for n in range(1, MAX_NAME_TRIES + 1):
-        name = first if n == 1 else numbered_name(first, n)
-        try:
-            fd = os.open(name, flags, 0o600, dir_fd=folder)
-        except FileExistsError:
-            continue
-        try:
-            _check_own_file(fd, name)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd, name
-    for _ in range(RANDOM_NAME_TRIES):
-        # Every numbered name taken (a pid and host that repeat across restarts): a random
-        # part, still created exclusively, so a trace is never lost for want of a name.
-        name = numbered_name(first, secrets.token_hex(4))
+    # The name, its numbered ones, then (every numbered name taken: a pid and host that
+    # repeat across restarts) names with a random part, still created exclusively, so a
+    # trace is never lost for want of a name.
+    numbered = (first if n == 1 else numbered_name(first, n) for n in range(1, MAX_NAME_TRIES + 1))
+    random = (numbered_name(first, secrets.token_hex(4)) for _ in range(RANDOM_NAME_TRIES))
+    for name in itertools.chain(numbered, random):
         try:
             fd = os.open(name, flags, 0o600, dir_fd=folder)
         except FileExistsError:
