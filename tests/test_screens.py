@@ -157,6 +157,25 @@ def test_demo_screen(width: int, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("width", [80, 120])
+def test_audit_screen(width: int, tmp_path: Path) -> None:
+    # A speculators checkpoint on an SGLang release that reads none of its ids: the audit's
+    # stacked blocks, wrapped at spaces, never a line wider than the terminal.
+    root = Path(__file__).resolve().parent.parent
+    with Pane("audit", width) as pane:
+        text = pane.run(
+            f"cd {shlex.quote(str(root))} && "
+            + spectrace_cmd(
+                "audit", "tests/fixtures/speculators_tiny", "--target-config", "tests/fixtures/target_llama_config.json",
+                "--engine", "sglang==0.5.17",
+            )
+        )  # fmt: skip
+    assert "Traceback" not in text
+    assert all(len(line) <= width for line in text.splitlines()), "a line wider than the terminal"
+    assert "eagle_config.eagle_aux_hidden_state_layer_ids" in text  # an identifier kept whole
+    check(f"audit-{width}", normalise(text, tmp_path))
+
+
+@pytest.mark.parametrize("width", [80, 120])
 def test_follow_frame(width: int, tmp_path: Path) -> None:
     # A trace its writer never closed (it ran on another host): the live screen as it stands,
     # with the times of its "new" lines and its pace made fixed.
