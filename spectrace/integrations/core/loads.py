@@ -97,7 +97,10 @@ def _sample(tensor: Any) -> tuple[float, ...] | None:
         return None
     try:
         flat = t.reshape(-1)
-        index = flat.new_tensor(_positions(flat.numel())).long()
+        # The positions as int64 from the start: new_tensor takes flat's dtype, and a float16
+        # (bfloat16) copy rounds positions past 2048 (256) up, out of bounds (a device-side
+        # assert on the GPU, which kills the server).
+        index = flat.new_zeros(0).long().new_tensor(_positions(flat.numel()))
         return tuple(flat[index].double().tolist())
     except Exception:  # quantized or packed layouts: identity and storage still compare
         return None
