@@ -507,3 +507,34 @@ def test_pyspy_digest_shares_by_thread_and_spectrace_frames():
     assert main["samples"] == 80 and main["share_of_samples"] == 0.8 and main["in_spectrace"] == 0.125
     assert worker["in_spectrace"] == 1.0 and list(worker["top_spectrace_frames"].values()) == [20]
     assert "readout_fields" in next(iter(worker["top_spectrace_frames"]))
+
+
+def test_make_trained_models_realworld_bugs(tmp_path):
+    from safetensors.torch import load_file
+
+    script = os.path.join(LIVE, "make_trained_models.py")
+    shipped = load_file(os.path.join(ROOT, "spectrace", "eagle3", "data", "draft.safetensors"))
+    flags = ["--ids", "0,1,3", "--d2t-arange", "--draft-vocab-null", "--rope-theta", "500000"]
+    subprocess.run([sys.executable, script, str(tmp_path), *flags], check=True, capture_output=True, timeout=120)
+    draft = load_file(str(tmp_path / "tiny-eagle3" / "model.safetensors"))
+    n = shipped["d2t"].shape[0]
+    assert draft["d2t"].tolist() == list(range(n))  # offsets replaced by absolute ids: draft id i -> target 2i
+    assert set(draft) == set(shipped)
+    config = json.load(open(tmp_path / "tiny-eagle3" / "config.json"))
+    assert config["draft_vocab_size"] is None and config["rope_theta"] == 500000.0
+
+
+def test_probe_sends_the_temperature_it_is_given(monkeypatch):
+    sent = []
+
+    def fake_post(port, body, timeout):
+        sent.append(body["sampling_params"]["temperature"])
+        n = len(body["input_ids"]) if isinstance(body["input_ids"][0], list) else 1
+        out = {"output_ids": [1, 2], "meta_info": {"spec_accept_length": 2.0, "spec_verify_ct": 1}}
+        return [out] * n if n > 1 else out
+
+    monkeypatch.setattr(lk, "_post", fake_post)
+    assert lk.probe(1, n_single=2, batch=2)["temperature"] == 0.0 and set(sent) == {0.0}
+    sent.clear()
+    res = lk.probe(1, n_single=2, batch=2, temperature=1.0)
+    assert set(sent) == {1.0} and res["mean_spec_accept_length"] == 2.0

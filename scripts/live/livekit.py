@@ -43,6 +43,11 @@ VARIANTS: dict[str, str] = {
     "trained": "trained pair, ids [0, 1, 3] (0.5.17 captures boundaries [1, 2, 4]: slot 0 one block late)",
     "trained-nolmhead": "as `trained`, draft without `lm_head.weight` (config keeps `draft_vocab_size`)",
     "trained-nod2t": "as `trained`, draft without `d2t`",
+    # mode `realworld`: bugs seen in the field, on the trained pair (ids [0, 1, 3])
+    "trained-sampled": "as `trained`, requests at temperature 1.0 (sampling)",
+    "trained-d2tarange": "as `trained`, d2t = arange(draft_vocab): absolute ids where offsets belong (target id 2i)",
+    "trained-headnull": 'as `trained`, config `"draft_vocab_size": null` (the checkpoint keeps its 64-row lm_head)',
+    "trained-rope": "as `trained`, draft config rope_theta 500000 (trained at 10000)",
     # mode `tensors`: per-module records live (the trained pair, ids [0, 1, 3])
     "graph": "trained pair, CUDA graphs, every replay's in-graph statistics read back",
     "eager": "trained pair, --disable-cuda-graph (the same prompts: per-module statistics to compare)",
@@ -195,10 +200,18 @@ def load_prompts(path: str) -> tuple[list[list[int]], int | None]:
     return [list(map(int, p)) for p in data], None
 
 
-def probe(port: int, n_single: int = 4, batch: int = 8, max_new: int = 48, given: list[list[int]] | None = None) -> dict[str, Any]:
+def probe(
+    port: int,
+    n_single: int = 4,
+    batch: int = 8,
+    max_new: int = 48,
+    given: list[list[int]] | None = None,
+    temperature: float = 0.0,
+) -> dict[str, Any]:
     """Single requests, then one batch; the accept length SGLang reports for each.
 
-    ``given``: prompts to use (the trained pair's own language) instead of synthetic ones."""
+    ``given``: prompts to use (the trained pair's own language) instead of synthetic ones.
+    ``temperature``: 0 is greedy; above 0 the server samples (EAGLE's tree sampling)."""
     results: list[dict[str, Any]] = []
     errors: list[str] = []
 
@@ -219,15 +232,22 @@ def probe(port: int, n_single: int = 4, batch: int = 8, max_new: int = 48, given
     batched = [given[i % len(given)] for i in range(batch)] if given else prompts(batch, 30, offset=101)
     for i, ids in enumerate(singles):
         try:
-            take(_post(port, {"input_ids": ids, "sampling_params": {"max_new_tokens": max_new, "temperature": 0}}, 120), "single")
+            sp = {"max_new_tokens": max_new, "temperature": temperature}
+            take(_post(port, {"input_ids": ids, "sampling_params": sp}, 120), "single")
         except Exception as exc:
             errors.append(f"single {i}: {type(exc).__name__}: {exc}")
     try:
-        body = {"input_ids": batched, "sampling_params": {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}}
+        body = {"input_ids": batched, "sampling_params": {"max_new_tokens": max_new, "temperature": temperature, "ignore_eos": True}}
         take(_post(port, body, 180), "batch")
     except Exception as exc:
         errors.append(f"batch: {type(exc).__name__}: {exc}")
-    return {"port": port, "requests": results, "errors": errors, "mean_spec_accept_length": mean_accept(results)}
+    return {
+        "port": port,
+        "temperature": temperature,
+        "requests": results,
+        "errors": errors,
+        "mean_spec_accept_length": mean_accept(results),
+    }
 
 
 def mean_accept(results: list[dict[str, Any]]) -> float | None:
@@ -971,6 +991,7 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--port", type=int, required=True)
     pr.add_argument("--out", required=True)
     pr.add_argument("--prompts", default=None, help="a JSON file of prompts (and max_new_tokens) to send")
+    pr.add_argument("--temperature", type=float, default=0.0, help="sampling temperature of every request (0: greedy)")
     bo = sub.add_parser("bench-one")
     bo.add_argument("--label", required=True, choices=("off", "on", "skip"))
     bo.add_argument("--port", type=int, required=True)
@@ -1014,9 +1035,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "probe":
         if a.prompts:
             given, max_new = load_prompts(a.prompts)
-            res = probe(a.port, n_single=len(given), batch=8, max_new=max_new or 40, given=given)
+            res = probe(a.port, n_single=len(given), batch=8, max_new=max_new or 40, given=given, temperature=a.temperature)
         else:
-            res = probe(a.port)
+            res = probe(a.port, temperature=a.temperature)
         with open(a.out, "w", encoding="utf-8") as fh:
             json.dump(res, fh, indent=1)
         print(

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The live proof: SPECTRACE=1 on real SGLang 0.5.17 EAGLE-3 servers on the H200.
 # Run it ON the GPU machine, from the repository root (docs/sglang.md, "The live kit").
-# Usage: bash scripts/live/run_live_all.sh [all|variants|overhead|trained|tensors]
+# Usage: bash scripts/live/run_live_all.sh [all|variants|overhead|trained|tensors|cost|realworld]
 #   variants  four servers at once (healthy, --speculative-algorithm EAGLE, no lm_head, layers.0 keys),
 #             each with SPECTRACE=1 and its own SPECTRACE_DIR; requests; SIGTERM; spectrace view
 #   overhead  one healthy server at a time, SPECTRACE off, on, on, off (ABBA), decode throughput of each
@@ -9,6 +9,10 @@
 #   trained   the trained tiny pair (spectrace/eagle3/data), four servers at once: as shipped (ids
 #             [-1,1,3], the embedding), ids [0,1,3], and that without lm_head / without d2t; the
 #             pair's own prompts, so SGLang's accept length means something
+#   realworld field bugs on the trained pair (ids [0,1,3]), five servers at once: healthy with greedy
+#             requests, healthy with temperature 1.0 requests (own server, own trace), d2t = arange
+#             (absolute ids where offsets belong), draft rope_theta 500000 (trained at 10000), and
+#             config "draft_vocab_size": null (0.5.17 then sizes lm_head to the target vocabulary)
 #   tensors   per-module records live: the trained pair (ids [0,1,3]) with CUDA graphs (every replay read
 #             back), the same with --disable-cuda-graph, and --speculative-algorithm EAGLE (the fc bypass);
 #             their per-stage statistics compared; then the cost inside one server (SPECTRACE_CONTROL
@@ -26,7 +30,7 @@
 # bootstrap (site.addsitedir) and a dist-info carrying the sglang.srt.plugins entry point.
 set -u
 mode=${1:-all}
-case $mode in all|variants|overhead|trained|tensors|cost) ;; *) echo "usage: $0 [all|variants|overhead|trained|tensors|cost]" >&2; exit 2 ;; esac
+case $mode in all|variants|overhead|trained|tensors|cost|realworld) ;; *) echo "usage: $0 [all|variants|overhead|trained|tensors|cost|realworld]" >&2; exit 2 ;; esac
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 out=${OUT:?set OUT to the folder whose files come back}
@@ -101,6 +105,12 @@ elif [ "$mode" = trained ]; then
   make_trained "$W/models/trained" --ids 0,1,3 & m2=$!
   make_trained "$W/models/trained-nolmhead" --ids 0,1,3 --no-lm-head & m3=$!
   make_trained "$W/models/trained-nod2t" --ids 0,1,3 --no-d2t & m4=$!
+  for m in $m1 $m2 $m3 $m4; do wait "$m" || { say "make_trained_models failed"; cat "$W"/models/*.log; exit 1; }; done
+elif [ "$mode" = realworld ]; then
+  make_trained "$W/models/trained" --ids 0,1,3 & m1=$!
+  make_trained "$W/models/trained-d2tarange" --ids 0,1,3 --d2t-arange & m2=$!
+  make_trained "$W/models/trained-rope" --ids 0,1,3 --rope-theta 500000 & m3=$!
+  make_trained "$W/models/trained-headnull" --ids 0,1,3 --draft-vocab-null & m4=$!
   for m in $m1 $m2 $m3 $m4; do wait "$m" || { say "make_trained_models failed"; cat "$W"/models/*.log; exit 1; }; done
 else
   make_models "$W/models/midlayer" --draft-keys midlayer & m1=$!
@@ -367,6 +377,38 @@ run_trained() {
   report_servers "${order[@]}"
 }
 
+# -------------------------------------------------------------------- phase: realworld
+run_realworld() {
+  local v port order=(trained trained-sampled trained-d2tarange trained-rope trained-headnull)
+  declare -A VPORT=([trained]=$port_base [trained-sampled]=$((port_base + 10)) [trained-d2tarange]=$((port_base + 20))
+    [trained-rope]=$((port_base + 30)) [trained-headnull]=$((port_base + 40)))
+  # trained-sampled serves the healthy pair's own models; its server is its own, so is its trace
+  declare -A MODELS=([trained]=trained [trained-sampled]=trained [trained-d2tarange]=trained-d2tarange
+    [trained-rope]=trained-rope [trained-headnull]=trained-headnull)
+  declare -A TEMP=([trained]=0 [trained-sampled]=1.0 [trained-d2tarange]=0 [trained-rope]=0 [trained-headnull]=0)
+  for v in "${order[@]}"; do
+    start_server "$v" "${VPORT[$v]}" EAGLE3 "$W/models/${MODELS[$v]}" 1 0.12 "$extra --dtype float16"
+    sleep "$stagger"
+  done
+  for v in "${order[@]}"; do
+    wait_server "$v" || true   # a variant SGLang refuses at load: its log and trace are the point then
+  done
+  mark realworld_up
+  for v in "${order[@]}"; do
+    port=${VPORT[$v]}
+    if grep -q "^port .* up after" "$W/logs/status-$v.txt" 2>/dev/null; then
+      python3 "$here/livekit.py" probe --port "$port" --prompts "$repo/spectrace/eagle3/data/demo.json" \
+        --temperature "${TEMP[$v]}" --out "$W/logs/probe-$v.json" || say "$v: probe failed"
+    fi
+  done
+  sleep "$stagger"
+  mark realworld_requests
+  stop_servers "${order[@]}"
+  for v in "${order[@]}"; do view "$v"; done
+  mark realworld_done
+  report_servers "${order[@]}"
+}
+
 # ------------------------------------------------------------------------ the cost
 cost_on() {  # name port clients max-new label: spectrace on/off inside one server, then a profile
   local name=$1 port=$2 clients=$3 max_new=$4 label=$5 prompts=() sched
@@ -461,6 +503,7 @@ run_cost() {  # the cost part of tensors alone: the trained pair (default sampli
 if [ "$mode" = tensors ]; then run_tensors; exit 0; fi
 if [ "$mode" = cost ]; then run_cost; exit 0; fi
 if [ "$mode" = trained ]; then run_trained; exit 0; fi
+if [ "$mode" = realworld ]; then run_realworld; exit 0; fi
 if [ "$mode" != overhead ]; then run_variants; fi
 if [ "$mode" = overhead ] || { [ "$mode" = all ] && [ "$(left)" -ge "$overhead_min" ]; }; then
   run_overhead
