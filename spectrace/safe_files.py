@@ -153,7 +153,7 @@ def make_private_dirs(directory: str | os.PathLike[str]) -> None:
     directory = os.path.abspath(os.fspath(directory))
     missing: list[str] = []
     current = directory
-    while not os.path.isdir(current):
+    while not os.path.lexists(current):  # a file or a link at a name is not ours to replace
         missing.append(current)
         parent = os.path.dirname(current)
         if parent == current:

@@ -48,6 +48,7 @@ import socket
 import stat
 from collections.abc import Callable, Sequence
 
+from ..safe_files import make_private_dirs
 from ..settings import warn
 from .base import DEFAULT_TIMEOUT_S, safe_text
 
@@ -108,26 +109,7 @@ def ensure_private_dir(path: str) -> None:
     folders keep theirs), after :func:`check_symlinks`."""
     absolute = os.path.abspath(path)
     check_symlinks(absolute)
-    missing: list[str] = []
-    head = absolute
-    while not os.path.lexists(head):
-        missing.append(head)
-        parent = os.path.dirname(head)
-        if parent == head:
-            break
-        head = parent
-    for folder in reversed(missing):
-        try:
-            os.mkdir(folder, 0o700)
-        except FileExistsError:
-            continue  # made meanwhile by another process: its mode is its own
-        # The umask may have taken bits (umask 0777 leaves 0000); fchmod on the folder
-        # opened without following, so a swap for a symlink meanwhile changes nothing.
-        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _O)
-        try:
-            os.fchmod(fd, 0o700)
-        finally:
-            os.close(fd)
+    make_private_dirs(absolute)
     if not os.path.isdir(absolute):
         raise NotADirectoryError(errno.ENOTDIR, f"{path} is not a folder")
 
