@@ -12,11 +12,10 @@ from collections.abc import Iterable, Sequence
 from ..records import Acceptance, Call, Finding, Fingerprint, TensorStats
 from ..rules.catalogue import finding
 from ..rules.globs import glob_match
+from ..rules.roles import DRAFT_FC, DRAFT_LAYER
 
 # Roles (``Call.role``) of the draft's fc and of its decoder layer. Traces written before
 # roles existed fall back to the name rules below.
-FC_ROLE = "draft.fc"
-DRAFT_LAYER_ROLE = "draft.layer"
 DRAFT_LAYER_GLOBS = ("**.midlayer", "**.fc_draft_layer")
 FC_GLOB = "**.fc"
 COLLAPSE_WINDOW = 8
@@ -90,10 +89,10 @@ def check_fc_called(calls: Iterable[Call]) -> list[Finding]:
     layer_steps: dict[int, Call] = {}
     fc_ran = False
     for call in calls:
-        if (call.role == FC_ROLE) if roled else glob_match(call.module, FC_GLOB):
+        if (call.role == DRAFT_FC) if roled else glob_match(call.module, FC_GLOB):
             fc_ran = True
             break
-        if (call.role == DRAFT_LAYER_ROLE) if roled else _is_draft_layer(call.module):
+        if (call.role == DRAFT_LAYER) if roled else _is_draft_layer(call.module):
             layer_steps.setdefault(call.step, call)
     if fc_ran or not layer_steps:
         return []

@@ -30,6 +30,8 @@ from typing import Any
 
 from ..records import Finding, TensorStats
 from ..rules.catalogue import finding
+from ..rules.roles import TARGET_AUX_CONCAT, is_target_role
+from ..rules.roles import boundary_of_role as _boundary_of_role
 
 # Two statistics of the same values may differ by the rounding of a bf16 tensor (8
 # significant bits: 2**-8 relative per element, so absmax up to that, mean and std far
@@ -38,11 +40,8 @@ from ..rules.catalogue import finding
 # closer one wins.
 TOLERANCE = 2.0**-6
 
-EMBED_ROLE = "target.embed"
-AUX_CONCAT_ROLE = "target.aux_concat"
 LAYER_ARG = "output.residual_stream"
 EMBED_ARG = "output"
-_LAYER_ROLE = re.compile(r"^target\.layer\[(\d+)\]$")
 _CHUNK_ARG = re.compile(r"^output\.chunk\[(\d+)\]$")
 
 # (mean, std, absmax or None, numel): what a comparison needs, cheap to keep per step.
@@ -62,11 +61,7 @@ def boundary_of_role(role: str | None) -> int | None:
         return _boundary_cache[role]
     except KeyError:
         pass
-    if role == EMBED_ROLE:
-        b: int | None = 0
-    else:
-        m = _LAYER_ROLE.match(role)
-        b = int(m.group(1)) + 1 if m else None
+    b = _boundary_of_role(role)
     if len(_boundary_cache) < 4096:
         _boundary_cache[role] = b
     return b
@@ -364,10 +359,10 @@ def read_call(call: Any) -> tuple[str, int | None, Any] | None:
     ``("chunks", width, {index: stats})``; None for any other record. ``call`` is a
     :class:`~spectrace.records.Call` or its JSON-ready dict."""
     role = _get(call, "role")
-    if not role or not role.startswith("target."):
+    if not is_target_role(role):
         return None
     outputs = _get(call, "outputs") or ()
-    if role == AUX_CONCAT_ROLE:
+    if role == TARGET_AUX_CONCAT:
         chunks: dict[int, Any] = {}
         width = None
         for meta in outputs:

@@ -24,40 +24,47 @@ from typing import Any
 
 from torch import nn
 
-TARGET_EMBED = "target.embed"
-TARGET_NORM = "target.norm"
-TARGET_LM_HEAD = "target.lm_head"
-TARGET_AUX_CONCAT = "target.aux_concat"
-DRAFT_EMBED = "draft.embed"
-DRAFT_FC = "draft.fc"
-DRAFT_LAYER = "draft.layer"
-DRAFT_HIDDEN_NORM = "draft.hidden_norm"
-DRAFT_NORM = "draft.norm"
-DRAFT_LM_HEAD = "draft.lm_head"
+# The names and the torch-free rules live in rules/ (the checks and the viewers read them
+# there); this module keeps only the walk over an nn.Module tree.
+from ..rules.roles import (
+    DRAFT_EMBED,
+    DRAFT_FC,
+    DRAFT_HIDDEN_NORM,
+    DRAFT_LAYER,
+    DRAFT_LM_HEAD,
+    DRAFT_NORM,
+    EMBED_ATTRS,
+    STACK_ATTRS,
+    TARGET_AUX_CONCAT,
+    TARGET_EMBED,
+    TARGET_LM_HEAD,
+    TARGET_NORM,
+    config_sizes,
+    draft_role,
+    fuses_hidden_states,
+    linear_dims,
+    side_of_hint,
+    target_body_role,
+    target_layer,
+    target_leaf_role,
+)
 
+__all__ = [
+    "DRAFT_EMBED",
+    "DRAFT_FC",
+    "DRAFT_HIDDEN_NORM",
+    "DRAFT_LAYER",
+    "DRAFT_LM_HEAD",
+    "DRAFT_NORM",
+    "TARGET_AUX_CONCAT",
+    "TARGET_EMBED",
+    "TARGET_LM_HEAD",
+    "TARGET_NORM",
+    "role_of",
+    "target_layer",
+]
 
-def target_layer(index: int) -> str:
-    """The role of the target's decoder layer ``index``: ``target.layer[3]``."""
-    return f"target.layer[{index}]"
-
-
-# Attribute names, Hugging Face first (Llama, DeepSeek, Qwen, Mistral and SGLang's ports of
-# them), then the GPT-2 / NeoX / Falcon spellings.
-_EMBEDS = ("embed_tokens", "wte", "embed_in", "word_embeddings")
-_STACKS = ("layers", "h")
-_NORMS = ("norm", "ln_f", "final_layernorm", "final_layer_norm")
-_HINTS = ("draft", "target")
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
-_DRAFT_INNER: dict[tuple[str, ...], str] = {
-    ("embed_tokens",): DRAFT_EMBED,
-    ("fc",): DRAFT_FC,
-    ("midlayer",): DRAFT_LAYER,
-    ("layers", "0"): DRAFT_LAYER,
-    ("midlayer", "hidden_norm"): DRAFT_HIDDEN_NORM,
-    ("layers", "0", "hidden_norm"): DRAFT_HIDDEN_NORM,
-    ("norm",): DRAFT_NORM,
-    ("lm_head",): DRAFT_LM_HEAD,
-}
 
 
 def role_of(root: nn.Module, name: str, module: nn.Module, hint: str | None = None) -> str | None:
@@ -73,12 +80,12 @@ def role_of(root: nn.Module, name: str, module: nn.Module, hint: str | None = No
     path = _path(root, parts)
     if path is None or path[-1] is not module or not parts:
         return None
-    side = hint.lower() if isinstance(hint, str) and hint.lower() in _HINTS else None
+    side = side_of_hint(hint)
     if side != "target":
         for depth, node in enumerate(path[:-1]):
             body = _draft_body(node, path[: depth + 1], loose=side == "draft" and depth == 0)
             if body is not None:
-                return _draft_role(parts[depth:], body)
+                return draft_role(parts[depth:], body)
         if side == "draft":
             return None
     return _target_role(parts, path)
@@ -116,12 +123,11 @@ def _is_draft_body(node: nn.Module, ancestors: Sequence[nn.Module], loose: bool)
         return fc is not None or children.get("midlayer") is not None
     if fc is None or _single_layer(node) is None:
         return False
-    dims = _linear_dims(fc)
+    dims = linear_dims(fc)
     if dims is None:
         return False
     width_in, width_out = dims
-    hidden = {width_out, *_config_sizes(ancestors)}
-    return any(h > 0 and width_in % h == 0 and 2 <= width_in // h <= 3 for h in hidden)
+    return fuses_hidden_states(width_in, {width_out, *config_sizes(ancestors)})
 
 
 def _single_layer(node: nn.Module) -> nn.Module | None:
@@ -135,63 +141,19 @@ def _single_layer(node: nn.Module) -> nn.Module | None:
     return None
 
 
-def _linear_dims(module: nn.Module) -> tuple[int, int] | None:
-    """(in, out) of a projection: torch's Linear, SGLang/vLLM linears, or a 2-D weight."""
-    for a, b in (("in_features", "out_features"), ("input_size", "output_size")):
-        width_in, width_out = getattr(module, a, None), getattr(module, b, None)
-        if isinstance(width_in, int) and isinstance(width_out, int):
-            return width_in, width_out
-    weight = getattr(module, "weight", None)
-    shape = getattr(weight, "shape", None)
-    if shape is not None and len(shape) == 2:
-        return int(shape[1]), int(shape[0])
-    return None
-
-
-def _config_sizes(modules: Sequence[nn.Module]) -> list[int]:
-    sizes = []
-    for module in modules:
-        config = getattr(module, "config", None)
-        for attr in ("hidden_size", "target_hidden_size"):
-            value = getattr(config, attr, None)
-            if isinstance(value, int):
-                sizes.append(value)
-    return sizes
-
-
-def _draft_role(rel: Sequence[str], body: str) -> str | None:
-    """A draft module's role from its name below the draft's root (``body``: the body's
-    name there, "" when the root is the body)."""
-    rel = tuple(rel)
-    if body and rel[:1] == (body,):
-        return _DRAFT_INNER.get(rel[1:])
-    if not body:
-        return _DRAFT_INNER.get(rel)
-    return DRAFT_LM_HEAD if rel == ("lm_head",) else None  # beside the body, like SGLang's
-
-
 def _target_role(parts: Sequence[str], path: Sequence[nn.Module]) -> str | None:
     # The deepest language-model body on the path: a decoder stack beside a token embedding.
     for depth in range(len(path) - 2, -1, -1):
         if _is_lm_body(path[depth]):
-            rel = tuple(parts[depth:])
-            if len(rel) == 2 and rel[0] in _STACKS and rel[1].isdigit():
-                return target_layer(int(rel[1]))
-            if len(rel) == 1 and rel[0] in _EMBEDS:
-                return TARGET_EMBED
-            if len(rel) == 1 and rel[0] in _NORMS:
-                return TARGET_NORM
+            role = target_body_role(parts[depth:])
+            if role is not None:
+                return role
             break
-    last = parts[-1]
-    if last == "lm_head":
-        return TARGET_LM_HEAD
-    if last == "aux_concat":
-        return TARGET_AUX_CONCAT
-    return None
+    return target_leaf_role(parts[-1])
 
 
 def _is_lm_body(node: nn.Module) -> bool:
     children = node._modules
-    return any(isinstance(children.get(s), (nn.ModuleList, nn.Sequential)) for s in _STACKS) and any(
-        children.get(e) is not None for e in _EMBEDS
+    return any(isinstance(children.get(s), (nn.ModuleList, nn.Sequential)) for s in STACK_ATTRS) and any(
+        children.get(e) is not None for e in EMBED_ATTRS
     )
