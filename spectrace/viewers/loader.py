@@ -26,6 +26,7 @@ import math
 import os
 import re
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,7 @@ MAX_NUMEL = 2**62
 MAX_DIMS = 64
 MAX_UNIX = 253_402_300_799.0  # 9999-12-31: the last time a date can show
 _SKIP_CHUNK = 1 << 16
+PROGRESS_STEP = 1 << 20  # bytes read between two calls of a load's progress callback
 _TAIL = 64  # bytes before the read offset remembered to notice a rewritten file
 
 LIMITS = {
@@ -368,10 +370,12 @@ class FileReader:
         self.restarted = why
 
     # -- reading ---------------------------------------------------------------------
-    def read_available(self, *, final: bool) -> bool:
+    def read_available(self, *, final: bool, progress: Callable[[int], None] | None = None) -> bool:
         """Read complete lines appended since the last call; ``final`` also takes an unterminated tail.
 
-        Returns True when something new was read (records or problems).
+        ``progress``, when given, is called with this file's offset about every
+        :data:`PROGRESS_STEP` bytes (the caller guards it). Returns True when something new
+        was read (records or problems).
         """
         if self.abandoned:
             return False
@@ -384,7 +388,7 @@ class FileReader:
                     self._restart(why)
                 self._identity = (st.st_dev, st.st_ino)
                 fh.seek(self.offset)
-                self._read_lines(fh, final=final)
+                self._read_lines(fh, final=final, progress=progress)
                 if self.offset:
                     fh.seek(max(0, self.offset - _TAIL))
                     self._tail = fh.read(self.offset - fh.tell())
@@ -410,8 +414,12 @@ class FileReader:
                 return "rewritten"  # cut and written again past the old offset
         return None
 
-    def _read_lines(self, fh: Any, *, final: bool) -> None:
+    def _read_lines(self, fh: Any, *, final: bool, progress: Callable[[int], None] | None = None) -> None:
+        told = self.offset
         while not self.abandoned:
+            if progress is not None and self.offset - told >= PROGRESS_STEP:
+                told = self.offset
+                progress(told)
             start = fh.tell()
             raw = fh.readline(MAX_LINE_BYTES + 1)
             if not raw:
@@ -796,11 +804,49 @@ def trace_paths(path: str | os.PathLike[str]) -> list[str]:
     return found
 
 
-def load_traces(path: str | os.PathLike[str]) -> TraceSet:
-    """Load a trace file or a folder of them; never raises on bad input."""
+def load_traces(path: str | os.PathLike[str], progress: Callable[[int, int], None] | None = None) -> TraceSet:
+    """Load a trace file or a folder of them; never raises on bad input.
+
+    ``progress``, when given, is called with (bytes read so far, total bytes of the regular
+    files being read) about every :data:`PROGRESS_STEP` bytes and once at the end with the
+    total; a callback that raises is ignored from then on (it never stops the load)."""
     follower = TraceFollower(path)
-    follower.poll(final=True)
+    follower.poll(final=True, progress=progress)
     return follower.trace_set
+
+
+class _Meter:
+    """A load's progress over its files: sizes taken once before reading, the callback
+    guarded so a failing one is dropped, never raised into the loader."""
+
+    def __init__(self, callback: Callable[[int, int], None], paths: list[str]) -> None:
+        self.callback: Callable[[int, int], None] | None = callback
+        self.sizes: dict[str, int] = {}
+        for p in paths:
+            try:
+                st = os.stat(p)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                self.sizes[p] = st.st_size
+        self.total = sum(self.sizes.values())
+        self.done = 0  # bytes of the files already read through
+
+    def tell(self, done: int) -> None:
+        if self.callback is None:
+            return
+        try:
+            self.callback(min(done, self.total), self.total)
+        except Exception:  # a progress display's bug must never stop a load
+            self.callback = None
+
+    def file(self, path: str) -> Callable[[int], None]:
+        size = self.sizes.get(path, 0)
+        return lambda offset: self.tell(self.done + min(offset, size))
+
+    def file_done(self, path: str) -> None:
+        self.done += self.sizes.get(path, 0)
+        self.tell(self.done)
 
 
 class TraceFollower:
@@ -817,8 +863,10 @@ class TraceFollower:
         self.budget = LoadBudget()
         self.notices: list[str] = []  # files read again from the start, once each time, newest last
 
-    def poll(self, *, final: bool = False) -> bool:
-        """Pick up new files and appended lines; True when anything changed."""
+    def poll(self, *, final: bool = False, progress: Callable[[int, int], None] | None = None) -> bool:
+        """Pick up new files and appended lines; True when anything changed.
+
+        ``progress``: as for :func:`load_traces` (bytes of the files read through, their total size)."""
         changed = False
         problems: list[LoadProblem] = []
         if not os.path.exists(self.path):
@@ -828,12 +876,15 @@ class TraceFollower:
             if not paths:
                 problems.append(LoadProblem(path=self.path, kind="empty", detail=_empty_detail(self.path)))
             self.budget.files = max(1, len(paths))
+            meter = _Meter(progress, paths) if progress is not None else None
             for p in paths:
                 if p not in self.readers:
                     self.readers[p] = FileReader(p, self.budget)
                     changed = True
                 reader = self.readers[p]
-                changed |= reader.read_available(final=final)
+                changed |= reader.read_available(final=final, progress=meter.file(p) if meter else None)
+                if meter is not None:
+                    meter.file_done(p)
                 if reader.restarted:
                     self.notices.append(f"{reader.restarted}: {reader.file.name} read again from the start")
                     reader.restarted = None
