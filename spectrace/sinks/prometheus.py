@@ -27,6 +27,11 @@ Where they are served: with ``PROMETHEUS_MULTIPROC_DIR`` set (SGLang with
 ``--enable-metrics`` and vLLM with several API servers set it for their children) the values
 go to that folder and the engine's own ``/metrics`` collects them; ``SPECTRACE_METRICS_PORT``
 also serves them from this process (:func:`serve`).
+
+A benchmark's switch: while the ``SPECTRACE_CONTROL`` file holds the word ``metrics-off``
+the sink leaves the batches it is handed uncounted (the trace file still has every record),
+so the metrics' cost is measured on and off inside one server (scripts/live, mode
+``metrics``). The file is looked at no more than every quarter second, on the flush thread.
 """
 
 from __future__ import annotations
@@ -34,10 +39,12 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import __version__
+from ..safe_files import read_regular
 from ..settings import Settings, warn
 
 # Roles whose calls give a data-path gauge: where a wiring bug changes a width or a scale.
@@ -51,6 +58,11 @@ HEALTH = {
     "hook_seconds": "spectrace_hook_seconds",
     "steps": "spectrace_steps",
 }
+
+# The control file's word that pauses the sink (the first word, "off"/"on", is control.py's).
+PAUSE_WORD = "metrics-off"
+CONTROL_EVERY_S = 0.25
+CONTROL_MAX_BYTES = 4096
 
 _lock = threading.Lock()
 _metrics: dict[str, Any] = {}
@@ -158,16 +170,39 @@ class MetricsSink:
     needs_objects = False
     name = "prometheus"
 
-    def __init__(self, counters: Callable[[], Any] | None = None) -> None:
+    def __init__(self, counters: Callable[[], Any] | None = None, control: str = "") -> None:
         # ``counters``: the recorder's live counters (health is read from them at each batch).
+        # ``control``: the SPECTRACE_CONTROL file, whose word ``metrics-off`` pauses the sink.
         self._counters = counters
+        self._control = control
+        self._control_next = 0.0
+        self._paused = False
         self._m = metrics()
         self._rank = ""
         self._synced: dict[str, float] = {}
         self._findings: list[Any] = []
         self._roots: set[tuple[str, str]] = set()
 
+    def paused(self) -> bool:
+        """Whether the control file holds :data:`PAUSE_WORD` (read at most every quarter second;
+        a file that cannot be read is "not paused", never an error)."""
+        if not self._control:
+            return False
+        now = time.monotonic()
+        if now >= self._control_next:
+            self._control_next = now + CONTROL_EVERY_S
+            try:
+                words = read_regular(self._control, CONTROL_MAX_BYTES).decode("utf-8", errors="replace").lower().split()
+            except Exception:  # missing, a link, a FIFO, too large: control.py says why, once
+                words = []
+            self._paused = PAUSE_WORD in words
+        return self._paused
+
     def write(self, records: Sequence[Any]) -> None:
+        if self.paused():  # the header still sets the rank and spectrace_info: a fleet sees the process
+            records = [r for r in records if isinstance(r, str) and r.startswith('{"type":"header"')]
+            if not records:
+                return
         last_call: dict[str, str] = {}
         for line in records:
             text = line if isinstance(line, str) else line.model_dump_json()
@@ -276,7 +311,7 @@ def make_metrics_sink(settings: Settings, counters: Callable[[], Any]) -> Metric
     if not available():
         warn("metrics asked for, but prometheus_client is not installed: pip install 'spectrace[metrics]'")
         return None
-    sink = MetricsSink(counters)
+    sink = MetricsSink(counters, control=settings.control)
     if settings.metrics_port:
         serve(settings.metrics_port, settings.metrics_address)
     return sink
