@@ -282,3 +282,179 @@ def check_rope(draft_keys: RopeKeys, target_keys: RopeKeys | None, *, engine: st
     if target_keys is None and want is not None:
         fix += " (if that is the base the draft was trained with: the target's)"
     return [finding("rope_mismatch", message, severity="warning" if lenient else "error", module="config.json", evidence=evidence, fix=fix)]
+
+
+# ------------------------------------------------------------------ the rotary the engine built
+#
+# At runtime the question is not what config.json says but what the engine built: the
+# integrations read each model's rotary modules (integrations/core/rotary.py) and hand
+# them here. A draft rotates like its target when one of the target's rotaries has the
+# same base, scaling, style and rotated width, and the same cos/sin rows at the positions
+# read; the draft was trained with the target's (the trainers copy it), so any other
+# draft rotary is one it was not trained with.
+
+# cos/sin values agree to this much when both rotaries are built alike (bfloat16 caches round).
+COS_SIN_TOLERANCE = 1e-2
+
+
+@dataclass
+class LiveRotary:
+    """One rotary module as the engine built it."""
+
+    module: str  # its name in the model
+    cls: str  # the engine's class (its scaling kind)
+    base: float
+    rope_type: str
+    factor: float | None
+    rotary_dim: int
+    head_size: int | None
+    neox: bool
+    positions: list[int] = field(default_factory=list)  # the positions whose cos/sin rows were read
+    cos_sin: list[list[float]] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "module": self.module,
+            "class": self.cls,
+            "rope_theta": self.base,
+            "rope_type": self.rope_type,
+            "factor": self.factor,
+            "rotary_dim": self.rotary_dim,
+            "head_size": self.head_size,
+            "is_neox_style": self.neox,
+        }
+
+
+def _style(neox: bool) -> str:
+    return "NeoX (rotate halves)" if neox else "GPT-J (rotate interleaved pairs)"
+
+
+def _partial(r: LiveRotary) -> float | None:
+    return r.rotary_dim / r.head_size if r.head_size else None
+
+
+def _cos_sin_gap(a: LiveRotary, b: LiveRotary) -> tuple[float, int] | None:
+    """The largest cos/sin difference and its position, where both rows were read alike."""
+    if not a.cos_sin or a.positions != b.positions or a.rotary_dim != b.rotary_dim:
+        return None
+    worst, at = 0.0, a.positions[0]
+    for pos, ra, rb in zip(a.positions, a.cos_sin, b.cos_sin):
+        if len(ra) != len(rb):
+            return None
+        gap = max((abs(x - y) for x, y in zip(ra, rb)), default=0.0)
+        if gap > worst:
+            worst, at = gap, pos
+    return worst, at
+
+
+def live_differences(draft: LiveRotary, target: LiveRotary) -> list[str]:
+    """How ``draft`` rotates other than ``target`` (empty: alike)."""
+    out: list[str] = []
+    if not _close(draft.base, target.base):
+        out.append(f"base {draft.base:g} where the target's is {target.base:g}")
+    if (draft.rope_type, draft.factor) != (target.rope_type, target.factor) and not (
+        draft.rope_type == target.rope_type and _close(draft.factor, target.factor)
+    ):
+        out.append(
+            f"scaling {draft.rope_type}" + (f" x{draft.factor:g}" if draft.factor else "")
+            + f" where the target's is {target.rope_type}" + (f" x{target.factor:g}" if target.factor else "")
+        )  # fmt: skip
+    if draft.neox != target.neox:
+        out.append(f"{_style(draft.neox)} style where the target's is {_style(target.neox)}")
+    pd, pt = _partial(draft), _partial(target)
+    if pd is not None and pt is not None and not _close(pd, pt):
+        out.append(
+            f"{draft.rotary_dim} of {draft.head_size} head dims rotated where the target rotates {target.rotary_dim} of {target.head_size}"
+        )
+    if not out:
+        gap = _cos_sin_gap(draft, target)
+        if gap is not None and gap[0] > COS_SIN_TOLERANCE:
+            out.append(f"cos/sin values {gap[0]:.3g} apart from the target's at position {gap[1]} (a scaling parameter differs)")
+    return out
+
+
+def _live_fix(draft: LiveRotary, target: LiveRotary, draft_keys: RopeKeys | None, target_keys: RopeKeys | None) -> str:
+    """The keys to write into the draft's config.json: the config route when both configs are
+    known (the exact dict, where the engine reads it), else the target's values as built."""
+    where = draft_keys.where if draft_keys is not None else ""
+    parts: list[str] = []
+    if not _dict_unchanged(draft, target):
+        if draft_keys is not None and target_keys is not None:
+            config = effective_rotary(draft_keys)
+            want = _wanted_dict(config, effective_rotary(target_keys, one_rotary=False), target.base)
+            parts.append(_fix_for(config, want, draft_keys, None).removeprefix("in the draft's config.json set "))
+        else:
+            want = {"rope_theta": target.base, "rope_type": target.rope_type}
+            if target.factor is not None:
+                want["factor"] = target.factor
+            extra = " with the other scaling keys of the target's config" if target.rope_type != "default" else ""
+            parts.append(f'"{where}rope_parameters" to {json.dumps(want, sort_keys=True)}{extra}')
+    if draft.neox != target.neox:
+        parts.append(f'"{where}rope_is_neox_style" to {json.dumps(target.neox)}')
+    pt = _partial(target)
+    if pt is not None and not _close(_partial(draft), pt):
+        parts.append(f'"{where}partial_rotary_factor" to {pt:g} (at the top level of that config, where the engine reads it)')
+    return "in the draft's config.json set " + "; ".join(parts)
+
+
+def _dict_unchanged(draft: LiveRotary, target: LiveRotary) -> bool:
+    """True when the draft differs from the target only in what keys outside the rotary dict
+    decide (style, rotated width): the dict itself needs no change."""
+    return not any(d.startswith(("base ", "scaling ", "cos/sin ")) for d in live_differences(draft, target))
+
+
+def check_live_rope(
+    drafts: list[LiveRotary],
+    targets: list[LiveRotary],
+    *,
+    draft_keys: RopeKeys | None = None,
+    target_keys: RopeKeys | None = None,
+    label: str = "SGLang",
+    source: str = "",
+) -> list[Finding]:
+    """rope_mismatch from the rotaries the engine built: a draft rotary that rotates like none
+    of the target's. ``draft_keys`` / ``target_keys`` (the configs, when known) say where the
+    draft's base came from and make the fix the exact dict to write."""
+    if not targets:
+        return []
+    out: list[Finding] = []
+    for draft in drafts:
+        if any(not live_differences(draft, t) for t in targets):
+            continue
+        target = min(targets, key=lambda t: len(live_differences(draft, t)))
+        differs = live_differences(draft, target)
+        evidence: dict[str, Any] = {
+            "observed": "the engine's rotary modules",
+            "draft_rope": draft.summary(),
+            "target_rope": [t.summary() for t in targets],
+        }
+        from_config = ""
+        if draft_keys is not None:
+            config = effective_rotary(draft_keys)
+            evidence["draft_config_rope"] = config.summary()
+            if config.not_read:
+                evidence["not_read"] = dict(config.not_read)
+            if _close(config.base, draft.base):
+                from_config = (
+                    f" ({label}'s default: the config gives no base where {label} reads one)"
+                    if config.base_from == "default"
+                    else f" (read from {config.base_from})"
+                )
+            if config.not_read:
+                from_config += f"; {_not_read_text(config, label)}"
+        message = (
+            f"{label} built the draft's rotary embedding ({draft.module}) with {'; '.join(differs)}{from_config}: "
+            "every position is rotated with another phase than the target's, which the draft was trained with; "
+            "nothing fails, acceptance drops"
+        )
+        out.append(
+            finding(
+                "rope_mismatch",
+                message,
+                module="draft",
+                evidence=evidence,
+                fix=_live_fix(draft, target, draft_keys, target_keys),
+                source=source,
+            )
+        )
+    return out

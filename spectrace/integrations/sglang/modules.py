@@ -99,6 +99,10 @@ def adopt(model: Any, side: str | None = None) -> None:
         tracer = _tracer()
         tracer.adopt(model, prefix, modules=_selector(model, side))
         _remember_processors(model, prefix, side)
+        if side == "target":
+            from . import rope
+
+            rope.at_target_built(model)  # a draft loaded first (a script) is compared now
     except Exception as exc:
         state.internal_error("adopt model", exc)
 

@@ -19,7 +19,7 @@ from ...checks.weights import check_weights
 from ...hooks.weights import observe_load
 from ...records import Finding, Weights
 from ..core.loads import ChangedParam, DraftLoad, watch_replacements
-from . import correlate, server, state
+from . import correlate, rope, server, state
 from .graphs import capturing
 
 # Kimi's MLA draft buffers q_a_proj and kv_a_proj_with_mqa and writes them fused once both
@@ -136,6 +136,10 @@ def _report(model: Any, record: Weights, maps: dict[str, Any] | None = None) -> 
         state.emit(_sglang_fix(found, record, model))
     _check_hot_map(model, maps or {})
     _watch_replacements(model, record)
+    try:
+        rope.at_draft_load(model)
+    except Exception as exc:
+        state.internal_error("draft rope", exc)
     # Server args first: the raw config.json keeps keys SGLang's parsed config may lose.
     correlate.learn_from_server()
     correlate.note_draft_config(server.config_to_dict(getattr(model, "config", None)), source=f"{type(model).__name__}.config")

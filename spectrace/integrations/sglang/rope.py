@@ -1,0 +1,82 @@
+"""The draft's rotary embedding against the target's, as SGLang built them.
+
+SGLang builds each decoder layer's rotary from the config it was handed (a draft config
+that lost its ``rope_theta`` gets 10000 beside a 500000 target), checks nothing, and the
+draft serves with another phase at every position. At the draft's load both models
+exist in the process (the target's ``ModelRunner`` loads first); in a script that
+builds the draft first, the check runs when the target is built. The configs, when
+known, only make the finding say where the base came from and which key to write.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from ...checks.rope import check_live_rope
+from ..core.rotary import live_rotaries
+from . import server, state
+
+# A draft whose load came before any target was built (scripts): checked at the target's birth.
+_pending: list[weakref.ReferenceType[Any]] = []
+
+
+def _keys(config: dict[str, Any] | None, draft: bool) -> Any:
+    """The config's rotary keys as the audit reads them (None when unreadable)."""
+    if not config:
+        return None
+    from ...audit.checkpoint import parse_draft_config, rope_keys
+
+    try:
+        if draft:
+            return parse_draft_config(config).rope
+        inner = config.get("text_config")
+        if isinstance(inner, dict):  # a multimodal target: its language model's config
+            return rope_keys(inner, "text_config.")
+        return rope_keys(config, "")
+    except Exception:
+        return None  # an odd config: the live rotaries still compare
+
+
+def _draft_config(draft: Any) -> dict[str, Any] | None:
+    st = state.STATE
+    if st.draft_config is not None and st.draft_config_source.endswith("config.json"):
+        return st.draft_config  # the raw file keeps keys the parsed config object drops
+    return server.config_to_dict(getattr(draft, "config", None))
+
+
+def _targets(draft: Any) -> list[Any]:
+    from .modules import _adopted, _is_draft
+
+    return [m for m in list(_adopted.keys()) if m is not draft and not _is_draft(m)]
+
+
+def check_pair(draft: Any, target: Any) -> None:
+    """rope_mismatch when the draft's rotary rotates like none of the target's (once per pair of values)."""
+    drafts, targets = live_rotaries(draft), live_rotaries(target)
+    draft_keys = _keys(_draft_config(draft), True)
+    target_keys = _keys(server.config_to_dict(getattr(target, "config", None)), False)
+    for found in check_live_rope(drafts, targets, draft_keys=draft_keys, target_keys=target_keys, source="sglang.rope"):
+        key = "rope_mismatch:" + found.message
+        state.emit_once(key, lambda found=found: found.model_copy(update={"module": found.module or "draft"}))
+
+
+def at_draft_load(draft: Any) -> None:
+    """The draft's load: compare with the latest target built in this process, else wait for one."""
+    targets = _targets(draft)
+    if not targets:
+        _pending.append(weakref.ref(draft))
+        return
+    check_pair(draft, targets[-1])
+
+
+def at_target_built(target: Any) -> None:
+    """A target was built: compare the drafts whose load came first."""
+    waiting = [ref() for ref in _pending]
+    _pending.clear()
+    for draft in waiting:
+        if draft is not None:
+            try:
+                check_pair(draft, target)
+            except Exception as exc:
+                state.internal_error("draft rope", exc)
