@@ -136,13 +136,13 @@ def _report(model: Any, record: Weights, maps: dict[str, Any] | None = None) -> 
         state.emit(_sglang_fix(found, record, model))
     _check_hot_map(model, maps or {})
     _watch_replacements(model, record)
-    try:
-        rope.at_draft_load(model)
-    except Exception as exc:
-        state.internal_error("draft rope", exc)
     # Server args first: the raw config.json keeps keys SGLang's parsed config may lose.
     correlate.learn_from_server()
     correlate.note_draft_config(server.config_to_dict(getattr(model, "config", None)), source=f"{type(model).__name__}.config")
+    try:
+        rope.at_draft_load(model)  # after the configs: the finding names the key the base came from
+    except Exception as exc:
+        state.internal_error("draft rope", exc)
 
 
 def after_draft_init(result: Any, *args: Any, **kwargs: Any) -> None:
