@@ -4,7 +4,7 @@ A host-bound decode loop pays a traced step's host time in full: statistics of 4
 are a few milliseconds on steps of 20. :class:`StepBudget` times each step's period (its
 start to the next step's start, the loop's own work between them included) and traces one
 step in N (a step here is what the engine decides at once: a loop iteration, see
-``Tracer._iteration_untraced``). A traced step's cost is its period and that of the step after it, less two
+``sampling.StepSampler.iteration_untraced``). A traced step's cost is its period and that of the step after it, less two
 baseline periods: the baseline is the untraced step just before a traced one (the
 furthest from the last traced step). So the cost holds what the traced step pays and what
 it leaves to the step after it (records written by a thread, the model's code run cold
