@@ -8,6 +8,8 @@ installed there, the repository is on ``PYTHONPATH``). One job per sub-command:
     $ python3 livekit.py probe --port 30000 --out probe.json
     $ python3 livekit.py bench-one --label on --port 30110 --out bench-overhead-on-1.json
     $ python3 livekit.py bench-merge --out bench.json bench-overhead-*.json
+    $ python3 livekit.py scrape --port 30000 --out metrics.txt
+    $ python3 livekit.py metrics-report WORK --out metrics-report.json
     $ python3 livekit.py summarize WORK OUT
 
 The pure parts (log parsing, the dist-info text, the sitecustomize source, the bench
@@ -53,6 +55,10 @@ VARIANTS: dict[str, str] = {
     "eager": "trained pair, --disable-cuda-graph (the same prompts: per-module statistics to compare)",
     "sampled": "trained pair, CUDA graphs, default read-back sampling (the cost windows ran here)",
     "big": "GPU-bound 3.4B random target (hidden 4096, 16 layers) with a random draft, default sampling",
+    # mode `metrics`: --enable-metrics, the trained pair (ids [0, 1, 3]), CUDA graphs on
+    "metrics": "trained pair, --enable-metrics, SPECTRACE_REPLAY=1: spectrace's series on SGLang's /metrics, the replay file",
+    "norep": "trained pair, --enable-metrics, replay off (its twin for the replay's cost)",
+    "rope-replay": "draft config rope_theta 500000 (trained at 10000), --enable-metrics, SPECTRACE_REPLAY=1",
 }
 # The overhead phase: one healthy server at a time, without / with SPECTRACE=1, ABBA order.
 OVERHEAD_SERVERS = ("overhead-off-1", "overhead-on-1", "overhead-on-2", "overhead-off-2", "overhead-skip-1", "overhead-skip-2")
@@ -715,6 +721,7 @@ def steady_bench(
     warmup_s: float = 8.0,
     given: list[list[int]] | None = None,
     pattern: tuple[str, ...] = ("on", "off", "off", "on"),
+    off_word: str = "off",
 ) -> dict[str, Any]:
     """Decode cost inside ONE server under a steady load, spectrace's per-step work switched
     on and off at run time (SPECTRACE_CONTROL) in windows on off off on ...
@@ -725,7 +732,8 @@ def steady_bench(
     which sets aside how many requests ran and how many tokens each step accepted. The lines
     of the first ``settle_s`` after a switch are left out. Per quad (on off off on) the ratio
     on/off cancels a linear drift; the A/A ratios (on/on, off/off inside a quad) show what
-    the design resolves."""
+    the design resolves. ``off_word`` is what an "off" window writes to the control file:
+    ``off`` pauses the per-step work, ``metrics-off`` only the Prometheus sink."""
     stop = threading.Event()
     errors: list[str] = []
 
@@ -744,7 +752,7 @@ def steady_bench(
 
     def setstate(word: str) -> None:
         with open(control, "w", encoding="ascii") as fh:
-            fh.write(word + "\n")
+            fh.write((off_word if word == "off" else word) + "\n")
 
     log = open(log_path, encoding="utf-8", errors="replace")
     log.seek(0, os.SEEK_END)
@@ -781,6 +789,7 @@ def steady_bench(
 
     return {
         "design": "steady load of `clients` requests, windows on off off on ..., SGLang's decode log lines",
+        "off_word": off_word,
         "clients": clients,
         "max_new_tokens": max_new,
         "window_s": window_s,
@@ -796,6 +805,168 @@ def trace_dir_facts(directory: str) -> list[dict[str, Any]]:
     if not os.path.isdir(directory):
         return []
     return [trace_file_facts(os.path.join(directory, f)) for f in sorted(os.listdir(directory)) if f.endswith(".jsonl")]
+
+
+# ------------------------------------------------------------------- metrics, replay
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def scrape(port: int, timeout: float = 10.0) -> str:
+    """The text of the server's own /metrics (SGLang serves it with --enable-metrics)."""
+    with _OPENER.open(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as resp:
+        return str(resp.read().decode("utf-8", errors="replace"))
+
+
+def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Prometheus' text format, sample by sample: (name, labels, value)."""
+    out = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if not m:
+            continue
+        try:
+            value = float(m.group(4))
+        except ValueError:
+            continue
+        out.append((m.group(1), dict(_LABEL.findall(m.group(3) or "")), value))
+    return out
+
+
+def metrics_facts(text: str) -> dict[str, Any]:
+    """What a /metrics page says about spectrace and about SGLang's speculative decoding:
+    spectrace's series, its accept length (histogram sum / count), SGLang's own gauge
+    (the last decode-log interval) and its request counters (generated tokens per verify
+    call, the first token of each request included)."""
+    samples = parse_metrics(text)
+
+    def total(name: str, **want: str) -> float | None:
+        got = [v for n, lab, v in samples if n == name and all(lab.get(k) == x for k, x in want.items())]
+        return sum(got) if got else None
+
+    names = sorted({n for n, _, _ in samples if n.startswith("spectrace_")})
+    families = sorted({re.sub(r"_(total|sum|count|bucket|created)$", "", n) for n in names})
+    acc_sum, acc_n = total("spectrace_accept_length_sum"), total("spectrace_accept_length_count")
+    gauges = [v for n, _, v in samples if n == "sglang:spec_accept_length"]
+    gen, verify = total("sglang:generation_tokens_total"), total("sglang:spec_verify_calls_total")
+    findings: dict[str, float] = {}
+    for n, lab, v in samples:
+        if n == "spectrace_findings_total" and v:
+            key = f"{lab.get('code')}/{lab.get('severity')}"
+            findings[key] = findings.get(key, 0.0) + v
+    roots = sorted({lab.get("code", "") for n, lab, v in samples if n == "spectrace_root_cause" and v == 1})
+    return {
+        "samples": len(samples),
+        "spectrace_series": names,
+        "spectrace_families": families,
+        "spectrace_info": total("spectrace_info"),
+        "spectrace_accept_length": round(acc_sum / acc_n, 4) if acc_sum is not None and acc_n else None,
+        "spectrace_accept_observations": acc_n,
+        "spectrace_verify_steps": total("spectrace_verify_steps_total"),
+        "spectrace_findings": findings,
+        "spectrace_root_causes": roots,
+        "spectrace_records_dropped": total("spectrace_records_dropped_total"),
+        "spectrace_internal_errors": total("spectrace_internal_errors_total"),
+        "sglang_spec_accept_length_gauge": gauges[-1] if gauges else None,
+        "sglang_generation_tokens": gen,
+        "sglang_spec_verify_calls": verify,
+        "sglang_generated_per_verify": round(gen / verify, 4) if gen is not None and verify else None,
+    }
+
+
+def replay_file_facts(path: str) -> dict[str, Any]:
+    """A replay file's size and the metadata spectrace wrote into its safetensors header
+    (read with the standard library: 8 bytes of header length, then the JSON header)."""
+    facts: dict[str, Any] = {"file": os.path.basename(path), "bytes": os.path.getsize(path)}
+    try:
+        mode = os.stat(path).st_mode & 0o777
+        facts["mode"] = oct(mode)
+        with open(path, "rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(min(n, 1 << 20)))
+        meta = json.loads((header.get("__metadata__") or {}).get("spectrace") or "{}")
+        facts["tensors"] = len([k for k in header if k != "__metadata__"])
+        facts["meta"] = meta
+        facts["forward_modes"] = [f.get("forward_mode") for f in meta.get("forwards", [])]
+        facts["bytes_per_forward"] = meta.get("bytes_per_forward")
+    except (OSError, ValueError) as exc:
+        facts["error"] = f"{type(exc).__name__}: {exc}"
+    return facts
+
+
+def _on_windows(bench_res: dict[str, Any], key: str) -> list[float]:
+    return [w[key] for w in bench_res.get("windows", []) if w.get("state") == "on" and w.get(key) == w.get(key) and w.get(key)]
+
+
+def server_abba(benches: list[tuple[str, dict[str, Any]]], key: str, a: str, b: str) -> dict[str, Any]:
+    """Between two servers benched in turn A B B A: the ratio b/a of the medians of their
+    "on" windows, per pair of turns (A1 B1, A2 B2), and pooled; the two turns of one server
+    (A1/A2, B1/B2) are the A/A spread a server-to-server figure must beat."""
+    med = {name: _median(_on_windows(res, key)) for name, res in benches}
+    turns_a = [n for n, _ in benches if n.startswith(a)]
+    turns_b = [n for n, _ in benches if n.startswith(b)]
+    pairs = [round(med[y] / med[x], 4) for x, y in zip(turns_a, turns_b) if med[x] and med[y]]
+    pooled_a = _median([v for n, res in benches if n.startswith(a) for v in _on_windows(res, key)])
+    pooled_b = _median([v for n, res in benches if n.startswith(b) for v in _on_windows(res, key)])
+    aa = [round(med[t[0]] / med[t[-1]], 4) for t in (turns_a, turns_b) if len(t) >= 2 and med[t[-1]]]
+    return {
+        "median_on_windows": {n: round(v, 2) for n, v in med.items()},
+        f"{b}_over_{a}_per_pair": pairs,
+        f"{b}_over_{a}_pooled": round(pooled_b / pooled_a, 4) if pooled_a and pooled_b else None,
+        "aa_same_server_turns": aa,
+    }
+
+
+def metrics_report(work: str) -> dict[str, Any]:
+    """Mode ``metrics``: the /metrics scrapes against SGLang's own accept length, the metrics'
+    cost on/off inside each server, the replay files and the replay's cost between servers."""
+    logs = os.path.join(work, "logs")
+    report: dict[str, Any] = {"servers": {}, "cost": {}}
+    for name in ("metrics", "norep", "rope-replay"):
+        if not os.path.exists(os.path.join(logs, f"server-{name}.log")):
+            continue
+        entry: dict[str, Any] = {"what": VARIANTS.get(name, ""), "server": _read(os.path.join(logs, f"status-{name}.txt")).strip()}
+        for when in ("before", "after", "end"):
+            text = _read(os.path.join(logs, f"metrics-{name}-{when}.txt"))
+            if text:
+                entry[f"metrics_{when}"] = metrics_facts(text)
+        probe_res = _load_json(os.path.join(logs, f"probe-{name}.json"))
+        if isinstance(probe_res, dict):
+            entry["sglang_accept_length_requests"] = probe_res.get("mean_spec_accept_length")
+            entry["probe_errors"] = probe_res.get("errors")
+        view = _load_json(os.path.join(work, "views", f"{name}.json"))
+        if isinstance(view, dict):
+            facts = view_facts(view)
+            entry["trace_accept_length"] = facts["acceptance_mean"]
+            entry["trace_error_codes"] = facts["error_codes"]
+            entry["trace_warning_codes"] = facts["warning_codes"]
+        folder = os.path.join(work, "traces", name)
+        if os.path.isdir(folder):
+            entry["replay_files"] = [
+                replay_file_facts(os.path.join(folder, f)) for f in sorted(os.listdir(folder)) if f.endswith(".replay.safetensors")
+            ]
+        entry["log"] = {
+            k: v
+            for k, v in parse_server_log(_read(os.path.join(logs, f"server-{name}.log"))).items()
+            if k in ("accept_len_last", "findings_printed", "sglang_error_lines")
+        }
+        report["servers"][name] = entry
+    benches = []
+    for f in sorted(os.listdir(logs)) if os.path.isdir(logs) else []:
+        if f.startswith("steady-") and f.endswith(".json") and f[len("steady-") :].split("-")[0] in ("metrics", "norep"):
+            res = _load_json(os.path.join(logs, f))
+            if isinstance(res, dict):
+                benches.append((f[len("steady-") : -len(".json")], res))
+    # the turns in the order they ran (metrics-1, norep-1, norep-2, metrics-2)
+    benches.sort(key=lambda nr: int(nr[0].rsplit("-", 1)[-1]) * 10 + (0 if nr[0].startswith("metrics") else 1))
+    for name, res in benches:
+        report["cost"][f"metrics_on_off_{name}"] = {key: res.get(key) for key in ("steps_per_s", "tokens_per_s", "client_errors")}
+    if benches:
+        report["cost"]["replay_between_servers"] = {key: server_abba(benches, key, "metrics", "norep") for key in ("steps_s", "tok_s")}
+    return report
 
 
 # ----------------------------------------------------------------------- the summary
@@ -1017,7 +1188,14 @@ def main(argv: list[str] | None = None) -> int:
     sb.add_argument("--settle-s", type=float, default=1.0)
     sb.add_argument("--prompts", default=None)
     sb.add_argument("--pattern", default="on,off,off,on", help="the states of the windows, repeated (on alone: a load for a profile)")
+    sb.add_argument("--off-word", default="off", help="what an off window writes (metrics-off: the Prometheus sink only)")
     sb.add_argument("--out", required=True)
+    sc = sub.add_parser("scrape")
+    sc.add_argument("--port", type=int, required=True)
+    sc.add_argument("--out", required=True)
+    mr = sub.add_parser("metrics-report")
+    mr.add_argument("work")
+    mr.add_argument("--out", required=True)
     cs = sub.add_parser("compare-stats")
     cs.add_argument("graph_dir")
     cs.add_argument("eager_dir")
@@ -1066,7 +1244,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     if a.cmd == "steady-bench":
-        given = load_prompts(a.prompts)[0] if a.prompts else None
+        steady_given = load_prompts(a.prompts)[0] if a.prompts else None
         res = steady_bench(
             a.port,
             a.control,
@@ -1076,8 +1254,9 @@ def main(argv: list[str] | None = None) -> int:
             a.windows,
             a.window_s,
             a.settle_s,
-            given=given,
+            given=steady_given,
             pattern=tuple(a.pattern.split(",")),
+            off_word=a.off_word,
         )
         with open(a.out, "w", encoding="utf-8") as fh:
             json.dump(res, fh, indent=1)
@@ -1088,6 +1267,35 @@ def main(argv: list[str] | None = None) -> int:
                 f"A/A median |spread| {r.get('aa_spread_median_abs')}",
                 flush=True,
             )
+        return 0
+    if a.cmd == "scrape":
+        try:
+            text = scrape(a.port)
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            print(f"port {a.port}: /metrics: {type(exc).__name__}: {exc}", flush=True)
+            return 1
+        with open(a.out, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        facts = metrics_facts(text)
+        print(
+            f"port {a.port} /metrics: {facts['samples']} samples, spectrace families {len(facts['spectrace_families'])}, "
+            f"spectrace accept length {facts['spectrace_accept_length']}, sglang gauge {facts['sglang_spec_accept_length_gauge']}",
+            flush=True,
+        )
+        return 0
+    if a.cmd == "metrics-report":
+        res = metrics_report(a.work)
+        with open(a.out, "w", encoding="utf-8") as fh:
+            json.dump(res, fh, indent=1)
+        for name, e in res["servers"].items():
+            m = e.get("metrics_after") or {}
+            print(
+                f"{name}: spectrace accept {m.get('spectrace_accept_length')} vs sglang gauge {m.get('sglang_spec_accept_length_gauge')}, "
+                f"requests {e.get('sglang_accept_length_requests')}; replay files {[(r['bytes'], r.get('forward_modes')) for r in e.get('replay_files', [])]}",
+                flush=True,
+            )
+        for name, c in res["cost"].items():
+            print(f"{name}: {json.dumps(c)[:400]}", flush=True)
         return 0
     if a.cmd == "compare-stats":
         res = compare_stats(a.graph_dir, a.eager_dir)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The live proof: SPECTRACE=1 on real SGLang 0.5.17 EAGLE-3 servers on the H200.
 # Run it ON the GPU machine, from the repository root (docs/sglang.md, "The live kit").
-# Usage: bash scripts/live/run_live_all.sh [all|variants|overhead|trained|tensors|cost|realworld]
+# Usage: bash scripts/live/run_live_all.sh [all|variants|overhead|trained|tensors|cost|realworld|metrics]
 #   variants  four servers at once (healthy, --speculative-algorithm EAGLE, no lm_head, layers.0 keys),
 #             each with SPECTRACE=1 and its own SPECTRACE_DIR; requests; SIGTERM; spectrace view
 #   overhead  one healthy server at a time, SPECTRACE off, on, on, off (ABBA), decode throughput of each
@@ -12,7 +12,15 @@
 #   realworld field bugs on the trained pair (ids [0,1,3]), five servers at once: healthy with greedy
 #             requests, healthy with temperature 1.0 requests (own server, own trace), d2t = arange
 #             (absolute ids where offsets belong), draft rope_theta 500000 (trained at 10000), and
-#             config "draft_vocab_size": null (0.5.17 then sizes lm_head to the target vocabulary)
+#             config "draft_vocab_size": null (0.5.17 then sizes lm_head to the target vocabulary);
+#             REALWORLD_ONLY="trained trained-rope" runs only the servers named
+#   metrics   --enable-metrics on the trained pair (ids [0,1,3]), three servers at once: "metrics"
+#             (SPECTRACE_REPLAY=1), "norep" (replay off) and "rope-replay" (draft rope_theta 500000,
+#             SPECTRACE_REPLAY=1); SGLang's own /metrics scraped before and after the pair's prompts
+#             (spectrace's series, its accept length against sglang:spec_accept_length); the metrics'
+#             cost inside one server (steady load, windows on / metrics-off through SPECTRACE_CONTROL)
+#             on metrics and norep in turns A B B A (METRICS_WINDOWS each), which also compares replay
+#             on and off between the two servers; logs/metrics-report.json, also in $OUT
 #   tensors   per-module records live: the trained pair (ids [0,1,3]) with CUDA graphs (every replay read
 #             back), the same with --disable-cuda-graph, and --speculative-algorithm EAGLE (the fc bypass);
 #             their per-stage statistics compared; then the cost inside one server (SPECTRACE_CONTROL
@@ -30,7 +38,7 @@
 # bootstrap (site.addsitedir) and a dist-info carrying the sglang.srt.plugins entry point.
 set -u
 mode=${1:-all}
-case $mode in all|variants|overhead|trained|tensors|cost|realworld) ;; *) echo "usage: $0 [all|variants|overhead|trained|tensors|cost|realworld]" >&2; exit 2 ;; esac
+case $mode in all|variants|overhead|trained|tensors|cost|realworld|metrics) ;; *) echo "usage: $0 [all|variants|overhead|trained|tensors|cost|realworld|metrics]" >&2; exit 2 ;; esac
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 out=${OUT:?set OUT to the folder whose files come back}
@@ -106,6 +114,10 @@ elif [ "$mode" = trained ]; then
   make_trained "$W/models/trained-nolmhead" --ids 0,1,3 --no-lm-head & m3=$!
   make_trained "$W/models/trained-nod2t" --ids 0,1,3 --no-d2t & m4=$!
   for m in $m1 $m2 $m3 $m4; do wait "$m" || { say "make_trained_models failed"; cat "$W"/models/*.log; exit 1; }; done
+elif [ "$mode" = metrics ]; then
+  make_trained "$W/models/trained" --ids 0,1,3 & m1=$!
+  make_trained "$W/models/trained-rope" --ids 0,1,3 --rope-theta 500000 & m2=$!
+  for m in $m1 $m2; do wait "$m" || { say "make_trained_models failed"; cat "$W"/models/*.log; exit 1; }; done
 elif [ "$mode" = realworld ]; then
   make_trained "$W/models/trained" --ids 0,1,3 & m1=$!
   make_trained "$W/models/trained-d2tarange" --ids 0,1,3 --d2t-arange & m2=$!
@@ -134,6 +146,8 @@ start_server() {  # name port algorithm models spectrace(0|1) mem-fraction [extr
   [ "$on" = 1 ] && envs+=("SPECTRACE=1")
   [ -n "${GRAPH_SAMPLE:-}" ] && envs+=("SPECTRACE_GRAPH_SAMPLE=$GRAPH_SAMPLE")
   [ "$on" = 1 ] && [ -n "${SKIP_FEATURES:-}" ] && envs+=("SPECTRACE_SGLANG_SKIP=$SKIP_FEATURES")
+  # shellcheck disable=SC2206  # SERVER_ENV is a word list of NAME=VALUE on purpose
+  [ -n "${SERVER_ENV:-}" ] && envs+=($SERVER_ENV)
   # shellcheck disable=SC2086  # flags is a word list on purpose
   env -u SPECTRACE "${envs[@]}" ${server_pin[@]+"${server_pin[@]}"} python3 -m sglang.launch_server --model-path "$models/tiny-llama" \
     --speculative-algorithm "$algo" --speculative-draft-model-path "$models/tiny-eagle3" \
@@ -143,7 +157,7 @@ start_server() {  # name port algorithm models spectrace(0|1) mem-fraction [extr
     --decode-log-interval 5 --log-level info > "$W/logs/server-$name.log" 2>&1 &
   PID[$name]=$!
   PORT[$name]=$port
-  echo "$name port $port algo $algo spectrace $on frac $frac flags [$flags]" > "$W/logs/cmd-$name.txt"
+  echo "$name port $port algo $algo spectrace $on frac $frac env [${SERVER_ENV:-}] flags [$flags]" > "$W/logs/cmd-$name.txt"
   say "started $name (pid ${PID[$name]}, port $port, SPECTRACE=$on)"
 }
 
@@ -386,6 +400,8 @@ run_realworld() {
   declare -A MODELS=([trained]=trained [trained-sampled]=trained [trained-d2tarange]=trained-d2tarange
     [trained-rope]=trained-rope [trained-headnull]=trained-headnull)
   declare -A TEMP=([trained]=0 [trained-sampled]=1.0 [trained-d2tarange]=0 [trained-rope]=0 [trained-headnull]=0)
+  # shellcheck disable=SC2206  # REALWORLD_ONLY is a word list
+  [ -n "${REALWORLD_ONLY:-}" ] && order=(${REALWORLD_ONLY})
   for v in "${order[@]}"; do
     start_server "$v" "${VPORT[$v]}" EAGLE3 "$W/models/${MODELS[$v]}" 1 0.12 "$extra --dtype float16"
     sleep "$stagger"
@@ -407,6 +423,55 @@ run_realworld() {
   for v in "${order[@]}"; do view "$v"; done
   mark realworld_done
   report_servers "${order[@]}"
+}
+
+# ---------------------------------------------------------------------- phase: metrics
+scrape() {  # name when: SGLang's own /metrics of that server, kept as logs/metrics-NAME-WHEN.txt
+  grep -q "^port .* up after" "$W/logs/status-$1.txt" 2>/dev/null || return 0
+  python3 "$here/livekit.py" scrape --port "${PORT[$1]}" --out "$W/logs/metrics-$1-$2.txt" || say "$1: /metrics not read"
+}
+
+run_metrics() {
+  local v turn k order=(metrics norep rope-replay)
+  declare -A VPORT=([metrics]=$port_base [norep]=$((port_base + 10)) [rope-replay]=$((port_base + 20)))
+  declare -A MODELS=([metrics]=trained [norep]=trained [rope-replay]=trained-rope)
+  declare -A SENV=([metrics]="SPECTRACE_REPLAY=1" [norep]="" [rope-replay]="SPECTRACE_REPLAY=1")
+  declare -A TURNS=()
+  for v in "${order[@]}"; do
+    SERVER_ENV=${SENV[$v]} start_server "$v" "${VPORT[$v]}" EAGLE3 "$W/models/${MODELS[$v]}" 1 0.12 "$extra --dtype float16 --enable-metrics"
+    sleep "$stagger"
+  done
+  for v in "${order[@]}"; do wait_server "$v" || true; done
+  mark metrics_up
+  for v in "${order[@]}"; do scrape "$v" before; done
+  for v in "${order[@]}"; do
+    if grep -q "^port .* up after" "$W/logs/status-$v.txt" 2>/dev/null; then
+      python3 "$here/livekit.py" probe --port "${VPORT[$v]}" --prompts "$repo/spectrace/eagle3/data/demo.json" \
+        --out "$W/logs/probe-$v.json" || say "$v: probe failed"
+    fi
+  done
+  sleep "$stagger"   # one more decode-log interval: SGLang's gauge and spectrace's flush
+  for v in "${order[@]}"; do scrape "$v" after; done
+  mark metrics_probed
+  # The metrics' cost inside one server (windows on / metrics-off), on both twins in turns
+  # A B B A: the same turns compare replay on (metrics) and off (norep) between servers.
+  for turn in ${METRICS_TURNS:-metrics norep norep metrics}; do
+    grep -q "^port .* up after" "$W/logs/status-$turn.txt" 2>/dev/null || continue
+    if [ "$(left)" -lt 90 ]; then say "metrics cost: $(left)s left, turn $turn not run"; break; fi
+    TURNS[$turn]=$(( ${TURNS[$turn]:-0} + 1 ))
+    k=${TURNS[$turn]}
+    ${client_pin[@]+"${client_pin[@]}"} python3 "$here/livekit.py" steady-bench --port "${VPORT[$turn]}" --control "$W/control-$turn" \
+      --log "$W/logs/server-$turn.log" --clients "${METRICS_CLIENTS:-32}" --max-new 256 --windows "${METRICS_WINDOWS:-8}" \
+      --window-s "${COST_WINDOW_S:-3}" --prompts "$repo/spectrace/eagle3/data/demo.json" --off-word metrics-off \
+      --out "$W/logs/steady-$turn-$k.json" || say "steady bench $turn-$k failed"
+    mark "metrics_cost_$turn-$k"
+  done
+  for v in metrics norep; do scrape "$v" end; done
+  stop_servers "${order[@]}"
+  for v in "${order[@]}"; do view "$v"; done
+  mark metrics_done
+  report_servers "${order[@]}"
+  python3 "$here/livekit.py" metrics-report "$W" --out "$W/logs/metrics-report.json" && cp "$W/logs/metrics-report.json" "$out/"
 }
 
 # ------------------------------------------------------------------------ the cost
@@ -504,6 +569,7 @@ if [ "$mode" = tensors ]; then run_tensors; exit 0; fi
 if [ "$mode" = cost ]; then run_cost; exit 0; fi
 if [ "$mode" = trained ]; then run_trained; exit 0; fi
 if [ "$mode" = realworld ]; then run_realworld; exit 0; fi
+if [ "$mode" = metrics ]; then run_metrics; exit 0; fi
 if [ "$mode" != overhead ]; then run_variants; fi
 if [ "$mode" = overhead ] || { [ "$mode" = all ] && [ "$(left)" -ge "$overhead_min" ]; }; then
   run_overhead
