@@ -332,7 +332,13 @@ def after_load_model(result: Any, *args: Any, **kwargs: Any) -> None:
                 )
         model = getattr(runner, "model", None)
         if model is not None:
-            adopt(model, "draft" if getattr(runner, "is_draft_worker", False) else None)
+            draft = bool(getattr(runner, "is_draft_worker", False))
+            adopt(model, "draft" if draft else None)
+            if draft:
+                from . import draft_class
+
+                config = getattr(runner, "model_config", None)
+                draft_class.at_draft_model(model, getattr(config, "model_path", None))
     except Exception as exc:
         state.internal_error("load_model", exc)
     return None
