@@ -37,12 +37,12 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 sys.path.insert(0, str(ROOT / "bench"))
 
-from conftest import tiny_llama  # noqa: E402
 from host_cost import accounted_per_step, per_step  # noqa: E402
+
+from spectrace.eagle3.target import tiny_llama  # noqa: E402  (the working tree's: the model is not what is compared)
 
 BASE = "spectrace_base"
 
@@ -75,7 +75,7 @@ def accounted(pkg: Any, models: Any, step: Callable[[], Any], mode: str, iters: 
 def workload(size: str, shape: str | None, device: str) -> tuple[Any, Callable[[], Any], str]:
     """(what to trace, one step, a description)."""
     if size == "tiny":
-        model = tiny_llama(layers=8, hidden=64).to(device)
+        model = tiny_llama(num_layers=8, hidden_size=64, intermediate_size=128).to(device)
         ids = torch.randint(0, 128, (1, 16), device=device)
         return model, lambda: model(ids), "tiny Llama, 8 layers, hidden 64, 1x16 tokens"
     from overhead import build, make_step

@@ -12,7 +12,7 @@ replay (``--sections graph --graph-captures 4``) and the host time per hooked ca
 (``bench/host_cost.py``, on the GPU machine's host and on the CPU machine). ``--build``
 puts their JSON outputs in one file; the default prints the table that BENCHMARKS.md
 shows, every figure beside its goal, its control and the anchors of the same run, so the
-table cannot mix runs. ``tests/test_docs.py`` checks that BENCHMARKS.md holds this table.
+table cannot mix runs. ``tests/docs/test_docs.py`` checks that BENCHMARKS.md holds this table.
 """
 
 from __future__ import annotations

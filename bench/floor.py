@@ -46,14 +46,13 @@ from typing import Any
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 sys.path.insert(0, HERE)
 
-from conftest import tiny_llama  # noqa: E402
 from host_cost import HookClock, accounted_per_step, per_step  # noqa: E402
 from overhead import machine, quartiles  # noqa: E402
 
 import spectrace  # noqa: E402
+from spectrace.eagle3.target import tiny_llama  # noqa: E402
 
 Action = Callable[[str, tuple[Any, ...], dict[str, Any], Any], None]
 
@@ -258,7 +257,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = tiny_llama(layers=8, hidden=64).to(args.device)
+    model = tiny_llama(num_layers=8, hidden_size=64, intermediate_size=128).to(args.device)
     ids = torch.randint(0, 128, (1, 16), device=args.device)
     modules = hooked_modules(model)
     with torch.no_grad():

@@ -32,11 +32,8 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-
-from conftest import tiny_llama  # noqa: E402
-
 import spectrace  # noqa: E402
+from spectrace.eagle3.target import tiny_llama  # noqa: E402
 from spectrace.hooks import engine, fused_stats  # noqa: E402
 from spectrace.settings import Settings  # noqa: E402
 
@@ -145,7 +142,7 @@ def label(mode: str) -> str:
 def one(iters: int = 50, device: str = "cpu", sample: int = 1) -> dict[str, Any]:
     """One round: bare, shapes only and statistics on the same model, seconds per forward.
     A sampled mode runs a whole number of N steps (each N holds one traced step)."""
-    model = tiny_llama(layers=8, hidden=64).to(device)
+    model = tiny_llama(num_layers=8, hidden_size=64, intermediate_size=128).to(device)
     ids = torch.randint(0, 128, (1, 16), device=device)
     cuda = ids.is_cuda
 

@@ -79,14 +79,14 @@ def child(modes: str, control: str, forwards: int, package: str) -> None:
     "go", run the forwards, done, wait for "stop" (the files numbered by the mode's place).
     A mode: "bare", a stats mode, or one stats mode and the phase to stop after ("off:read",
     alone in its process: the phase is taken out of the engine for good)."""
-    sys.path.insert(0, str(ROOT / "tests"))
     import torch
-    from conftest import tiny_llama
+
+    from spectrace.eagle3.target import tiny_llama
 
     spectrace = importlib.import_module(package)
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = tiny_llama(layers=8, hidden=64)
+    model = tiny_llama(num_layers=8, hidden_size=64, intermediate_size=128)
     ids = torch.randint(0, 128, (1, 16))
 
     def mark(name: str) -> None:

