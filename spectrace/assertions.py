@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .hooks.selection import glob_match
+from .present.findings import cut as _cut
+from .present.findings import record_lines, root_cause_lines
 from .records import SEVERITY_RANK, Call, Finding, TensorMeta
 
 if TYPE_CHECKING:  # the Trace's methods call these functions: api imports this module, not the reverse
@@ -189,43 +191,15 @@ def data_path(trace: Trace, focus: Iterable[str] = (), limit: int = DEFAULT_PATH
 
 
 def format_findings(findings: Sequence[Finding]) -> str:
-    if not findings:
-        return "Findings: none."
-    lines = [f"Findings ({len(findings)}):"]
-    for f in findings:
-        where = f" at {f.module}" if f.module else ""
-        step = f" (step {f.step})" if f.step is not None else ""
-        lines.append(f"  {f.severity.upper()} {f.code}{where}{step}: {f.message}")
-        lines.append(f"      fix: {f.fix}")
-    return "\n".join(lines)
-
-
-def _cut(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    """Every finding, two lines each (the long form): what was seen where, then the fix."""
+    return "\n".join(record_lines(findings))
 
 
 def format_root_causes(findings: Sequence[Finding], width: int = 116) -> str:
     """Findings as a failing test should show them: each root cause with its module, what
     was seen and its one fix; what follows from it in one line beneath (the order and the
     judgement are ``spectrace view``'s: :func:`spectrace.checks.root_causes.root_causes`)."""
-    from .checks.root_causes import root_causes
-
-    judged = root_causes(findings)
-    lines: list[str] = []
-    shown: set[tuple[str, str | None]] = set()
-    order = sorted(range(len(findings)), key=lambda i: SEVERITY_RANK.get(findings[i].severity, 9))
-    for i in order:
-        f, j = findings[i], judged[i]
-        if j.root is not None or (f.code, f.module) in shown:
-            continue
-        shown.add((f.code, f.module))
-        where = f" at {f.module}" if f.module else ""
-        lines.append(_cut(f"{f.severity.upper()} {f.code}{where}: {f.message}", width))
-        lines.append(_cut(f"  fix: {f.fix}", width))
-        follows = sorted({g.code for g, k in zip(findings, judged) if k.root == f.code})
-        if follows:
-            lines.append(_cut(f"  then: {', '.join(follows)} (cleared by this fix)", width))
-    return "\n".join(lines)
+    return "\n".join(root_cause_lines(findings, width))
 
 
 def explain(trace: Trace, headline: str, focus: Iterable[str] = (), limit: int = DEFAULT_PATH_LINES) -> str:

@@ -16,16 +16,17 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import textwrap
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .records import SEVERITY_RANK, Finding, Fingerprint
+from .present.findings import cut as _cut
+from .present.findings import heads
+from .records import Finding, Fingerprint
+from .settings import Settings
 
 if TYPE_CHECKING:
     from rich.text import Text
-from .settings import Settings
 
 DEFAULT_OUT = "spectrace-demo"
 K = 4
@@ -123,27 +124,7 @@ def _clear_old_traces(trace_dir: str) -> None:
                 os.remove(os.path.join(trace_dir, entry))
 
 
-SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "dim"}
-INDENT = "  "
-
-
-def _wrap(label: str, text: str, width: int, indent: str = INDENT, limit: int | None = None) -> list[Text]:
-    """``label text`` wrapped at ``width``, continuation lines under the text; never breaks
-    a word, so an identifier or a path in a fix stays whole and can be copied."""
-    from rich.text import Text
-
-    lines = textwrap.wrap(
-        f"{label}{text}",
-        width=width,
-        initial_indent=indent,
-        subsequent_indent=indent + " " * len(label),
-        break_long_words=False,
-        break_on_hyphens=False,
-    )
-    if limit is not None and len(lines) > limit:
-        lines = lines[:limit]
-        lines[-1] = lines[-1][: width - 1] + "…"
-    return [Text(line) for line in lines]
+INDENT = "  "  # as the presenter indents a scenario's findings
 
 
 def _headline(r: ScenarioResult, name_width: int, width: int) -> list[Text]:
@@ -174,6 +155,8 @@ def report_lines(results: list[ScenarioResult], width: int = 80, details: bool =
     (the view's judgement)."""
     from rich.text import Text
 
+    from .present.renderables import demo_details, demo_summary
+
     name_width = max([len("scenario"), *(len(r.name) for r in results)])
     lines = [
         Text(_cut(f"spectrace demo: EAGLE-3 pipeline, k={K}; accept = tokens accepted per verify", width), style="bold"),
@@ -182,83 +165,14 @@ def report_lines(results: list[ScenarioResult], width: int = 80, details: bool =
     for r in results:
         lines += _headline(r, name_width, width)
         if r.findings:
-            lines += _details(r, width) if details else _summary(r, width)
+            lines += demo_details(r.findings, width) if details else demo_summary(r.findings, width)
     return lines
-
-
-def _summary(r: ScenarioResult, width: int) -> list[Text]:
-    """The root cause in one line (its code, how many other codes follow, what was seen),
-    then its whole fix."""
-    from rich.text import Text
-
-    first = root_causes(r.findings)[0]
-    more = len({f.code for f in r.findings} - {first.code})
-    line = Text(INDENT)
-    line.append(first.code, style=SEVERITY_STYLE[first.severity])
-    if more:
-        line.append(f" (+{more} more)", style="dim")
-    line.append(": " + _cut_words(_short(first.message, width), width - len(line) - 2))
-    return [line, *_wrap("fix: ", first.fix, width)]
-
-
-def _details(r: ScenarioResult, width: int) -> list[Text]:
-    """Every code of a scenario once, root causes first: what was seen, the cause, the fix."""
-    from rich.text import Text
-
-    from .checks.root_causes import root_causes as judge
-    from .rules.catalogue import CATALOGUE
-
-    judged = judge(r.findings)
-    ranked = sorted(zip(r.findings, judged), key=lambda fj: (fj[1].root is not None, SEVERITY_RANK.get(fj[0].severity, 9)))
-    lines: list[Text] = []
-    seen: set[str] = set()
-    for f, j in ranked:
-        if f.code in seen:
-            continue
-        seen.add(f.code)
-        head = Text(INDENT)
-        head.append(f"{f.severity.upper()} {f.code}", style=SEVERITY_STYLE[f.severity])
-        head.append(" (root cause)" if j.root is None else f" (follows from {j.root})", style="dim")
-        lines.append(head)
-        lines += _wrap("seen: ", f.message, width, INDENT * 2, limit=3)
-        code = CATALOGUE.get(f.code)
-        if code is not None:
-            lines += _wrap("cause: ", code.meaning, width, INDENT * 2)
-        lines += _wrap("fix: ", f.fix, width, INDENT * 2)
-    return lines
-
-
-def _cut(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"
-
-
-def _cut_words(text: str, limit: int) -> str:
-    # Cut between words where one ends late enough: a half word reads as a typo.
-    if len(text) <= limit:
-        return text
-    head = text[: max(limit - 1, 0)]
-    space = head.rfind(" ")
-    return (head[:space] if space > limit // 2 else head).rstrip(" ,;:(") + "…"
 
 
 def root_causes(findings: list[Finding]) -> list[Finding]:
     """The findings that head the report, most severe first, one per code: those that follow
     from no other (:mod:`spectrace.checks.root_causes` decides)."""
-    from .checks.root_causes import root_causes as judge
-
-    seen: set[str] = set()
-    heads: list[Finding] = []
-    judged = judge(findings)
-    for f, j in sorted(zip(findings, judged), key=lambda fj: SEVERITY_RANK[fj[0].severity]):
-        if j.root is None and f.code not in seen:
-            seen.add(f.code)
-            heads.append(f)
-    return heads
-
-
-def _short(message: str, limit: int = 90) -> str:
-    # The cause's first clause; the whole message is in the trace and in `spectrace view`.
-    return _cut(message.split("; ")[0], limit)
+    return heads(findings)
 
 
 def main(argv: list[str] | None = None) -> int:

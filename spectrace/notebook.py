@@ -24,6 +24,8 @@ import shutil
 import warnings
 from typing import Any
 
+from .present.findings import TABLE_HEAD, summary_lines, table_rows
+from .present.findings import cut as _cut
 from .records import Call
 from .viewers.diff import DEFAULT_RTOL, DiffResult, diff_traces
 from .viewers.loader import TraceSet, load_traces, shown_path
@@ -174,6 +176,7 @@ class LoadedTrace:
             cols = shutil.get_terminal_size((100, 24)).columns
             width = min(max(cols, _SUMMARY_WIDTH[0]), _SUMMARY_WIDTH[1])
         # A trace's strings are untrusted: their control characters are shown, not obeyed.
+        # One line each; the whole text is in .findings, .view and `spectrace view`.
         return "\n".join(_cut(printable(line), width) for line in _summary_lines(self))
 
     def __str__(self) -> str:
@@ -252,36 +255,13 @@ def _acceptance_line(a: AcceptanceView) -> str:
 def _summary_lines(t: LoadedTrace) -> list[str]:
     lines = [f"spectrace trace {t.source}", _headline(t)]
     lines += [f"! {line}" for line in t.view.header.not_closed + t.problems]
-    errors = sum(1 for f in t.findings if f.severity == "error")
-    if t.findings:
-        codes = f"{len(t.findings)} code{'s' if len(t.findings) != 1 else ''}, {errors} error{'s' if errors != 1 else ''}"
-        follow = sum(1 for f in t.findings if f.root is not None)
-        if follow:  # as spectrace view counts them
-            roots = sum(1 for f in t.findings if f.consequences)
-            codes = f"{roots} root cause{'s' if roots != 1 else ''}, {follow} consequence{'s' if follow != 1 else ''} ({codes})"
-        lines.append(f"Findings: {codes}")
-        w = max(len(f.code) for f in t.findings)
-        for f in t.findings:
-            if f.root is not None:
-                continue  # beneath its root cause, below
-            lines.append(f"  {f.severity.upper():<7} {f.code:<{w}}  x{f.count}  {f.message}")
-            lines.append(f"  {'':<7} {'fix':>{w}}  {f.fix}")
-            for c in (g for g in t.findings if g.root == f.code):
-                # A consequence: cleared by its root's fix, so it shows none of its own.
-                lines.append(f"  {'':<7} {'then':>{w}}  {c.code}: {c.message}")
-    else:
-        lines.append("Findings: none")
+    lines += summary_lines(t.findings)
     lines.append("Data path")
     for label, text in _stage_rows(t.datapath):
         lines.append(f"  {label:<10} {text}")
     lines.append(f"Acceptance: {_acceptance_line(t.acceptance)}")
     lines.append(f"Modules: {len(t.modules)} (.modules; one row per call and tensor: .rows(), .to_pandas())")
     return lines
-
-
-def _cut(line: str, width: int) -> str:
-    # One line each; the whole text is in .findings, .view and `spectrace view`.
-    return line if len(line) <= width else line[: width - 1] + "…"
 
 
 # -------------------------------------------------------------------------------- HTML
@@ -298,8 +278,7 @@ def _html(t: LoadedTrace) -> str:
     if warn:
         out.append("<ul>" + "".join(f"<li>{html.escape(w)}</li>" for w in warn) + "</ul>")
     if t.findings:
-        rows = [[f.severity, f.code, str(f.count), f.message, f.fix if f.root is None else f"(follows from {f.root})"] for f in t.findings]
-        out.append("<p><b>Findings</b></p>" + _table(["severity", "code", "count", "seen", "fix"], rows))
+        out.append("<p><b>Findings</b></p>" + _table(list(TABLE_HEAD), table_rows(t.findings)))
     else:
         out.append("<p><b>Findings</b>: none</p>")
     out.append("<p><b>Data path</b></p>" + _table(["stage", "state"], [list(r) for r in _stage_rows(t.datapath)]))

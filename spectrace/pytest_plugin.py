@@ -209,7 +209,8 @@ class SpectraceSession:
     def check(self) -> None:
         """Raise if any kept trace holds an unclaimed error finding (the ``--spectrace`` rule)."""
         __tracebackhide__ = True
-        from .assertions import FindingError, format_root_causes, unexpected_findings
+        from .assertions import FindingError, unexpected_findings
+        from .present.findings import plural, root_cause_lines
 
         for index, trace in enumerate(self.traces):
             # Trace.findings runs the checks `spectrace view` runs on a trace file: the same verdict.
@@ -217,8 +218,8 @@ class SpectraceSession:
             if found:
                 codes = ", ".join(sorted({f.code for f in found}))
                 which = f"trace {index + 1} of {len(self.traces)}" if len(self.traces) > 1 else "the trace"
-                head = f"spectrace: {which} made during this test holds {len(found)} error finding{'s' if len(found) > 1 else ''} ({codes})"
-                lines = [head, format_root_causes(found)]
+                head = f"spectrace: {which} made during this test holds {plural(len(found), 'error finding')} ({codes})"
+                lines = [head, *root_cause_lines(found)]
                 if trace.path:
                     lines.append(f"The trace: spectrace view {_shown(trace.path)}")
                 lines.append("Claim expected ones with t.assert_finding(code), or mark the test @pytest.mark.no_spectrace.")

@@ -29,7 +29,6 @@ from collections.abc import Callable, Iterable
 
 from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.segment import Segment
-from rich.table import Table
 from rich.text import Text
 
 from spectrace.checks.acceptance_live import LiveAcceptance, VerifyStep
@@ -37,8 +36,10 @@ from spectrace.records import Finding
 from spectrace.rules.catalogue import CATALOGUE
 
 from ..checks.root_causes import root_causes
+from ..present.findings import SEVERITY_STYLE, blocks, headline, more_codes, more_consequences, when
+from ..present.renderables import detail_line, finding_line, fix_row
 from .model import FindingGroup, TraceView, ViewFilter
-from .render import SEVERITY_STYLE, AcceptancePanel, DataPathTree, ModuleTable, steps_text, times
+from .render import AcceptancePanel, DataPathTree, ModuleTable
 
 NEW_HOLD_S = 30.0  # how long a change stays in the "new" section
 MAX_NEW = 6  # lines of the "new" section
@@ -52,6 +53,7 @@ ACCEPT_CHANGE_PART = 0.25
 ACCEPT_SETTLE_S = 10.0  # changes this close together are one change (the window sliding through it)
 STAGES = ("aux", "fc", "layer", "norm", "lm_head", "target_lm_head", "d2t")
 STAGE_NAMES = {"aux": "aux concat", "layer": "decoder layer", "target_lm_head": "target lm_head"}
+LIVE_NOTE = "from the acceptance records as they arrive; the writer has not said it"
 
 
 class NewItem:
@@ -355,44 +357,37 @@ class LiveScreen:
             return [Text("Findings: none", style="green")]
         n = len(groups) + (live is not None)
         errors = sum(1 for g in groups if g.severity == "error")
-        counts = f"{n} code{'s' if n != 1 else ''}, {errors} error{'s' if errors != 1 else ''}"
         # Which root the live symptom follows from: the checks judge it with the rest.
         live_root = root_causes([*groups, live])[-1].root if live is not None else None
         follow = sum(1 for g in groups if g.root is not None) + (live_root is not None)
-        if follow:  # counted as spectrace view counts them
-            roots = len({g.root for g in groups if g.root is not None} | ({live_root} if live_root else set()))
-            counts = f"{roots} root cause{'s' if roots != 1 else ''}, {follow} consequence{'s' if follow != 1 else ''} ({counts})"
-        head = Text(f"Findings: {counts}", style="bold", no_wrap=True, overflow="ellipsis")
+        # Counted as roots here: those with a consequence on this screen (the live one included).
+        roots = len({g.root for g in groups if g.root is not None} | ({live_root} if live_root else set()))
+        head = Text(headline(n, errors, roots, follow), style="bold", no_wrap=True, overflow="ellipsis")
         out: list[RenderableType] = [head]
-        # Filed once: a trace can hold tens of thousands of codes, and a screen shows a few.
-        below: dict[str, list[FindingGroup]] = {}
-        for c in groups:
-            if c.root is not None:
-                below.setdefault(c.root, []).append(c)
-        roots = [g for g in groups if g.root is None]
-        for g in roots[:MAX_ROOTS]:
+        # A consequence whose root is not on screen is left out here (spectrace view shows it).
+        drawn = blocks(groups, orphans=False)
+        for b in drawn[:MAX_ROOTS]:
+            g = b.head
             fresh = now - self._new_codes.get(g.code, -1e18) <= self.hold_s
-            out.append(_finding_line(g.severity, g.code, _where(g), g.message, new=fresh))
+            out.append(finding_line(g.severity, g.code, _where(g), g.message, new=fresh))
             # Every root's fix, whole (wrapped under itself): what to do is the screen's point.
-            out.append(_fix(g.fix))
-            beneath = below.get(g.code, [])
-            for c in beneath[:MAX_BENEATH]:
-                out.append(_finding_line(c.severity, c.code, _where(c), c.message, beneath=True))
-            if len(beneath) > MAX_BENEATH:
-                out.append(Text(f"   … {len(beneath) - MAX_BENEATH} more consequences", style="dim"))
+            out.append(fix_row(g.fix))
+            for c in b.beneath[:MAX_BENEATH]:
+                out.append(finding_line(c.severity, c.code, _where(c), c.message, beneath=True))
+            if len(b.beneath) > MAX_BENEATH:
+                out.append(Text(more_consequences(len(b.beneath) - MAX_BENEATH), style="dim"))
             if live is not None and live_root == g.code:
-                out.append(_finding_line(live.severity, live.code, f"from step {live.step}", live.message, live=True, beneath=True))
-                out.append(_detail("live", "from the acceptance records as they arrive; the writer has not said it", "yellow"))
+                out.append(finding_line(live.severity, live.code, f"from step {live.step}", live.message, live=True, beneath=True))
+                out.append(detail_line("live", LIVE_NOTE, "yellow"))
         if live is not None and live_root is None:
-            line = _finding_line(live.severity, live.code, f"from step {live.step}", live.message, live=True)
+            line = finding_line(live.severity, live.code, f"from step {live.step}", live.message, live=True)
             out.append(line)
             entry = CATALOGUE.get(live.code)
-            out.append(_detail("live", "from the acceptance records as they arrive; the writer has not said it", "yellow"))
-            out.append(_detail("fix", live.fix or (entry.fix if entry else ""), "green"))
-        shown = sum(1 + min(len(below.get(g.code, [])), MAX_BENEATH) for g in roots[:MAX_ROOTS])
+            out.append(detail_line("live", LIVE_NOTE, "yellow"))
+            out.append(detail_line("fix", live.fix or (entry.fix if entry else ""), "green"))
+        shown = sum(1 + min(len(b.beneath), MAX_BENEATH) for b in drawn[:MAX_ROOTS])
         if len(groups) > shown:
-            more = len(groups) - shown
-            out.append(Text(f"… {more} more code{'s' if more != 1 else ''}: spectrace view --finding CODE or --json", style="bold yellow"))
+            out.append(Text(more_codes(len(groups) - shown, "spectrace view --finding CODE or --json"), style="bold yellow"))
         return out
 
 
@@ -455,41 +450,7 @@ class FollowFrame:
 
 
 def _where(g: FindingGroup) -> str:
-    # A finding made outside the forward steps (at load, at close) names no step.
-    where = steps_text(g.first_step, g.last_step) if g.first_step is not None else "outside any step"
-    return f"{times(g.count)}, {where}"
-
-
-def _finding_line(
-    severity: str, code: str, where: str, message: str, *, live: bool = False, beneath: bool = False, new: bool = False
-) -> Text:
-    t = Text(no_wrap=True, overflow="ellipsis")
-    if beneath:
-        t.append("   ↳")  # follows from the root above: cleared by its fix
-    if live:
-        t.append(" LIVE ", style="reverse bold yellow")
-    elif new:
-        t.append(" NEW ", style="reverse bold")  # seen in the last NEW_HOLD_S
-    t.append(f" {severity.upper()} ", style=f"reverse {SEVERITY_STYLE.get(severity, '')}")
-    t.append(f" {code}", style="bold")
-    t.append(f"  {where}  ")
-    t.append(message, style="dim")
-    return t
-
-
-def _detail(label: str, value: str, style: str) -> Text:
-    t = Text(f"    {label:<5} ", style="dim", no_wrap=True, overflow="ellipsis")
-    t.append(value, style=style)
-    return t
-
-
-def _fix(value: str) -> Table:
-    """``    fix   <the fix>``, wrapped under its own start, never cut."""
-    grid = Table.grid(padding=(0, 1))
-    grid.add_column(width=9, style="dim", no_wrap=True)
-    grid.add_column(ratio=1)
-    grid.add_row("    fix", Text(value, style="green"))
-    return grid
+    return when(g)
 
 
 def _age(seconds: float) -> str:

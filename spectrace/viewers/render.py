@@ -26,6 +26,10 @@ from rich.tree import Tree
 
 from spectrace.records import TensorStats
 
+# The findings' words and their section are the presenter's; the viewer's other parts use them too.
+from ..present.findings import plural, steps_text
+from ..present.renderables import FindingsView
+from ..present.renderables import no_wrap as _no_wrap
 from .drops import drop_lines
 from .fold import fold_layers
 from .model import (
@@ -33,7 +37,6 @@ from .model import (
     AcceptanceView,
     DataPath,
     FcWidths,
-    FindingGroup,
     HeaderSummary,
     ModuleRow,
     MomentStats,
@@ -44,7 +47,6 @@ from .model import (
 )
 from .terminal import SafeConsole, safe_console
 
-SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "blue"}
 BLOCKS = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 60
 BAR_WIDTH = 40
@@ -91,16 +93,6 @@ def shapes(ss: list[list[int]], limit: int = 2) -> str:
     return text + (f" +{len(ss) - limit}" if len(ss) > limit else "")
 
 
-def plural(n: int, noun: str, many: str | None = None) -> str:
-    """``1 sample``, ``2 samples``, ``0 samples``: the noun agrees with the count."""
-    return f"{n} {noun if n == 1 else many or noun + 's'}"
-
-
-def times(n: int) -> str:
-    """How often a finding was seen: ``once``, ``3 times``."""
-    return "once" if n == 1 else f"{n} times"
-
-
 def dtype(d: str) -> str:
     d = d.removeprefix("torch.")
     return _DTYPES.get(d, d)
@@ -115,12 +107,6 @@ def stats_text(s: TensorStats | StatsSummary | None) -> str:
     if s.inf:
         text += f" inf {s.inf}"
     return text
-
-
-def steps_text(first: int | None, last: int | None) -> str:
-    if first is None:
-        return "no step"
-    return f"step {first}" if first == last else f"steps {first}..{last}"
 
 
 def sparkline(values: list[float], hi: float, width: int = SPARK_WIDTH) -> str:
@@ -216,126 +202,7 @@ class HeaderPanel:
         yield Panel(lines, title=Text(f"spectrace  {_short(h.source)}"), title_align="left", box=box.ROUNDED)
 
 
-class FindingsView:
-    """Findings by root cause, errors first: what was seen, why, and the fix.
-
-    A root cause (:mod:`spectrace.checks.root_causes` decides which) carries the one fix;
-    its consequences follow beneath it in a line or two each (code, where, what was seen),
-    with no fix of their own. A finding that follows from nothing is shown as a root.
-    """
-
-    def __init__(self, findings: list[FindingGroup], *, max_roots: int | None = None, max_beneath: int | None = None) -> None:
-        self.findings = findings
-        # A screen, not a log: past these, one line says how many more codes --json holds.
-        self.max_roots = MAX_ROOTS_SHOWN if max_roots is None else max_roots
-        self.max_beneath = MAX_BENEATH_SHOWN if max_beneath is None else max_beneath
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        if not self.findings:
-            yield Text("Findings: none", style="green")
-            return
-        yield Text(findings_headline(self.findings), style="bold")
-        shown = {f.code for f in self.findings if f.severity == "error"}  # only an error is a root
-        width = options.max_width
-        # Filed once (a trace can hold tens of thousands of codes): never a scan per root.
-        below: dict[str, list[FindingGroup]] = {}
-        for c in self.findings:
-            if c.root is not None:
-                below.setdefault(c.root, []).append(c)
-        drawn = codes_drawn = 0
-        for f in self.findings:
-            if f.root is not None and f.root in shown:
-                continue  # drawn beneath its root
-            if drawn >= self.max_roots:
-                break
-            drawn += 1
-            yield _finding_head(f)
-            grid = Table.grid(padding=(0, 1))
-            grid.add_column(width=2)
-            grid.add_column(style="dim", width=LABEL_COL, no_wrap=True)
-            grid.add_column(ratio=1)
-            rows = [("seen", f.message, "")]
-            if f.modules:
-                rows.append(("where", _modules(f.modules), ""))
-            if f.cause:
-                rows.append(("cause", f.cause, ""))
-            if f.evidence:
-                rows.append(("evidence", fit_evidence(f.evidence, width - VALUE_INDENT), ""))
-            if f.root is not None:
-                # Its root is hidden by --finding: the fix to apply is still the root's.
-                rows.append(("root", f"follows from {f.root} (not shown: --finding); {f.how}", "yellow"))
-                rows.append(("fix", f"{f.root_fix or f.fix} (the fix of {f.root})", "green"))
-            else:
-                rows.append(("fix", f.fix, "green"))
-            for label, value, style in rows:
-                grid.add_row("", label, Text(value, style=style))
-            beneath = below.get(f.code, []) if f.root is None and f.severity == "error" else []
-            if beneath:
-                cleared = "those marked 'also from' need that fix too" if any(c.also_from for c in beneath) else "cleared by this fix"
-                grid.add_row("", "then", Text(f"{plural(len(beneath), 'consequence')}, {cleared}:", style="dim"))
-            yield grid
-            codes_drawn += 1 + min(len(beneath), self.max_beneath)
-            for c in beneath[: self.max_beneath]:
-                yield from _consequence(c, width)
-            if len(beneath) > self.max_beneath:
-                yield Text(f"   … {len(beneath) - self.max_beneath} more consequences: --finding CODE or --json", style="dim")
-        left = len(self.findings) - codes_drawn
-        if left > 0:
-            yield Text(f"… {plural(left, 'more code')}: --finding CODE or --json", style="bold yellow")
-
-
 MAX_MODULE_ROWS = 200  # module table rows drawn (after folding repeated layers)
-MAX_ROOTS_SHOWN = 12  # root causes (and findings standing alone) drawn in full
-MAX_BENEATH_SHOWN = 8  # consequences drawn beneath one root
-LABEL_COL = 8  # seen / where / cause / evidence / fix
-VALUE_INDENT = 2 + 1 + LABEL_COL + 1  # where a row's value starts
-
-
-def findings_headline(findings: list[FindingGroup]) -> str:
-    """``Findings: 1 root cause, 2 consequences (3 codes, 2 errors)``; ``Findings: 2 codes, 1 error`` with no grouping."""
-    n = len(findings)
-    errors = sum(1 for f in findings if f.severity == "error")
-    counts = f"{plural(n, 'code')}, {plural(errors, 'error')}"
-    consequences = sum(1 for f in findings if f.root is not None)
-    if not consequences:
-        return f"Findings: {counts}"
-    return f"Findings: {plural(n - consequences, 'root cause')}, {plural(consequences, 'consequence')} ({counts})"
-
-
-def _finding_head(f: FindingGroup) -> Text:
-    head = Text()
-    head.append(f" {f.severity.upper()} ", style=f"reverse {SEVERITY_STYLE.get(f.severity, '')}")
-    head.append(f" {f.code}", style="bold")
-    head.append(f"  {_when(f)}")
-    if f.ranks:
-        head.append(f"  rank {','.join(map(str, sorted(f.ranks)))}")
-    return head
-
-
-def _when(f: FindingGroup) -> str:
-    # A finding made outside the forward steps (at load, at close) names no step.
-    where = steps_text(f.first_step, f.last_step) if f.first_step is not None else "outside any step"
-    return f"{times(f.count)}, {where}"
-
-
-def _modules(modules: list[str]) -> str:
-    more = f" +{len(modules) - 3}" if len(modules) > 3 else ""
-    return ", ".join(modules[:3]) + more
-
-
-def _consequence(c: FindingGroup, width: int) -> Iterable[Text]:
-    """Two lines: severity, code, where and when; then what was seen, cut to the line."""
-    head = Text("   ↳ ")
-    head.append(c.severity.upper(), style=SEVERITY_STYLE.get(c.severity, ""))
-    head.append(f" {c.code}", style="bold")
-    if c.also_from:
-        head.append(f" (also from {', '.join(c.also_from)})", style="yellow")
-    where = f"  {_modules(c.modules)}," if c.modules else " "
-    head.append(f"{where} {_when(c)}", style="dim")
-    if c.ranks:
-        head.append(f"  rank {','.join(map(str, sorted(c.ranks)))}", style="dim")
-    yield _no_wrap(head)
-    yield _no_wrap(Text("       " + c.message))
 
 
 class DataPathTree:
@@ -513,12 +380,6 @@ def shape_pattern(ss: list[list[int]]) -> str:
         lo, hi = min(vals), max(vals)
         dims.append(str(lo) if lo == hi else f"{lo}..{hi}")
     return "[" + ",".join(dims) + "]"
-
-
-def _no_wrap(t: Text) -> Text:
-    t.no_wrap = True
-    t.overflow = "ellipsis"
-    return t
 
 
 def _status_style(status: str) -> str:
@@ -735,50 +596,6 @@ def render_view(view: TraceView, *, modules: bool = False, all_layers: bool = Fa
 
 def _short(path: str, limit: int = 56) -> str:
     return path if len(path) <= limit else "..." + path[-(limit - 3) :]
-
-
-def _short_value(v: object, limit: int) -> str:
-    """``v`` in at most ``limit`` characters; a list or dict is cut between its items
-    (``[0, 2, +3 more]``), never in the middle of one."""
-    text = str(v)
-    if len(text) <= limit:
-        return text
-    if isinstance(v, (list, tuple, dict)):
-        # A nested value is cut the same way, in a part of the room.
-        room = max(12, limit // 2)
-        if isinstance(v, dict):
-            items = [f"{k!r}: {_short_value(x, room) if isinstance(x, (list, tuple, dict)) else repr(x)}" for k, x in v.items()]
-        else:
-            items = [_short_value(x, room) if isinstance(x, (list, tuple, dict)) else repr(x) for x in v]
-        open_, close = ("{", "}") if isinstance(v, dict) else ("[", "]")
-        kept: list[str] = []
-        for i, item in enumerate(items):
-            more = f", +{len(items) - i} more" if kept else f"+{len(items) - i} more"
-            if len(open_ + ", ".join([*kept, item]) + f", +{len(items) - i - 1} more" + close) > limit:
-                return open_ + ", ".join(kept) + more + close
-            kept.append(item)
-        return open_ + ", ".join(kept) + close
-    return text[: max(1, limit - 3)] + "..."
-
-
-EVIDENCE_LINES = 3  # the evidence row's height at most; the whole of it is in --json
-
-
-def fit_evidence(evidence: dict[str, object], width: int, lines: int = EVIDENCE_LINES) -> str:
-    """``k=v, k=v`` in about ``lines`` lines of ``width``: each value cut to one line, the
-    items past that counted (``+2 more``). A wider console shows more of each value."""
-    width = max(20, width)
-    budget = lines * width - width // 4  # the terminal wraps at spaces: leave it room
-    items = list(evidence.items())
-    out = ""
-    for i, (k, v) in enumerate(items):
-        part = f"{k}={_short_value(v, width - len(k) - 3)}"
-        text = f"{out}, {part}" if out else part
-        left = len(items) - i - 1
-        if out and len(text) + (len(f", +{left} more") if left else 0) > budget:
-            return f"{out}, +{left + 1} more"
-        out = text
-    return out
 
 
 def iter_lines(renderable: object, width: int = 80) -> Iterable[str]:
