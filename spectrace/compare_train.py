@@ -14,35 +14,21 @@ boundary than the trained one is ``values_boundary_mismatch``, one that is none 
     $ SPECTRACE=1 SPECTRACE_CAPTURE_VALUES=32 SPECTRACE_DIR=traces python serve.py
     $ spectrace compare-train traces --target ./tiny-llama --draft-config ./tiny-eagle3/config.json
 
-Exit status: 0 every chunk is the boundary the draft was trained on, 1 an error finding,
-2 unusable input (one line on stderr).
+The command's arguments and exit status are ``cli/compare_train.py``'s.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
 from .checks.values import ChunkMatch, boundary_label, check_values, match_chunks
+from .present.findings import brief_lines
 from .records import Finding
 from .rules.readings import aux_ids, readings
-
-PROG = "spectrace compare-train"
-
-EXAMPLES = """examples:
-  SPECTRACE=1 SPECTRACE_CAPTURE_VALUES=32 SPECTRACE_DIR=traces python serve.py
-  spectrace compare-train traces --target ./tiny-llama --draft-config ./tiny-eagle3/config.json
-  spectrace compare-train traces/trace-host-42.jsonl --target meta-llama/Llama-3.1-8B-Instruct --draft-config ./eagle3/config.json
-
-The values file holds rows of the user's run and their token ids: keep it private.
-Exit status: 0 every chunk is the boundary the draft was trained on, 1 an error finding,
-2 bad input.
-"""
-
 
 ALL_BOUNDARIES_SHOWN = 16  # a deeper target's full cosine rows are in --json
 
@@ -53,34 +39,6 @@ def _short_label(b: int) -> str:
 
 class InputError(Exception):
     """Unusable input: one line on stderr, exit 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise InputError(f"{message} (see {PROG} --help)")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
-        prog=PROG,
-        description="Recompute the target's hidden states for the token ids kept beside a trace (SPECTRACE_CAPTURE_VALUES) "
-        "and say which boundary each chunk of the served fused draft input really is.",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("trace", metavar="TRACE", help="a trace file or folder written with SPECTRACE_CAPTURE_VALUES=N")
-    p.add_argument(
-        "--target", required=True, metavar="HF_MODEL_DIR", help="the target model as transformers loads it (a folder or a hub name)"
-    )
-    p.add_argument("--draft-config", required=True, metavar="CONFIG", help="the draft's config.json (or its folder)")
-    p.add_argument(
-        "--dtype",
-        choices=("float32", "bfloat16"),
-        default="float32",
-        help="the dtype the target is recomputed in on the CPU (default float32; bfloat16 halves the memory of a large target)",
-    )
-    p.add_argument("--json", action="store_true", help="print the cosines and the findings as JSON")
-    return p
 
 
 @dataclass
@@ -98,7 +56,7 @@ class Comparison:
     other_readings: list[tuple[str, list[int]]]  # (trainer convention, boundaries) the config's ids could also mean
 
 
-def _values_records(trace: str) -> list[tuple[str, list[int] | None, str | None]]:
+def values_records(trace: str) -> list[tuple[str, list[int] | None, str | None]]:
     """(values file path, captured boundaries, capture rule) per values record of the trace."""
     from .viewers.loader import load_traces
 
@@ -123,7 +81,7 @@ def _values_records(trace: str) -> list[tuple[str, list[int] | None, str | None]
     return found
 
 
-def _draft_config(path: str) -> dict[str, Any]:
+def read_draft_config(path: str) -> dict[str, Any]:
     file = os.path.join(path, "config.json") if os.path.isdir(path) else path
     try:
         with open(file, encoding="utf-8") as handle:
@@ -137,7 +95,7 @@ def _draft_config(path: str) -> dict[str, Any]:
     return config
 
 
-def _load_target(path: str, dtype: str = "float32") -> Any:
+def load_target(path: str, dtype: str = "float32") -> Any:
     try:
         import torch
         from transformers import AutoModelForCausalLM
@@ -146,7 +104,7 @@ def _load_target(path: str, dtype: str = "float32") -> Any:
     try:
         from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()  # a progress bar per load is noise in a report
+        hf_logging.disable_progress_bar()  # the command draws its own progress, on a terminal only
     except Exception:
         pass
     try:
@@ -162,8 +120,16 @@ def _text_config(model: Any) -> Any:
     return getattr(config, "text_config", None) or config
 
 
-def compare(values_path: str, model: Any, draft_config: dict[str, Any], captured: list[int] | None, rule: str | None) -> Comparison:
-    """Recompute the target's boundaries for the kept ids and match each chunk (float32, CPU)."""
+def compare(
+    values_path: str,
+    model: Any,
+    draft_config: dict[str, Any],
+    captured: list[int] | None,
+    rule: str | None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Comparison:
+    """Recompute the target's boundaries for the kept ids and match each chunk (float32, CPU);
+    ``progress(done, total)`` after each step's forward (a large target takes seconds each)."""
     import torch
     import torch.nn.functional as F
 
@@ -190,7 +156,7 @@ def compare(values_path: str, model: Any, draft_config: dict[str, Any], captured
     sums = torch.zeros(chunks, num_layers + 1, dtype=torch.float64)
     rows = 0
     with torch.no_grad():
-        for s in steps:
+        for done, s in enumerate(steps, 1):
             if int(s.input_ids.max()) >= vocab or int(s.input_ids.min()) < 0:
                 raise InputError(f"token ids of step {s.step} lie outside the target's vocabulary of {vocab}: --target is another model")
             out = model(input_ids=s.input_ids.view(1, -1), output_hidden_states=True, use_cache=False)
@@ -203,6 +169,8 @@ def compare(values_path: str, model: Any, draft_config: dict[str, Any], captured
                 for b, state in enumerate(states):
                     sums[c, b] += F.cosine_similarity(chunk, state[0].float(), dim=-1).double().sum()
             rows += int(s.fused.shape[0])
+            if progress is not None:
+                progress(done, len(steps))
     if not rows:
         raise InputError(f"{values_path} holds no rows")
     matches = match_chunks((sums / rows).tolist())
@@ -251,48 +219,33 @@ def report_lines(c: Comparison) -> list[str]:
             lines.append("  " + "  ".join(f"{_short_label(b)} {cos:.3f}" for b, cos in enumerate(m.cosines)))
     if c.matches and len(c.matches[0].cosines) <= ALL_BOUNDARIES_SHOWN:
         lines.append("(emb: the embedding; bk: out(block k-1), the last one normed; cosines averaged over the token rows)")
-    for f in c.findings:
-        lines += [f"{f.severity} {f.code}: {f.message}", f"  fix: {f.fix}"]
+    lines += brief_lines(c.findings)
     if not c.findings:
         lines.append("every chunk is the boundary the draft was trained on")
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-    except InputError as exc:
-        sys.stderr.write(f"{PROG}: error: {exc}\n")
-        return 2
-    except SystemExit as exc:  # --help
-        return exc.code if isinstance(exc.code, int) else 0
-    try:
-        found = _values_records(args.trace)
-        draft_config = _draft_config(args.draft_config)
-        model = _load_target(args.target, args.dtype)
-        results = [compare(path, model, draft_config, captured, rule) for path, captured, rule in found]
-    except InputError as exc:
-        sys.stderr.write(f"{PROG}: error: {exc}\n")
-        return 2
-    if args.json:
-        print(
-            json.dumps(
-                [
-                    {
-                        "values_file": c.values_file,
-                        "rows": c.rows,
-                        "steps": c.steps,
-                        "trained_boundaries": c.trained,
-                        "cosines": [list(m.cosines) for m in c.matches],
-                        "matched_boundaries": [m.matched for m in c.matches],
-                        "findings": [f.model_dump(mode="json") for f in c.findings],
-                    }
-                    for c in results
-                ],
-                indent=1,
-            )
-        )
-    else:
-        for c in results:
-            print("\n".join(report_lines(c)))
-    return 1 if any(f.severity == "error" for c in results for f in c.findings) else 0
+def to_json(results: list[Comparison]) -> str:
+    """What ``--json`` prints: per values file, the cosines, the matched boundaries, the findings."""
+    return json.dumps(
+        [
+            {
+                "values_file": c.values_file,
+                "rows": c.rows,
+                "steps": c.steps,
+                "trained_boundaries": c.trained,
+                "cosines": [list(m.cosines) for m in c.matches],
+                "matched_boundaries": [m.matched for m in c.matches],
+                "findings": [f.model_dump(mode="json") for f in c.findings],
+            }
+            for c in results
+        ],
+        indent=1,
+    )
+
+
+def main(argv: list[str]) -> int:
+    """Old entry point, kept only until callers import ``spectrace.cli.compare_train``."""
+    from .cli.compare_train import main
+
+    return main(argv)

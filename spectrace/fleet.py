@@ -10,13 +10,13 @@ the instances that report nothing (down, or up but not traced).
     $ spectrace fleet --prometheus http://prometheus:9090
     $ spectrace fleet --prometheus http://prometheus:9090 --json | jq '.instances[]'
     $ spectrace fleet --prometheus http://prometheus:9090 --fail-on error   # exit 1 on an error root cause
+
+The command's arguments and exit status are ``cli/fleet.py``'s.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -184,43 +184,8 @@ def render(fleet: Fleet) -> str:
     return "\n".join(lines)
 
 
-FAIL_ON = {"error": 0, "warning": 1, "info": 2, "never": -1}
-
-
-EXAMPLES = """examples:
-  spectrace fleet --prometheus http://prometheus:9090                  root causes by instance, accept length, who is silent
-  spectrace fleet --prometheus http://prometheus:9090 --job sglang --json | jq '.instances[]'
-  spectrace fleet --prometheus http://prometheus:9090 --fail-on error  exit 1 on an error root cause (CI, alerts)
-
-Exit codes: 0, 1 (--fail-on), 2 (Prometheus could not be asked, or a usage error).
-"""
-
-
-def parser() -> argparse.ArgumentParser:
-    from .cli import _OneLineParser
-
-    p = _OneLineParser(
-        prog="spectrace fleet",
-        description="Which instances of a fleet report which root causes, and their accept length, from a Prometheus server.",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--prometheus", required=True, metavar="URL", help="the Prometheus server, e.g. http://prometheus:9090")
-    p.add_argument("--job", default=None, help="only the targets of this scrape job")
-    p.add_argument("--json", action="store_true", help="print the fleet as JSON, for scripts")
-    p.add_argument(
-        "--fail-on", choices=list(FAIL_ON), default="never", help="exit 1 when a root cause of this severity or worse is reported"
-    )
-    return p
-
-
 def main(argv: list[str]) -> int:
-    args = parser().parse_args(argv)
-    try:
-        fleet = collect(args.prometheus, args.job)
-    except FleetError as exc:
-        sys.stderr.write(f"spectrace fleet: error: {exc}\n")
-        return 2
-    print(fleet.model_dump_json(indent=2) if args.json else render(fleet))
-    level, found = FAIL_ON[args.fail_on], worst(fleet)
-    return 1 if level >= 0 and found is not None and found <= level else 0
+    """Old entry point, kept only until callers import ``spectrace.cli.fleet``."""
+    from .cli.fleet import main
+
+    return main(argv)

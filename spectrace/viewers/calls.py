@@ -5,50 +5,29 @@ calls themselves, in the order each process made them: step, call index, module,
 forward mode, and each argument and output. ``--jsonl`` and ``--json`` print the selected
 call records exactly as the writer wrote them, for ``jq``.
 
-The filters are ``view``'s (:class:`.model.ViewFilter`: ``--module``, ``--rank``,
-``--step``) plus ``--role``; one that matches nothing is one line on stderr and exit 2,
-worded as ``view`` words it.
-
-    >>> calls_main(["spectrace-demo/fc_bypass", "--role", "draft.fc", "--limit", "2"])
-    0
+The filters are ``view``'s (:class:`.model.ViewFilter`) plus a role glob;
+:func:`selection_problem` says why nothing was selected, worded as ``view`` words it. The
+command's arguments and exit status are ``cli/calls.py``'s.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from rich.console import Group
 from rich.text import Text
 
 from spectrace.records import Call, TensorMeta
 from spectrace.rules.globs import glob_match
 
-from .commands import _err, _guard, _nothing_readable, _warn_problems, add_trace_filters
-from .loader import TraceFile, TraceSet, load_traces
+from .loader import TraceFile, TraceSet
 from .model import ViewFilter, _listed, build_view
-from .render import dtype, make_console, plural, shape, stats_text
+from .render import dtype, plural, shape, stats_text
 
-PROG = "spectrace calls"
 DEFAULT_LIMIT = 100  # calls printed as text unless --limit says otherwise (--jsonl/--json: all)
 ARG_WIDTH = 22  # the argument column, before a longer name pushes the line
 SHAPE_WIDTH = 16
-
-CALLS_EXAMPLES = """examples:
-  spectrace calls traces/ --step 12             every call of step 12, every tensor
-  spectrace calls traces/ --role draft.fc       the draft's fc, call by call
-  spectrace calls traces/ --module '*layers.0' --step 10:20 --limit 5
-  spectrace calls traces/ --role 'target.layer[*]' --rank 1
-  spectrace calls traces/ --jsonl | jq -c 'select(.outputs[0].stats.nan > 0)'
-  spectrace calls traces/ --role draft.fc --json | jq '.[0].inputs'
-
---module and --role are globs: * stays within one dotted part, ** crosses dots.
-Statistics are mean, std and absmax; nan and inf counts show when they are not zero.
-exit status: 0 calls shown, 2 nothing readable, a bad argument or a filter that matches nothing
-"""
 
 
 @dataclass(frozen=True)
@@ -246,73 +225,8 @@ def write_json_array(selected: Iterable[SelectedCall]) -> None:
     write("\n]\n")
 
 
-# ------------------------------------------------------------------------------ command
-def _limit(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"wants a whole number >= 0 (0: no limit), got {text!r}")
-    return n
-
-
-def calls_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=PROG,
-        description="Print a trace's calls one by one: step, call, module, role, forward mode, and every "
-        "argument's and output's shape, dtype and statistics.",
-        epilog=CALLS_EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("path", help="a trace-*.jsonl file or a folder of them")
-    add_trace_filters(p)
-    p.add_argument("--role", metavar="GLOB", help="only calls whose role matches GLOB (draft.fc, 'target.layer[*]', 'draft.*')")
-    p.add_argument(
-        "--limit",
-        type=_limit,
-        metavar="N",
-        help=f"at most N calls (0: all; text shows the first {DEFAULT_LIMIT} unless told, --jsonl and --json all)",
-    )
-    out = p.add_mutually_exclusive_group()
-    out.add_argument("--jsonl", action="store_true", help="print the selected call records, one JSON object per line, as written")
-    out.add_argument("--json", action="store_true", help="print the selected call records as one JSON array")
-    p.add_argument("--no-pager", action="store_true", help="never page long output")
-    return p
-
-
 def calls_main(argv: list[str]) -> int:
-    """Entry point of ``spectrace calls``; returns the exit status."""
-    return _guard(PROG, _calls, argv)
+    """Old entry point, kept only until callers import ``spectrace.cli.calls``."""
+    from ..cli.calls import main
 
-
-def _calls(argv: list[str]) -> int:
-    args = calls_parser().parse_args(argv)
-    lo, hi = args.step if args.step else (None, None)
-    flt = ViewFilter(module=args.module, rank=args.rank, step_min=lo, step_max=hi)
-    ts = load_traces(args.path)
-    if not ts.readable:
-        _err(f"{PROG}: error: {_nothing_readable(ts)}")
-        return 2
-    _warn_problems(PROG, ts)
-    selected = select_calls(ts, flt, args.role)
-    if not selected:
-        _err(f"{PROG}: error: {selection_problem(ts, flt, args.role)}")
-        return 2
-    limit = args.limit or None  # 0 and unset: no limit, but text has its default
-    if args.jsonl or args.json:
-        chosen = selected if limit is None else selected[:limit]
-        (write_jsonl if args.jsonl else write_json_array)(chosen)
-        return 0
-    if args.limit is None:
-        limit = DEFAULT_LIMIT
-    console = make_console()
-    lines = list(render_calls(selected, limit, console.width))
-    text = Group(*lines)  # each line is cut to the width, never wrapped: one line each
-    if not args.no_pager and console.is_terminal and len(lines) > console.height:
-        os.environ.setdefault("LESS", "-R")  # let less pass colours through
-        with console.pager(styles=True):
-            console.print(text)
-        return 0
-    console.print(text)
-    return 0
+    return main(argv)

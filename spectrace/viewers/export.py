@@ -24,15 +24,12 @@ Whatever cannot be placed (a call without a time stamp, a step without any timed
 findings the viewer kept as counts only) is counted in the file's ``otherData.not_drawn``
 and said once on stderr.
 
-    >>> export_main(["spectrace-demo/fc_bypass", "-o", "fc_bypass.json"])
-    0
+The command's arguments and exit status are ``cli/export.py``'s.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -42,31 +39,15 @@ from pydantic import BaseModel, Field
 
 from spectrace.records import Call, Coverage, Finding, TensorMeta
 
-from .calls import SelectedCall, select_calls, selection_problem
-from .commands import _err, _guard, _nothing_readable, _Usage, _warn_problems, add_trace_filters
-from .loader import TraceFile, TraceSet, load_traces, shown_path, time_ok
+from .calls import SelectedCall
+from .loader import TraceFile, TraceSet, shown_path, time_ok
 from .model import ViewFilter
 from .render import plural, shape
-from .terminal import write_line
 
-PROG = "spectrace export"
 STEPS_TID = 1
 FINDINGS_TID = 2
 FIRST_ROOT_TID = 10
 NO_ROOT = "calls"  # the track of calls whose record names no root
-
-EXPORT_EXAMPLES = """examples:
-  spectrace export traces/ -o run.json              every process of one run
-  spectrace export traces/ -o run.json --step 100:140 --rank 0
-  spectrace export spectrace-demo/fc_bypass -o - | gzip > fc_bypass.json.gz
-  spectrace export traces/ -o run.json --force      replace run.json
-
-Open the file at https://ui.perfetto.dev (Open trace file) or in chrome://tracing.
-Calls are drawn from the end of the call before them to their own time stamp: the
-records say when a call returned, not when it began (docs/export.md).
-exit status: 0 written, 2 nothing readable, a bad argument, a filter that matches nothing,
-or a path that cannot be written (an existing file needs --force)
-"""
 
 DRAWING = (
     "A call record holds the time its call returned (t_unix) and no start. A call is drawn from the end "
@@ -438,10 +419,10 @@ class _Builder:
             self.counts.coverage += 1
 
 
-def chrome_trace(ts: TraceSet, flt: ViewFilter | None = None) -> ChromeTrace:
-    """The timeline of loaded traces, narrowed by ``flt`` (rank, step, module)."""
-    flt = flt or ViewFilter()
-    return _Builder(ts, flt, select_calls(ts, flt)).build()
+def build_timeline(ts: TraceSet, flt: ViewFilter, selected: list[SelectedCall]) -> ChromeTrace:
+    """The timeline of loaded traces: the ``selected`` calls (``calls.select_calls``), and the
+    steps, acceptance and notes that ``flt`` (rank, step, finding) keeps."""
+    return _Builder(ts, flt, selected).build()
 
 
 def not_drawn_lines(nd: NotDrawn) -> list[str]:
@@ -465,26 +446,30 @@ def not_drawn_lines(nd: NotDrawn) -> list[str]:
 
 
 # ------------------------------------------------------------------------- writing
+class WriteRefused(Exception):
+    """The file cannot or must not be written; the message is one line."""
+
+
 def refuse_to_clobber(path: str, *, force: bool) -> None:
-    """A folder at ``path``, or anything at all without ``force``: one line (:class:`_Usage`)."""
+    """A folder at ``path``, or anything at all without ``force``: one line (:class:`WriteRefused`)."""
     if os.path.isdir(path):
-        raise _Usage(f"{shown_path(path)} is a folder; name the file to write")
+        raise WriteRefused(f"{shown_path(path)} is a folder; name the file to write")
     if os.path.lexists(path) and not force:
-        raise _Usage(f"{shown_path(path)} exists; --force replaces it")
+        raise WriteRefused(f"{shown_path(path)} exists; --force replaces it")
 
 
 def write_new_file(path: str, text: str, *, force: bool) -> None:
     """Write ``text`` at ``path`` whole or not at all: through a temporary file beside it,
     linked into place so an existing file (or one that appears meanwhile) is never
     replaced without ``force``. A FIFO, a link or a device at the path is replaced, never
-    written through. Every failure is one line (:class:`_Usage`)."""
+    written through. Every failure is one line (:class:`WriteRefused`)."""
     shown = shown_path(path)
     refuse_to_clobber(path, force=force)
     folder = os.path.dirname(os.path.abspath(path))
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
     except OSError as exc:
-        raise _Usage(f"cannot write {shown}: {exc.strerror or exc}")
+        raise WriteRefused(f"cannot write {shown}: {exc.strerror or exc}")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
@@ -494,69 +479,20 @@ def write_new_file(path: str, text: str, *, force: bool) -> None:
             try:
                 os.link(tmp, path)  # fails if the name was taken meanwhile: never clobbers
             except FileExistsError:
-                raise _Usage(f"{shown} exists; --force replaces it")
+                raise WriteRefused(f"{shown} exists; --force replaces it")
             except OSError:  # a file system without hard links
                 if os.path.lexists(path):
-                    raise _Usage(f"{shown} exists; --force replaces it")
+                    raise WriteRefused(f"{shown} exists; --force replaces it")
                 os.replace(tmp, path)
     except OSError as exc:
-        raise _Usage(f"cannot write {shown}: {exc.strerror or exc}")
+        raise WriteRefused(f"cannot write {shown}: {exc.strerror or exc}")
     finally:
         if os.path.lexists(tmp):
             os.unlink(tmp)
 
 
-# ------------------------------------------------------------------------- command
-def export_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=PROG,
-        description="Write a trace as Chrome Trace Event Format JSON: steps, module calls with their tensors, "
-        "findings and accept length on a timeline (ui.perfetto.dev, chrome://tracing).",
-        epilog=EXPORT_EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("path", help="a trace-*.jsonl file or a folder of them")
-    p.add_argument("-o", "--output", required=True, metavar="FILE", help="the JSON file to write ('-': standard output)")
-    p.add_argument("--force", action="store_true", help="replace FILE if it exists")
-    add_trace_filters(p)
-    return p
-
-
 def export_main(argv: list[str]) -> int:
-    """Entry point of ``spectrace export``; returns the exit status."""
-    return _guard(PROG, _export, argv)
+    """Old entry point, kept only until callers import ``spectrace.cli.export``."""
+    from ..cli.export import main
 
-
-def _export(argv: list[str]) -> int:
-    args = export_parser().parse_args(argv)
-    lo, hi = args.step if args.step else (None, None)
-    flt = ViewFilter(module=args.module, rank=args.rank, step_min=lo, step_max=hi)
-    if args.output != "-":
-        refuse_to_clobber(args.output, force=args.force)  # before any work; checked again when writing
-    ts = load_traces(args.path)
-    if not ts.readable:
-        _err(f"{PROG}: error: {_nothing_readable(ts)}")
-        return 2
-    _warn_problems(PROG, ts)
-    selected = select_calls(ts, flt)
-    filtered = any(x is not None for x in (args.module, args.rank, lo, hi))
-    if filtered and not selected:
-        _err(f"{PROG}: error: {selection_problem(ts, flt, None)}")
-        return 2
-    trace = _Builder(ts, flt, selected).build()
-    text = trace.model_dump_json(exclude_none=True)
-    if args.output == "-":
-        sys.stdout.write(text + "\n")
-    else:
-        write_new_file(args.output, text + "\n", force=args.force)
-    for line in not_drawn_lines(trace.otherData.not_drawn):
-        _err(f"{PROG}: warning: {line}")
-    n = trace.otherData.counts
-    write_line(
-        sys.stderr if args.output == "-" else sys.stdout,
-        f"wrote {shown_path(args.output) if args.output != '-' else 'standard output'}: "
-        f"{plural(n.processes, 'process', 'processes')}, {plural(n.steps, 'step')}, {plural(n.calls, 'call')}, "
-        f"{plural(n.findings, 'finding')}, {plural(n.acceptance_points, 'accept-length point')}; "
-        "open it at https://ui.perfetto.dev or chrome://tracing",
-    )
-    return 0
+    return main(argv)

@@ -1,0 +1,101 @@
+"""One replay: the served draft's kept inputs through a reference built from its checkpoint.
+
+:func:`replay` checks that the trace and the checkpoint belong together, compares module
+by module, and keeps the result beside the trace; :func:`render` is its text. The
+command's arguments and exit status are ``cli/replay.py``'s.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..audit.checkpoint import AuditInputError
+from .file import REPLAY_SUFFIX, RESULT_SUFFIX, ReplayFileError, find_replay_files, read_replay
+from .reference import Reference, ReferenceError
+from .weights import load_draft
+
+if TYPE_CHECKING:
+    from .compare import ReplayResult
+
+HOW_TO_KEEP = "run the server with SPECTRACE=1 SPECTRACE_REPLAY=1 SPECTRACE_DIR=<folder> to keep them"
+TRAINERS = {"speculators": "speculators", "specforge": "specforge"}
+REFERENCES = ("auto", "speculators", "specforge", "builtin")
+
+
+class ReplayInputError(Exception):
+    """The trace, the checkpoint or the reference asked for cannot be replayed: one line."""
+
+
+def replay(trace: str, draft: str, reference: str = "auto", warn: Callable[[str], None] | None = None) -> ReplayResult:
+    """Replay the last kept inputs of ``trace`` through ``draft``; the result is also written
+    beside the trace (a failure to write it goes to ``warn``, it is not fatal)."""
+    if not os.path.exists(trace):
+        raise ReplayInputError(f"{trace}: no such file or folder")
+    if reference in TRAINERS:
+        if importlib.util.find_spec(TRAINERS[reference]) is None:
+            raise ReplayInputError(f"--reference {reference}: the package is not installed (pip install {TRAINERS[reference]})")
+        raise ReplayInputError(f"--reference {reference}: this spectrace runs its built-in reference only; use --reference builtin")
+    files = find_replay_files(trace)
+    if not files:
+        raise ReplayInputError(f"{trace}: no kept draft inputs ({REPLAY_SUFFIX}); {HOW_TO_KEEP}")
+    try:
+        meta, forwards = read_replay(files[-1])
+        ckpt, raw, tensors = load_draft(Path(draft))
+        ref = Reference.build(ckpt, raw, tensors)
+    except (ReplayFileError, AuditInputError, ReferenceError) as exc:
+        raise ReplayInputError(str(exc)) from None
+    if not forwards:
+        raise ReplayInputError(f"{files[-1]}: no kept forwards; {HOW_TO_KEEP}")
+    fc = ref.w.get("fc.weight")
+    width = next((f.tensors["hidden_in"].shape[-1] for f in forwards if "hidden_in" in f.tensors), None)
+    hidden = next((f.tensors["layer_in"].shape[-1] for f in forwards if "layer_in" in f.tensors), None)
+    if hidden is not None and hidden != ref.hidden:
+        raise ReplayInputError(f"the checkpoint's hidden size is {ref.hidden}, the trace's draft ran {hidden}: not this trace's draft")
+    if fc is not None and width not in (None, fc.shape[1], ref.hidden):
+        raise ReplayInputError(f"the checkpoint's fc reads {fc.shape[1]} wide, the trace's fused input is {width}: not this trace's draft")
+    from .compare import compare
+
+    result = compare(ref, forwards, meta.dtype)
+    result.trace, result.replay_file, result.draft, result.engine = meta.trace, os.path.basename(files[-1]), str(draft), meta.engine
+    if reference == "auto":
+        result.notes.append("reference: spectrace's built-in EAGLE-3 draft (the trainers' own modelling code is not used)")
+    _save(files[-1], result, warn)
+    return result
+
+
+def _save(replay_file: str, result: ReplayResult, warn: Callable[[str], None] | None) -> None:
+    """The result beside the trace (its name: the replay file's, ``.replay.json``)."""
+    from ..values_file import write_private
+
+    folder, name = os.path.split(replay_file)
+    try:
+        write_private(folder or ".", name[: -len(REPLAY_SUFFIX)] + RESULT_SUFFIX, result.model_dump_json(indent=2).encode())
+    except OSError as exc:
+        if warn is not None:
+            warn(f"the result was not written beside the trace ({exc.strerror or exc})")
+
+
+def render(result: ReplayResult) -> str:
+    """The text of a replay: each module's verdict, then the first divergence and its causes."""
+    lines = [f"replay: {result.forwards} forward(s), {result.rows} row(s), {result.dtype or 'unknown dtype'}, draft {result.draft}"]
+    for check in result.modules:
+        if not check.compared:
+            state = f"not compared ({check.note})" if check.note else "not compared"
+        else:
+            err = f"max error {check.max_error:.3g} (tolerance {check.tolerance:.3g})" if check.max_error is not None else check.note
+            state = ("agrees" if check.agrees else "DIVERGES") + f": {err}"
+        lines.append(f"  {check.module:<15} {state}")
+    if result.agree:
+        lines.append("the served draft matches its checkpoint")
+    else:
+        lines.append(f"first divergence: {result.first_divergence}")
+        lines.append(f"  served:    {result.served}")
+        lines.append(f"  reference: {result.expected}")
+        lines.append("  causes that fit:")
+        lines += [f"    - {c}" for c in result.causes]
+    lines += [f"note: {n}" for n in result.notes]
+    return "\n".join(lines)
