@@ -9,7 +9,9 @@ were written (loader calls, then a bit-pattern change test).
 
 Normal absences are exempt: ``embed_tokens`` and ``lm_head`` (vLLM gives the draft the
 target's when the checkpoint has none). ``t2d`` is skipped by design; ``d2t`` lands in
-``draft_id_to_target_id``, which stays zeros when the checkpoint lacks it.
+``draft_id_to_target_id``, which stays zeros when the checkpoint lacks it. After the load,
+the training flags the draft's config sets are checked against the class vLLM built
+(``Eagle3DeepseekV2ForCausalLM`` reads no ``norm_before_fc``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ...checks.replaced import ReplacedWeight, check_replaced_weights
-from ...checks.vllm import check_vllm_weights
+from ...checks.vllm import check_vllm_class_flags, check_vllm_weights
 from ...hooks.weights import observe_load
 from ..core.loads import ChangedParam, DraftLoad, watch_replacements
 from . import state
@@ -52,7 +54,9 @@ class _Consumed:
             original = param.__dict__.get(slot)
             inner = original if had else getattr(param, slot, None)
             if inner is None:
-                from vllm.model_executor.model_loader.weight_utils import default_weight_loader as inner
+                from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+
+                inner = default_weight_loader
             try:
                 setattr(param, slot, self._tracking(inner))
             except (AttributeError, TypeError):
@@ -117,9 +121,19 @@ def around_draft_load(original: Any, *args: Any, **kwargs: Any) -> Any:
         for found in check_vllm_weights(record, type(model).__name__):
             state.emit_finding(found)
         _watch_replacements(model, record.written)
+        _check_class_flags(model)
     except Exception as exc:
         state.internal_error("draft load_weights report", exc)
     return result
+
+
+def _check_class_flags(model: Any) -> None:
+    """unsupported_config_flag: a training flag the draft's config sets that the class vLLM
+    really built does not read (the config was noted at the class's ``__init__``)."""
+    config = state.STATE.draft_config
+    if config:
+        for found in check_vllm_class_flags(config, type(model).__name__, module="draft"):
+            state.emit_finding(found)
 
 
 def _consumed_otherwise(model: Any, name: str) -> bool:
