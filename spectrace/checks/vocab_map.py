@@ -150,11 +150,13 @@ def check_engine_hot_map(
     t2d: Sequence[bool] | None = None,
     module: str = "draft.hot_token_id",
     source: str = "",
+    name: str = "hot_token_id",
 ) -> list[Finding]:
-    """The map the engine built (SGLang's ``hot_token_id``: target id per draft id) against the
-    vocabulary and, when given, against what the checkpoint's ``d2t`` and ``t2d`` say."""
+    """The map the engine built (SGLang's ``hot_token_id``, vLLM's ``arange + draft_id_to_target_id``:
+    target id per draft id, under ``name``) against the vocabulary and, when given, against what
+    the checkpoint's ``d2t`` and ``t2d`` say."""
     ids = [int(t) for t in hot]
-    problems = map_problems(ids, draft_vocab_size=draft_vocab_size, target_vocab=target_vocab, t2d=t2d, name="hot_token_id")
+    problems = map_problems(ids, draft_vocab_size=draft_vocab_size, target_vocab=target_vocab, t2d=t2d, name=name)
     if checkpoint_d2t is not None:
         want = target_ids(checkpoint_d2t)
         differ = [i for i, (a, b) in enumerate(zip(ids, want)) if a != b]
@@ -174,7 +176,7 @@ def check_engine_hot_map(
     )
     return [
         _finding(
-            problems, ids, arange, subject="the draft->target map the engine built (hot_token_id) is invalid",
+            problems, ids, arange, subject=f"the draft->target map the engine built ({name}) is invalid",
             draft_vocab_size=draft_vocab_size, target_vocab=target_vocab, module=module, source=source, fix=fix,
         )
     ]  # fmt: skip

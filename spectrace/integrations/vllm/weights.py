@@ -22,6 +22,7 @@ from typing import Any
 
 from ...checks.replaced import ReplacedWeight, check_replaced_weights
 from ...checks.vllm import check_vllm_class_flags, check_vllm_weights
+from ...checks.vocab_map import check_engine_hot_map
 from ...hooks.weights import observe_load
 from ..core.loads import ChangedParam, DraftLoad, watch_replacements
 from . import state
@@ -122,6 +123,7 @@ def around_draft_load(original: Any, *args: Any, **kwargs: Any) -> Any:
             state.emit_finding(found)
         _watch_replacements(model, record.written)
         _check_class_flags(model)
+        _check_map(model, offered)
     except Exception as exc:
         state.internal_error("draft load_weights report", exc)
     return result
@@ -134,6 +136,35 @@ def _check_class_flags(model: Any) -> None:
     if config:
         for found in check_vllm_class_flags(config, type(model).__name__, module="draft"):
             state.emit_finding(found)
+
+
+def _check_map(model: Any, offered: list[tuple[str, Any]]) -> None:
+    """vocab_map_invalid: the map vLLM proposes with (target id = i + draft_id_to_target_id[i],
+    ``compute_logits``) against the vocabulary and what the checkpoint's d2t and t2d say.
+    Load time, once: host reads of two small int tensors."""
+    param = getattr(model, "draft_id_to_target_id", None)
+    if param is None:
+        return  # the full vocabulary: no map
+    maps = {name.rsplit(".", 1)[-1]: tensor for name, tensor in offered if name.rsplit(".", 1)[-1] in ("d2t", "t2d")}
+    if "d2t" not in maps:
+        return  # weights_missing says the map stayed zeros
+    cfg = getattr(model, "config", None)
+    d2t, t2d = maps["d2t"], maps.get("t2d")
+    ids = [i + int(d) for i, d in enumerate(param.detach().reshape(-1).cpu().tolist())]
+    marks = [bool(x) for x in t2d.reshape(-1).tolist()] if t2d is not None and t2d.dim() == 1 else None
+    if marks is not None and sum(marks) != len(ids):
+        marks = None  # the checkpoint's own inconsistency: `spectrace audit` reports it from the files
+    for found in check_engine_hot_map(
+        ids,
+        draft_vocab_size=getattr(cfg, "draft_vocab_size", None),
+        target_vocab=getattr(cfg, "vocab_size", None),
+        checkpoint_d2t=d2t.reshape(-1).tolist() if d2t.dim() == 1 else None,
+        t2d=marks,
+        module="draft.draft_id_to_target_id",
+        source="vllm.weights",
+        name="arange + draft_id_to_target_id",
+    ):
+        state.emit_finding(found)
 
 
 def _consumed_otherwise(model: Any, name: str) -> bool:
