@@ -1,13 +1,15 @@
 """The recorder: where records go after capture, bounded, counted, never raising.
 
 The hooks hand records to a :class:`Recorder`; it keeps them in memory (bounded by
-the record cap), queues them for the JSONL file, fans them out to its sinks (the
+the record cap: :mod:`.memory`), queues them for the JSONL file (:mod:`.trace_file`) in
+batches (:mod:`.batching`), fans them out to its sinks (the
 :class:`~spectrace.sinks.base.Sink` protocol: OpenTelemetry, or any other), counts what
 it had to drop, and prints each error finding once to stderr so it stands out in a
-server log. Every sink failure is counted and warned about once; the host program never
-sees an exception from here. Counters change only through its methods (:meth:`~Recorder.count`,
-:meth:`~Recorder.count_dropped`, :meth:`~Recorder.account_hook`); whatever should be said
-once and then counted goes through :meth:`~Recorder.once`.
+server log (:mod:`.stderr`). Every sink failure is counted and warned about once; the host
+program never sees an exception from here. Counters change only through its methods
+(:meth:`~Recorder.count`, :meth:`~Recorder.count_dropped`, :meth:`~Recorder.account_hook`);
+whatever should be said once and then counted goes through :meth:`~Recorder.once`
+(:mod:`.say_once`).
 
     >>> recorder = Recorder(Settings.from_env(), directory="traces", sinks=[my_sink])
     >>> recorder.emit(finding("fc_bypass", "64-wide input, fc expects 192"))
@@ -19,7 +21,6 @@ from __future__ import annotations
 
 import collections
 import os
-import re
 import socket
 import sys
 import threading
@@ -28,71 +29,20 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from . import __version__
-from .records import RECORD_ADAPTER, Acceptance, Call, Counters, Coverage, Finding, Header
-from .settings import REDACTED, Settings, redact_urls, warn
-from .sinks.base import Sink, Step, safe_text, safe_value, sink_name
-from .sinks.jsonl import JsonlSink, numbered_name, trace_file_name
-
-# Non-call records (findings, capture, weights, ...) are few; they get their own, larger
-# bound so a flood of calls can never push a finding out.
-IMPORTANT_CAP = 50_000
-
-
-def safe_argv(argv: list[str], keep_values: bool = False) -> list[str]:
-    """The command line as the header stores it: program and option names, no values.
-
-    A prompt, a token or a path passed on the command line would otherwise sit in every
-    trace. ``argv[0]`` and ``--option`` names stay (they say how the server was started);
-    every other token becomes ``<redacted>``. ``SPECTRACE_KEEP_ARGV=1`` keeps it all.
-    Each token is made valid UTF-8 (:func:`~spectrace.sinks.base.safe_text`): a byte of a
-    script name that is not UTF-8 must not cost the header, and with it the file.
-
-        >>> safe_argv(["serve.py", "--prompt=hi there", "--port", "30000", "-v"])
-        ['serve.py', '--prompt=<redacted>', '--port', '<redacted>', '-v']
-    """
-    if keep_values:
-        return [safe_text(token) for token in argv]
-    out = [safe_text(token) for token in argv[:1]]
-    for token in argv[1:]:
-        if token.startswith("--") and len(token) > 2:
-            name, eq, _ = token.partition("=")
-            out.append(safe_text(name) + (eq + REDACTED if eq else ""))
-        elif token.startswith("-") and len(token) == 2 and not token[1].isdigit():
-            out.append(safe_text(token))
-        else:
-            out.append(REDACTED)
-    return out
+from ..records import Acceptance, Call, Counters, Coverage, Finding, Header
+from ..settings import Settings, redact_urls, warn
+from ..sinks.base import Sink, Step, safe_text, safe_value, sink_name
+from ..sinks.jsonl import JsonlSink, numbered_name
+from ..version import __version__
+from .batching import Batching
+from .header import safe_argv, versions
+from .memory import Memory
+from .say_once import OnceLedger
+from .stderr import StderrVoice, kind_of
+from .trace_file import TraceFile, record_json
 
 
-def _versions() -> dict[str, str]:
-    found: dict[str, str] = {"python": sys.version.split()[0]}
-    for name in ("torch", "transformers", "sglang"):
-        module = sys.modules.get(name)
-        version = getattr(module, "__version__", None) if module else None
-        if version:
-            found[name] = str(version)
-    return found
-
-
-def record_json(record: Any) -> str:
-    """The JSON line of ``record``; a string no JSON encoder takes (a lone surrogate: a name
-    that is not UTF-8, from argv, the environment, a path or a module) is written escaped
-    (:func:`~spectrace.sinks.base.safe_text`) rather than costing the record. Raises only
-    when the record cannot be written even so (the caller counts it)."""
-    try:
-        return str(record.model_dump_json())
-    except Exception:  # pydantic's "surrogates not allowed", or a value it cannot write
-        fields = safe_value(record.model_dump(mode="json"))
-        return str(type(record).model_validate(fields).model_dump_json())
-
-
-def _kind_of(message: str) -> str:
-    """What a warning is about, without the parts that vary (counts, sizes, offsets)."""
-    return re.sub(r"\d+", "#", message.split(":")[0].split(" (")[0])[:60]
-
-
-class Recorder:
+class Recorder(Batching, TraceFile, Memory):
     """Collects records for one process (or one ``trace()`` context).
 
     Where records go: memory (bounded, for the returned ``Trace``), the trace file when
@@ -150,13 +100,8 @@ class Recorder:
         # thread: their own small lock, never held while calling out, so no thread waits
         # on a flush to count.
         self._count_lock = threading.Lock()
-        self._warn_lock = threading.Lock()
-        self._warned: set[str] = set()
-        self._printed_codes: set[str] = set()
-        # "Say once, then count": key -> [the record emitted, occurrences]. Its own lock,
-        # never held while calling out: a repeat on a hot path never waits on a flush.
-        self._once: dict[str, list[Any]] = {}
-        self._once_lock = threading.Lock()
+        self._voice = StderrVoice(settings)  # warnings and error announcements, each said once
+        self._ledger = OnceLedger()  # "say once, then count" (see once)
         self._drains: list[Callable[[], None]] = []
         self._last_flush = time.monotonic()
         self._closed = False
@@ -172,7 +117,7 @@ class Recorder:
             # The endpoint may carry credentials or an ?api_key=: redacted (Settings.safe_dict).
             # Strings from the environment (a folder, module globs) made valid UTF-8.
             settings=safe_value(settings.safe_dict()),
-            versions=_versions(),
+            versions=versions(),
         )
         for sink in sinks:
             self.add_sink(sink)
@@ -192,8 +137,6 @@ class Recorder:
         self._write_lock = threading.RLock()
         self._drain_lock = threading.RLock()
         self._count_lock = threading.Lock()
-        self._warn_lock = threading.Lock()
-        self._once_lock = threading.Lock()
         # The parent's flush thread does not exist here: the first due flush starts one.
         self._flusher = None
         self._flush_wanted = threading.Event()
@@ -218,9 +161,8 @@ class Recorder:
         self.important = []
         self.counters = Counters()
         self._dropped_by = {}
-        self._once = {}
-        self._warned = set()
-        self._printed_codes = set()
+        self._ledger = OnceLedger()
+        self._voice = StderrVoice(self.settings)
         self._last_flush = time.monotonic()
         self.header = self.header.model_copy(update={"pid": os.getpid(), "started_unix": time.time()})
         for sink in self._sinks:
@@ -255,6 +197,9 @@ class Recorder:
 
     def _writes_lines(self) -> bool:
         return self.directory is not None or bool(self._line_sinks)
+
+    def _outputs(self) -> list[Any]:
+        return ([self._file] if self._file is not None else []) + list(self._sinks)
 
     # --------------------------------------------------------------- counters
     def count(self, name: str, delta: float = 1) -> None:
@@ -310,12 +255,8 @@ class Recorder:
                 out = record.model_copy(update={"t_unix": time.time()})
             with self._lock:
                 lines = self._writes_lines()
-                if len(self.important) < IMPORTANT_CAP:
-                    self.important.append(record)
-                elif not lines and not self._object_sinks:
-                    # Memory only and full: the record is gone, so count it.
-                    self.count_dropped(1, "memory cap")
-                    return
+                if not self._keep_important(record, elsewhere=lines or bool(self._object_sinks)):
+                    return  # memory only and full: the record is gone (counted)
                 if lines:
                     try:
                         text = record_json(out)
@@ -326,7 +267,7 @@ class Recorder:
                     else:
                         self._queue_text(text)
             if isinstance(record, Finding) and record.severity == "error":
-                self._announce(record)
+                self._voice.announce(record)
             if self._object_sinks:
                 self._to_objects([out])
             # Write-through for everything but the per-step records (acceptance; calls go
@@ -347,15 +288,12 @@ class Recorder:
         try:
             with self._lock:
                 writes = self._writes_lines()
+                # With a sink the cap only trims memory: a server's millionth acceptance
+                # record still reaches the trace, as calls past the ring do.
+                elsewhere = writes or bool(self._object_sinks)
                 for text in lines:
-                    if len(self.important) < IMPORTANT_CAP:
-                        self.important.append(text)
-                    elif not writes and not self._object_sinks:
-                        # Memory only and full: the record is gone, so count it. With a
-                        # sink the cap only trims memory: a server's millionth acceptance
-                        # record still reaches the trace, as calls past the ring do.
-                        self.count_dropped(1, "memory cap")
-                        continue
+                    if not self._keep_important(text, elsewhere):
+                        continue  # memory only and full: the record is gone (counted)
                     if writes:
                         self._queue_text(text)
             if time.monotonic() - self._last_flush >= self.settings.flush_seconds:
@@ -392,17 +330,6 @@ class Recorder:
         except Exception as exc:
             self.internal_error(f"emit_step failed: {type(exc).__name__}: {exc}")
 
-    def _queue_text(self, text: str) -> None:
-        if len(self._pending) >= self.settings.record_cap:
-            self._pending.popleft()
-            self.count_dropped(1, "record cap")
-        self._pending.append(text)
-        if len(self._pending) == 1:
-            # The first record since the last flush arms the flush thread's timer, once per
-            # interval: an idle process's last records reach the file within the interval
-            # even when no record comes after them (OpenTelemetry's batch processor does the same).
-            self._arm_timer()
-
     def _to_objects(self, items: list[Any]) -> None:
         """Hand ``items`` to every object sink, the header before anything else."""
         for sink in list(self._object_sinks):
@@ -415,6 +342,10 @@ class Recorder:
                 sink.write(items)
             except Exception as exc:
                 self._sink_failed(sink, exc)
+
+    def extend(self, records: Iterable[Any]) -> None:
+        for record in records:
+            self.emit(record)
 
     # ------------------------------------------------------------ say once
     def once(self, key: str, make: Callable[[], Any] | Any) -> bool:
@@ -430,51 +361,34 @@ class Recorder:
         finding's ``evidence["occurrences"]``.
         """
         try:
-            if self._repeated(key):
+            if self._ledger.repeated(key):
                 return False
             record = make() if callable(make) else make  # outside the lock: it may call back in
             if record is None:
                 return False
-            with self._once_lock:
-                entry = self._once.get(key)
-                if entry is None:
-                    record.once_key = key
-                    self._once[key] = [record, 1]
-                else:  # another thread said it meanwhile
-                    entry[1] += 1
-                    _show_repeats(entry[0], entry[1])
-                    return False
+            if not self._ledger.claim(key, record):
+                return False  # another thread said it meanwhile (counted)
             self.emit(record)
             return True
         except Exception as exc:
             self.internal_error(f"once {key!r}: {type(exc).__name__}: {exc}")
             return False
 
-    def _repeated(self, key: str, times: int = 1) -> bool:
-        """Count ``times`` more occurrences of ``key`` if it was said; False if it was not."""
-        with self._once_lock:
-            entry = self._once.get(key)
-            if entry is None:
-                return False
-            entry[1] += times
-            _show_repeats(entry[0], entry[1])
-            return True
-
     def said(self, key: str) -> bool:
         """Whether :meth:`once` has emitted for ``key``."""
-        return key in self._once
+        return self._ledger.said(key)
 
     def coverage(self, kind: str, detail: str, *, step: int | None = None, times: int = 1) -> None:
         """Say once, loudly, what could not be seen; later repeats only count (:meth:`once`).
 
         ``times``: occurrences counted at once (a hot path hands over its repeats in batches)."""
         key = f"coverage:{kind}:{detail}"
-        if self._repeated(key, times):  # the hot path (a graph replay per step): no closure built
+        if self._ledger.repeated(key, times):  # the hot path (a graph replay per step): no closure built
             return
         if self.once(key, lambda: Coverage(kind=kind, detail=detail, step=step)):  # type: ignore[arg-type]
             self.warn_once(key, f"not covered: {detail}")
             if times > 1:
-                self._repeated(key, times - 1)
+                self._ledger.repeated(key, times - 1)
 
     # ---------------------------------------------------------------- problems
     def internal_error(self, message: str) -> None:
@@ -484,7 +398,7 @@ class Recorder:
         # Keyed by the exception, not the site: one failing statistic or an unreadable
         # tensor kind hits every hook and every dtype, and is still one warning.
         cause = message.split(": ", 1)[1] if ": " in message else message
-        self.warn_once("internal:" + _kind_of(cause.replace(": ", " ", 1)), f"internal error (counted, tracing continues): {message}")
+        self.warn_once("internal:" + kind_of(cause.replace(": ", " ", 1)), f"internal error (counted, tracing continues): {message}")
 
     def sink_error(self, message: str) -> None:
         """Count a failing sink (disk, collector); warn once per kind, never per batch."""
@@ -493,7 +407,7 @@ class Recorder:
         # A collector's error may quote its URL, query string and credentials included.
         message = safe_text(redact_urls(message))
         self.last_sink_error = message
-        self.warn_once("sink:" + _kind_of(message), f"sink error (counted, the model is unaffected): {message}")
+        self.warn_once("sink:" + kind_of(message), f"sink error (counted, the model is unaffected): {message}")
 
     def _sink_failed(self, sink: Any, exc: BaseException) -> None:
         if isinstance(exc, OSError) and isinstance(getattr(sink, "path", None), str):
@@ -502,221 +416,13 @@ class Recorder:
             self.sink_error(f"{sink_name(sink)}: {type(exc).__name__}: {exc}")
 
     def warn_once(self, key: str, message: str) -> None:
-        with self._warn_lock:
-            if key in self._warned:
-                return
-            self._warned.add(key)
-        if not self.settings.quiet:
-            warn(safe_text(message))  # a name that is not UTF-8 shows as \xNN, as in the trace
+        """Say ``message`` on stderr the first time ``key`` is seen (not at all when quiet)."""
+        self._voice.warn_once(key, message)
 
-    def _announce(self, record: Finding) -> None:
-        if record.code in self._printed_codes or self.settings.quiet:
-            return
-        self._printed_codes.add(record.code)
-        where = f" at {record.module}" if record.module else ""
-        block = (
-            f"\n==== spectrace: ERROR {record.code}{where} ====\n"
-            f"  cause: {record.message}\n"
-            f"  fix:   {record.fix}\n"
-            f"==== (written to the trace; repeats are counted, not printed) ====\n"
-        )
-        try:
-            sys.stderr.write(block)
-            sys.stderr.flush()
-        except Exception:
-            pass
-
-    # ------------------------------------------------------------------ output
-    @property
-    def sink(self) -> JsonlSink | None:
-        """The trace file's sink, once the first flush opened it (None before, or without a folder)."""
-        return self._file
-
-    @property
-    def path(self) -> str | None:
-        """The trace file's path once it was created (None before, or when it could not be)."""
-        return self._file.path if self._file is not None and self._file.created else None
-
-    def open_file(self) -> str | None:
-        """Create the trace file now (its header first) and return its path: a file that
-        sits beside the trace takes its name from it. None without a folder, or when the
-        file cannot be made (a sink error, counted)."""
-        if self.directory is None:
-            return None
-        with self._write_lock:
-            sink = self._line_outputs()[0]
-            try:
-                sink.start()  # the file and its header line (again, if it was deleted)
-                self._started.add(id(sink))
-            except Exception as exc:
-                self._sink_failed(sink, exc)
-                return None
-            return self._file.path if self._file is not None else None
-
-    def set_rank(self, rank: int) -> None:
-        """Name the rank before the first flush (it goes in the file name and header)."""
-        with self._write_lock, self._lock:
-            if self.rank == rank:
-                return
-            self.rank = rank
-            self.header.rank = rank
-            if self._file is not None and not self._file.created:
-                self._file = None
-
-    def _line_outputs(self) -> list[Any]:
-        outputs: list[Any] = []
-        if self.directory is not None:
-            if self._file is None:
-                self._file = JsonlSink(
-                    self.directory,
-                    self.file_name or trace_file_name(rank=self.rank),
-                    note=lambda message: self.warn_once("file:" + _kind_of(message.split(" ", 1)[-1]), message),
-                    header=self._header_line,
-                    lost=self._file_lost,
-                )
-            outputs.append(self._file)
-        return outputs + self._line_sinks
-
-    def _header_line(self) -> str:
-        """The header's JSON line (every file the trace's sink creates starts with it)."""
-        try:
-            return record_json(self.header)
-        except Exception as exc:
-            # Never without a header: the viewer needs one to read the file at all.
-            self.internal_error(f"header: {type(exc).__name__}: {exc}")
-            return Header(
-                spectrace_version=__version__, pid=os.getpid(), host="", rank=self.rank, started_unix=time.time()
-            ).model_dump_json()
-
-    def _file_lost(self, lines: int, reason: str) -> None:
-        """``lines`` records counted as written went with a deleted file: dropped, not written."""
-        with self._count_lock:
-            self.counters.bump("records_written", -min(lines, self.counters.records_written))
-        self.count_dropped(lines, reason)
-
-    def flush(self, timeout_s: float | None = None) -> None:
-        """Write queued records to the line sinks; a failing sink is counted, never raised.
-
-        ``records_written`` and ``records_dropped`` describe the trace itself: the file under
-        ``directory``, else the first line sink given (another line sink that fails costs a
-        sink error, not a drop). With ``timeout_s`` every sink is then also asked to
-        ``flush(timeout_s)`` (an OTLP collector is waited for); without it nothing here
-        waits on a network.
-        """
-        with self._write_lock:
-            with self._lock:
-                self._last_flush = time.monotonic()
-                lines: list[str] = []
-                if self._pending and self._writes_lines():
-                    lines = list(self._pending)
-                    self._pending.clear()
-            # Written outside ``_lock``: records emitted meanwhile queue up for the next flush.
-            if lines:
-                for n, sink in enumerate(self._line_outputs()):
-                    try:
-                        # The trace's own file writes its header itself (again in a file made
-                        # after a deletion); another line sink gets it before its first batch.
-                        own = sink is self._file or id(sink) in self._started
-                        sink.write(lines if own else [self._header_line(), *lines])
-                        self._started.add(id(sink))
-                        if n == 0:
-                            self.count("records_written", len(lines))
-                    except Exception as exc:
-                        if n == 0:
-                            self.count_dropped(len(lines), "sink error")
-                        self._sink_failed(sink, exc)
-        if timeout_s is not None:
-            for sink in self._outputs():
-                try:
-                    sink.flush(timeout_s)
-                except Exception as exc:
-                    self._sink_failed(sink, exc)
-
-    def _ensure_flusher(self) -> None:
-        if self._flusher is None or self._flusher_pid != os.getpid() or not self._flusher.is_alive():
-            with self._count_lock:
-                if self._flusher is None or self._flusher_pid != os.getpid() or not self._flusher.is_alive():
-                    # A forked child inherits no thread: it starts its own here.
-                    self._flush_wanted = threading.Event()
-                    self._flusher_pid = os.getpid()
-                    self._flusher = threading.Thread(target=self._flush_loop, name="spectrace-flush", daemon=True)
-                    self._flusher.start()
-
-    def _flush_soon(self) -> None:
-        """A flush on a daemon thread of the recorder's own: a per-step hook only queues."""
-        try:
-            self._flush_now = True
-            self._ensure_flusher()
-            self._flush_wanted.set()
-        except Exception:  # no thread to be had: flush here, as before
-            self.flush()
-
-    def _arm_timer(self) -> None:
-        """Wake the flush thread so that it waits for the interval's end (not a flush now)."""
-        if self._closed:
-            return
-        try:
-            self._ensure_flusher()
-            self._flush_wanted.set()
-        except Exception:  # no thread to be had: the next due record flushes, as before
-            pass
-
-    def drain_soon(self) -> None:
-        """Run the drains (:meth:`add_drain`) on the flush thread, then flush if due: a
-        producer on a hot path hands its batch over instead of building it there."""
-        self._drain_wanted = True
-        self._flush_soon()
-
-    def _flush_loop(self) -> None:
-        wanted = self._flush_wanted
-        interval = self.settings.flush_seconds
-        while not self._closed:
-            # With records queued (or a producer batching them: a drain) the wait ends when
-            # the interval since the last flush does, whether or not another record comes.
-            # With nothing held it waits for a record: an idle process costs no wake-ups.
-            timeout: float | None = None
-            if self._pending or self._drains:
-                timeout = max(0.0, interval - (time.monotonic() - self._last_flush))
-            wanted.wait(timeout)
-            wanted.clear()
-            if self._closed:
-                return
-            due = time.monotonic() - self._last_flush >= interval
-            if not (self._flush_now or due):
-                continue  # armed by a first record: wait for the interval's end
-            self._flush_now = False
-            try:
-                if self._drain_wanted or (due and self._drains):
-                    self._drain_wanted = False
-                    self._drain()
-                self.flush()
-            except Exception as exc:
-                self.internal_error(f"flush failed: {type(exc).__name__}: {exc}")
-
-    def _outputs(self) -> list[Any]:
-        return ([self._file] if self._file is not None else []) + list(self._sinks)
-
-    def add_drain(self, drain: Callable[[], None]) -> None:
-        """Register a producer that batches its records on a hot path (a serving engine's
-        per-step hook): ``drain()`` emits what it holds, before every read and at close."""
-        with self._lock:
-            if drain not in self._drains:
-                self._drains.append(drain)
-        # What it holds reaches the file within the interval even when the host goes idle.
-        self._arm_timer()
-
-    def _drain(self) -> None:
-        with self._drain_lock:
-            for drain in list(self._drains):
-                try:
-                    drain()
-                except Exception as exc:
-                    self.internal_error(f"drain failed: {type(exc).__name__}: {exc}")
-
+    # ------------------------------------------------------------------ close
     def _final_counts(self) -> None:
         """What only counted so far goes into the ``counters`` record (see :meth:`once`)."""
-        with self._once_lock:
-            repeated = {key: entry[1] for key, entry in self._once.items() if entry[1] > 1}
+        repeated = self._ledger.repeats()
         if repeated:
             self.counters.once_counts = repeated
             coverage = {k[len("coverage:") :]: n for k, n in repeated.items() if k.startswith("coverage:")}
@@ -795,33 +501,9 @@ class Recorder:
         detail = f"{sink_name(sink)}: {lost} of {lost + sent} spans never reached the collector (see sink_errors and the warning)"
         record = Coverage(kind="sink_error", detail=detail, count=lost, t_unix=time.time())
         with self._lock:
-            if len(self.important) < IMPORTANT_CAP:
-                self.important.append(record)
+            self._keep_important(record, elsewhere=True)
             if self._writes_lines():
                 self._pending.append(record_json(record))
-
-    # ---------------------------------------------------------------- reading
-    def call_records(self) -> list[Call]:
-        """The kept calls, parsed once per change."""
-        with self._lock:
-            if self._parsed[0] != self._calls_added:
-                self._parsed = (self._calls_added, [Call.model_validate_json(text) for text in self.calls])
-            return list(self._parsed[1])
-
-    def records(self) -> list[Any]:
-        """Everything kept in memory: non-call records and the (bounded) calls."""
-        self._drain()
-        with self._lock:
-            kept = [RECORD_ADAPTER.validate_json(r) if isinstance(r, str) else r for r in self.important]
-            return [*kept, *self.call_records()]
-
-    def findings(self) -> list[Finding]:
-        self._drain()
-        return [r for r in self.important if isinstance(r, Finding)]
-
-    def extend(self, records: Iterable[Any]) -> None:
-        for record in records:
-            self.emit(record)
 
 
 # Every recorder alive in this process, so a forked child can give each a trace of its own.
@@ -838,11 +520,3 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def _show_repeats(record: Any, occurrences: int) -> None:
-    """The in-memory copy of a record said once shows how often it happened."""
-    if isinstance(record, Coverage):
-        record.__dict__["count"] = occurrences
-    elif isinstance(record, Finding):
-        record.evidence["occurrences"] = occurrences
