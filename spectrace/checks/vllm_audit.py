@@ -1,6 +1,7 @@
 """``spectrace audit --engine vllm==VERSION``: the pre-launch checks under vLLM's rules.
 
-The shared checks (``checks.checkpoint``) replay the load and compare the capture; where
+The shared checks (``checks.load_replay``, ``checks.engine_capture``, ``checks.draft_config``)
+replay the load and compare the capture; where
 vLLM's own code differs from the engine-neutral model, the vLLM rules
 (:mod:`spectrace.rules.vllm`) and findings (:mod:`spectrace.checks.vllm`) take over, the
 very functions the runtime hooks call:
@@ -19,13 +20,16 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ..audit.checkpoint import DraftConfigFile, TargetConfig, TensorInfo, VocabMaps
-from ..audit.engines import Engine, dims_of
 from ..records import SEVERITY_RANK, Capture, Finding
 from ..rules.catalogue import finding
+from ..rules.engines import Engine, dims_of
 from ..rules.vllm import IDS_KEY, default_ids, draft_class_for, ignored_nested_ids, vllm_boundaries, vllm_release
-from . import checkpoint as generic
+from .audit_summary import AuditResult, audit_summary
 from .capture import check_capture
+from .draft_config import check_fc_width, check_maps, check_rotary
+from .engine_capture import check_aux_layers, check_short_capture
+from .facts import DraftConfigFile, TargetConfig, TensorInfo, VocabMaps
+from .load_replay import check_dropped, check_missing, check_tensor_shapes, listing, replay_load
 from .vllm import check_vllm_class_flags, check_vllm_fc_bypass, check_vllm_runner_ids
 
 RUNNER = "mrv2"  # what a CUDA server of the releases read runs unless VLLM_USE_V2_MODEL_RUNNER=0
@@ -57,7 +61,7 @@ def _biases_dropped(names: list[str], engine: Engine) -> list[Finding]:
     return [
         finding(
             "weights_dropped",
-            f"{len(names)} bias tensor(s) match no vLLM {engine.version} parameter: {generic._listing(names)}; vLLM's "
+            f"{len(names)} bias tensor(s) match no vLLM {engine.version} parameter: {listing(names)}; vLLM's "
             "AutoWeightsLoader ignores unexpected '.bias' tensors without a word (the draft serves without them)",
             module=names[0].rsplit(".", 1)[0],
             evidence={"tensors": names},
@@ -94,39 +98,40 @@ def _ignored_ids(cfg: DraftConfigFile, view: dict[str, Any], target: TargetConfi
 
 def audit_vllm(
     cfg: DraftConfigFile, tensors: dict[str, TensorInfo], engine: Engine, target: TargetConfig | None, maps: VocabMaps | None = None
-) -> generic.AuditResult:
+) -> AuditResult:
     dims = dims_of(cfg)
-    replay = generic.replay_load(tensors, engine, dims)
+    replay = replay_load(tensors, engine, dims)
     biases = [n for n in replay.dropped if n.endswith(".bias")]
     loud = replace(replay, dropped=[n for n in replay.dropped if not n.endswith(".bias")])
     view = config_view(cfg)
     ignored = ignored_nested_ids(view, RUNNER) is not None
     findings: list[Finding] = []
-    findings += generic.check_dropped(loud, engine, dims)
+    findings += check_dropped(loud, engine, dims)
     findings += _biases_dropped(biases, engine)
-    missing = generic.check_missing(replay, cfg, engine, target)
+    missing = check_missing(replay, cfg, engine, target)
     if cfg.use_aux_hidden_state is False:  # vLLM builds no fc and drops fc.weight
         missing = [f for f in missing if "model.fc.weight" not in f.evidence.get("parameters", [])]
     findings += missing
-    findings += generic.check_tensor_shapes(replay, engine)
+    findings += check_tensor_shapes(replay, engine)
     findings += check_vllm_fc_bypass(view, module="config.json", version=engine.version, runner=RUNNER)
     draft_class = draft_class_for(cfg.architectures)
     findings += check_vllm_class_flags(view, draft_class)
     if ignored:
         findings += _ignored_ids(cfg, view, target)
     else:
-        findings += generic.check_aux_layers(cfg, engine, target)
-        findings += generic.check_short_capture(cfg, engine, target)
+        findings += check_aux_layers(cfg, engine, target)
+        findings += check_short_capture(cfg, engine, target)
         if cfg.use_aux_hidden_state is not False:
-            findings += generic.check_fc_width(cfg, tensors, engine, target)
+            findings += check_fc_width(cfg, tensors, engine, target)
     # vLLM builds the draft's rotary from the same transformers config and uses d2t as SGLang does.
-    findings += generic.check_rotary(cfg, engine, target)
-    findings += generic.check_maps(cfg, tensors, maps, target)
+    findings += check_rotary(cfg, engine, target)
+    findings += check_maps(cfg, tensors, maps, target)
     for f in findings:
         f.source = "audit"
     findings.sort(key=lambda f: SEVERITY_RANK[f.severity])
     # The summary of the engine-neutral audit, with this release's engine and capture.
-    summary = generic.audit(cfg, tensors, generic_engine(engine), target, maps).summary
+    neutral = generic_engine(engine)
+    summary = audit_summary(cfg, tensors, neutral, target, maps, replay_load(tensors, neutral, dims))
     summary["engine"] = {
         "name": engine.name,
         "version": engine.version,
@@ -145,7 +150,7 @@ def audit_vllm(
     summary["runner"] = RUNNER
     release = vllm_release(engine.version)
     summary["vllm_release"] = {"read": release.read, "mrv2_reads_use_aux_hidden_state": release.mrv2_reads_use_aux}
-    return generic.AuditResult(findings, summary)
+    return AuditResult(findings, summary)
 
 
 def generic_engine(engine: Engine) -> Engine:
