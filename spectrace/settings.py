@@ -263,10 +263,21 @@ def fingerprint_path(env: Mapping[str, str] | None = None) -> str:
     return env.get("SPECTRACE_FINGERPRINT", "").strip()
 
 
+# The process environment's SPECTRACE_FUSED_STATS, parsed once (see fused_stats_on).
+_fused_stats: list[bool] = []
+
+
 def fused_stats_on(env: Mapping[str, str] | None = None) -> bool:
-    """``SPECTRACE_FUSED_STATS``: whether the fused Triton statistics kernels may be used
-    (the eager and the in-graph one ask here, each once per process)."""
-    return _flag(os.environ if env is None else env, "SPECTRACE_FUSED_STATS", True)
+    """``SPECTRACE_FUSED_STATS``: whether the fused Triton statistics kernels may be used.
+
+    The process environment's value is parsed once, here: :meth:`Settings.from_env` and
+    the eager and in-graph kernels (hooks/fused_stats.py, hooks/graph_slots.py, each at its
+    first use) read that one answer. Another mapping (a test's) is parsed as given."""
+    if env is not None and env is not os.environ:
+        return _flag(env, "SPECTRACE_FUSED_STATS", True)
+    if not _fused_stats:
+        _fused_stats.append(_flag(os.environ, "SPECTRACE_FUSED_STATS", True))
+    return _fused_stats[0]
 
 
 def _metrics_port(env: Mapping[str, str]) -> dict[str, Any]:

@@ -45,7 +45,7 @@ def load_triton() -> Any | None:
     if "kernel" in _triton_state:
         return _triton_state["kernel"]
     kernel = None
-    if fused_stats_on():  # settings.py parses SPECTRACE_FUSED_STATS (a bad value: one warning)
+    if fused_stats_on():  # parsed once, in settings.py (a bad value: one warning)
         try:
             kernel = _build_kernel()
         except Exception:

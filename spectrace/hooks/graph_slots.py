@@ -76,7 +76,7 @@ def load_kernel() -> Any | None:
     """The masked Triton kernel, or None when Triton is missing or ``SPECTRACE_FUSED_STATS=0``."""
     if "kernel" not in _kernel_state:
         kernel = None
-        if fused_stats_on():  # settings.py parses SPECTRACE_FUSED_STATS (a bad value: one warning)
+        if fused_stats_on():  # parsed once, in settings.py (a bad value: one warning)
             try:
                 # Imported on first use only: Triton is optional and slow to import.
                 from .graph_slots_kernel import masked_stats as kernel
@@ -312,7 +312,6 @@ class GraphSlots:
         self.fused = bool(fused and usable)
         self.branch = GraphBranch(self.device, enabled=overlap)
         self.tables: dict[Any, SlotTable] = {}
-        self._owners: set[Any] = set()
         self._local = threading.local()
         self._lock = threading.Lock()  # ring bookkeeping: after_replay and poll may run on different threads
         self._host: torch.Tensor | None = None  # (ring, capacity, 5), pinned on CUDA
@@ -346,8 +345,6 @@ class GraphSlots:
         if capturing and self.branch.stream is not None:
             table.branch = self.branch
         self.tables[key] = table  # the old graph is gone with its recapture: drop its table
-        if isinstance(key, tuple) and key:
-            self._owners.add(key[0])
         self._local.table = table
 
     def end_capture(self) -> SlotTable | None:
@@ -598,10 +595,6 @@ class GraphSlots:
             table.real_bs.fill_(0)
             table.armed = None
             table.paused = True
-
-    def has_owner(self, owner: Any) -> bool:
-        """Whether a table's key starts with ``owner`` (an engine's graph backend)."""
-        return owner in self._owners  # asked on every replay of every runner: a set, not a scan
 
     def poll(self) -> list[Readout]:
         """The read-backs that have landed (never waits); their ring entries become free."""
