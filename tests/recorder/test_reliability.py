@@ -844,7 +844,7 @@ if __name__ == "__main__":
 def test_per_step_records_past_the_memory_cap_still_reach_the_file(tmp_path: Path, monkeypatch) -> None:
     """A long-running server emits one acceptance record per verify step: memory stays
     bounded, the file keeps every one, and only a memory-only recorder counts losses."""
-    from spectrace import recorder as recorder_module
+    from spectrace.recorder import memory as recorder_module
     from spectrace.records import Acceptance
 
     monkeypatch.setattr(recorder_module, "IMPORTANT_CAP", 50)
