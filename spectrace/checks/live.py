@@ -97,9 +97,6 @@ class LiveChecks:
         except Exception as exc:
             self._error("set_expected_boundaries", exc)
 
-    def set_fingerprint(self, fingerprint: Fingerprint | None) -> None:
-        self.fingerprint = fingerprint
-
     def observe(self, call: Any) -> None:
         """Take one record (a :class:`~spectrace.records.Call`, a ``capture`` record, or their dicts)."""
         try:

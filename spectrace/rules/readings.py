@@ -41,10 +41,6 @@ def speculators_traces(config: Mapping[str, Any]) -> list[str]:
     return [key for key in SPECULATORS_TRACES if key in config]
 
 
-def is_speculators_format(config: Mapping[str, Any]) -> bool:
-    return "speculators_model_type" in config or "transformer_layer_config" in config
-
-
 def aux_ids(config: Mapping[str, Any]) -> tuple[list[int] | None, str]:
     """The layer ids in the config and where they sit (SGLang reads only eagle_config)."""
     eagle = config.get("eagle_config") or {}
