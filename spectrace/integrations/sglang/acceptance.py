@@ -148,7 +148,7 @@ def acceptance_line(
     step: int, accept_lengths: list[int], draft_tokens: int, per_position: list[int], sampling: Sampling | None = None
 ) -> str:
     """The JSON line of an Acceptance record, written directly (a fifth of pydantic's cost).
-    Plain ints only; ``tests/test_sglang_integration.py`` holds it to ``model_dump_json``."""
+    Plain ints only; ``tests/integrations/sglang/test_sglang_integration.py`` holds it to ``model_dump_json``."""
     extra = ""
     if sampling is not None:
         # Rarer than the counts (a sampled batch): json's own writer, in the record's field order.
