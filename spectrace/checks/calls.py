@@ -10,16 +10,15 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
 from ..records import Acceptance, Call, Finding, Fingerprint, TensorStats
+from ..rules.acceptance import COLLAPSE_MEAN, COLLAPSE_WINDOW, mean_accept_length
 from ..rules.catalogue import finding
 from ..rules.globs import glob_match
 from ..rules.roles import DRAFT_FC, DRAFT_LAYER
 
-# Roles (``Call.role``) of the draft's fc and of its decoder layer. Traces written before
-# roles existed fall back to the name rules below.
+# The draft's fc and decoder layer by name, for traces written before roles (``Call.role``:
+# DRAFT_FC, DRAFT_LAYER) existed.
 DRAFT_LAYER_GLOBS = ("**.midlayer", "**.fc_draft_layer")
 FC_GLOB = "**.fc"
-COLLAPSE_WINDOW = 8
-COLLAPSE_MEAN = 1.2
 # Chunks whose scale moved more than this factor (or whose mean moved by more than this
 # many reference stds) no longer look like the layer the draft was trained on.
 SKEW_STD_FACTOR = 2.0
@@ -136,7 +135,7 @@ def check_acceptance(
     steps = [r for r in records if r.accept_lengths]
     if len(steps) < window:
         return []
-    means = [sum(r.accept_lengths) / len(r.accept_lengths) for r in steps]
+    means = [mean_accept_length(r.accept_lengths) for r in steps]
     for start in range(0, len(means) - window + 1):
         chunk = means[start : start + window]
         mean = sum(chunk) / window

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from ..records import Finding
 from ..rules.catalogue import finding
 from ..rules.conventions import CONVENTIONS, engine_boundaries
+from ..rules.roles import DRAFT_FC
 
 MATCH_COSINE = 0.99  # bf16 serving against a float32 recompute stays above 0.995 on the same weights
 MARGIN = 0.002  # boundaries this close to the best are indistinguishable by value (a layer that barely moves the stream)
@@ -95,7 +96,7 @@ def check_values(
     captured: Sequence[int] | None = None,
     rule: str | None = None,
     values_file: str = "",
-    module: str = "draft.fc",
+    module: str = DRAFT_FC,
     trained_source: str = "",
     config_ids: Sequence[int] | None = None,
 ) -> list[Finding]:
