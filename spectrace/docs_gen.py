@@ -9,7 +9,7 @@ Rewrite both from the repository root (``--check`` only reports stale pages, exi
 
     python -m spectrace.docs_gen [--check] [--root DIR]
 
-``tests/test_docs.py`` fails while either page differs from what this module generates.
+``tests/docs/test_docs.py`` fails while either page differs from what this module generates.
 
     >>> "fc_bypass" in findings_markdown()
     True
@@ -40,7 +40,7 @@ REGENERATE = "python -m spectrace.docs_gen"
 # ---------------------------------------------------------------------------- findings
 
 # What each evidence key holds. Keys are read from the source (``_scan``); a key that is
-# found there and missing here is reported by tests/test_docs.py.
+# found there and missing here is reported by tests/docs/test_docs.py.
 EVIDENCE_KEYS: dict[str, str] = {
     "algorithm": "the speculative algorithm the engine runs (`EAGLE`, `EAGLE3`, ...)",
     "architectures": "`architectures` of the draft's config.json",
@@ -59,7 +59,7 @@ EVIDENCE_KEYS: dict[str, str] = {
     "returned": "how many aux hidden states the target's first forward really returned",
     "decoder_input_width": "width of the hidden states the draft's decoder layer received",
     "delivered": "width the target delivers: captured layers x target hidden size",
-    "draft_rope": "the draft's rotary embedding as the engine builds it: `rope_theta` and the key it was read from (`default`: none it reads), `rope_type`, `factor`, `partial_rotary_factor`, `head_dim`, `is_neox_style`",
+    "draft_rope": "the draft's rotary embedding as the engine builds it: from config.json (`spectrace audit`) `rope_theta` and the key it was read from (`default`: none it reads), `rope_type`, `factor`, `partial_rotary_factor`, `head_dim`, `is_neox_style`; at runtime the engine's rotary module itself: `module`, `class`, `rope_theta`, `rope_type`, `factor`, `rotary_dim`, `head_size`, `is_neox_style`",
     "draft_target_hidden": "the target hidden size the draft config states",
     "draft_tokens": "draft tokens proposed per verify step (k)",
     "draft_vocab_size": "`draft_vocab_size` of the draft config",
@@ -81,7 +81,7 @@ EVIDENCE_KEYS: dict[str, str] = {
     "first_ids": "the target ids of the first draft ids, as the map gives them",
     "first_step": "the first step where it happened",
     "flag": "the config flag",
-    "built_class": "the draft class the engine builds for the checkpoint's `architectures`",
+    "built_class": "the draft class the engine builds for the checkpoint's `architectures` (`spectrace audit`: from SGLang's renames and registry; at runtime: the class of the model the draft worker built)",
     "class_kind": "what that class is: `nextn` (a multi-token-prediction head) or `eagle` (an EAGLE-1 draft)",
     "draft_class": "the engine's draft class that reads (or does not read) the flag",
     "runner_reads_flag": "whether vLLM's Model Runner V2 of that release reads `use_aux_hidden_state` before asking the target for aux states",
@@ -123,7 +123,9 @@ EVIDENCE_KEYS: dict[str, str] = {
     "trained_with": "the trainer that wrote the draft, when known for certain (`--trained-with`, `SPECTRACE_TRAINED_WITH`, the folder's record); None: unknown",
     "target_hidden": "the target's hidden size",
     "target_layers": "the target's layer count, or null when it is not known",
-    "target_rope": "the target's rotary embedding as the engine builds it (as `draft_rope`; several bases for one rotary per attention type)",
+    "target_rope": "the target's rotary embedding as the engine builds it (as `draft_rope`; several bases for one rotary per attention type; at runtime, one entry per distinct rotary module of the target)",
+    "observed": "what the runtime check read (`the engine's rotary modules`, `the draft model the engine built`), where an offline check reads config.json",
+    "draft_config_rope": "the draft's rotary as its config.json reads (as `draft_rope` offline), beside the one the engine built: which key its base came from",
     "target_vocab": "the target's vocabulary size",
     "tensor": "the checkpoint tensor's name",
     "tensors": "checkpoint tensor names no parameter consumed",
@@ -353,6 +355,7 @@ def findings_markdown() -> str:
     for code, entry in CATALOGUE.items():
         lines.append(f"| [`{code}`](#{code}) | {entry.severity} | {_cell(entry.meaning)} |")
     lines += _root_cause_lines()
+    lines += _runtime_blind_lines()
     for code, entry in CATALOGUE.items():
         lines += ["", f"## {code}", "", f"**Severity:** {entry.severity}."]
         rule = RULE_BY_CODE.get(code)
@@ -370,6 +373,69 @@ def findings_markdown() -> str:
         else:
             lines += ["", "**Evidence:** none beyond the message."]
     return "\n".join(lines) + "\n"
+
+
+# Real-world bug classes (issue 43's collection) that no runtime hook observes: what spectrace
+# says instead, and the signal a runtime check would need. Kept beside the catalogue so the
+# page says where the tool is blind rather than letting silence read as health.
+RUNTIME_BLIND: tuple[tuple[str, str, str], ...] = (
+    (
+        "a draft trained on purpose with another rotary than its target's, its config faithful",
+        "`rope_mismatch` (the check assumes the trainers' default: the draft rotates like its target)",
+        "the rotary base and scaling the trainer used, written in the checkpoint's training record "
+        "(`eagle_config`, speculators' config or `run.yaml`); no trainer records it today",
+    ),
+    (
+        "the draft's rotary on vLLM (a lost `rope_theta`, another scaling or style)",
+        "`spectrace audit --engine vllm` from the configs only; nothing at runtime",
+        "the target model's rotary modules at the vLLM draft's load (the integration holds only the draft "
+        "there; the proposer's `load_model` holds both), read as on SGLang",
+    ),
+    (
+        "NeoX vs GPT-J rotary style in TensorRT-LLM (TensorRT-LLM#19036)",
+        "nothing: spectrace has no TensorRT-LLM integration",
+        "the rotary style and base of the draft's and the target's attention plugins, from TensorRT-LLM's engine config",
+    ),
+    (
+        "a tensor-parallel draft vocabulary shard gathered by global id (sglang#4328)",
+        "`vocab_map_invalid` checks the whole map at load; a right map gathered wrongly is seen only as `acceptance_collapse`",
+        "each TP rank's vocabulary range beside the hot-map ids its logits gather, or one step's proposed "
+        "target ids against a full-vocabulary gather of the same draft logits",
+    ),
+    (
+        "prompts sent without the chat template, the output looping on two tokens",
+        "`acceptance_collapse` or nothing (a looping output can even accept well): spectrace keeps no prompt text or token ids by default",
+        "a per-request flag from the engine's chat layer saying whether a template was applied, or each request's repeated n-gram rate",
+    ),
+    (
+        "which state-carrying cause made acceptance drift (prefix-cache blocks committed before their KV was "
+        "written, vllm#41838; radix cache, sglang#10846)",
+        "`acceptance_drift` names the window and the candidate causes, not which one",
+        "per request, the prefix-cache hit length beside its accept length, and the cache's block-commit "
+        "events (when a block became reusable against when its KV write finished)",
+    ),
+    (
+        "heads or embeddings replaced after load on vllm-ascend (vllm-ascend#7038), or RoPE on its NPU kernels (vllm-ascend#6612)",
+        "nothing at runtime: the hooks patch vLLM's and SGLang's classes, not vllm-ascend's",
+        "the same draft-load and first-forward seams on vllm-ascend's draft classes (its model files), where "
+        "the fingerprints and rotary modules would be read as on vLLM",
+    ),
+)
+
+
+def _runtime_blind_lines() -> list[str]:
+    lines = [
+        "",
+        "## What spectrace cannot see at runtime",
+        "",
+        "Bug classes from real deployments that no runtime hook of spectrace observes today. Where it",
+        "stays silent or names only a consequence, this says so, and which signal a check would need.",
+        "",
+        "| bug class | what spectrace says instead | signal that would be needed |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {_cell(bug)} | {_cell(says)} | {_cell(needed)} |" for bug, says, needed in RUNTIME_BLIND]
+    return lines
 
 
 def _root_cause_lines() -> list[str]:
@@ -400,7 +466,7 @@ def _root_cause_lines() -> list[str]:
 NESTED: tuple[type[BaseModel], ...] = (records.TensorMeta, records.TensorStats)
 
 # Record summaries and field descriptions where the model itself has none (a field's own
-# ``description`` wins). tests/test_docs.py reports a field described in neither place.
+# ``description`` wins). tests/docs/test_docs.py reports a field described in neither place.
 RECORD_NOTES: dict[str, str] = {
     "Header": "The first line of every trace file: who wrote it, with which settings and versions.",
 }
