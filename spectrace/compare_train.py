@@ -242,10 +242,3 @@ def to_json(results: list[Comparison]) -> str:
         ],
         indent=1,
     )
-
-
-def main(argv: list[str]) -> int:
-    """Old entry point, kept only until callers import ``spectrace.cli.compare_train``."""
-    from .cli.compare_train import main
-
-    return main(argv)

@@ -182,10 +182,3 @@ def render(fleet: Fleet) -> str:
             why = "down" if not inst.up else "up, not traced"
             lines.append(f"{inst.instance:<{width}}  {inst.job:<12} {'-':>6}  reports nothing ({why})")
     return "\n".join(lines)
-
-
-def main(argv: list[str]) -> int:
-    """Old entry point, kept only until callers import ``spectrace.cli.fleet``."""
-    from .cli.fleet import main
-
-    return main(argv)

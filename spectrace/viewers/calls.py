@@ -223,10 +223,3 @@ def write_json_array(selected: Iterable[SelectedCall]) -> None:
         write(("\n" if first else ",\n") + sel.call.model_dump_json())
         first = False
     write("\n]\n")
-
-
-def calls_main(argv: list[str]) -> int:
-    """Old entry point, kept only until callers import ``spectrace.cli.calls``."""
-    from ..cli.calls import main
-
-    return main(argv)

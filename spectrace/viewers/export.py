@@ -489,10 +489,3 @@ def write_new_file(path: str, text: str, *, force: bool) -> None:
     finally:
         if os.path.lexists(tmp):
             os.unlink(tmp)
-
-
-def export_main(argv: list[str]) -> int:
-    """Old entry point, kept only until callers import ``spectrace.cli.export``."""
-    from ..cli.export import main
-
-    return main(argv)

@@ -25,7 +25,7 @@ FIX = paths.FIXTURES
 SPECULATORS = FIX / "speculators_tiny"
 SPECFORGE = FIX / "specforge_tiny"
 TARGET = FIX / "target_llama_config.json"
-CLI = "import sys; from spectrace.audit.command import main; sys.exit(main(sys.argv[1:]))"
+CLI = "import sys; from spectrace.cli.audit import main; sys.exit(main(sys.argv[1:]))"
 
 
 def run_cli(*args: object) -> subprocess.CompletedProcess[str]:
@@ -548,7 +548,7 @@ def test_every_fixture_tensor_survives_the_hand_parser() -> None:
 
 
 def test_unexpected_exception_is_one_line_exit_2(monkeypatch, capsys) -> None:
-    import spectrace.audit.command as command
+    import spectrace.cli.audit as command
 
     def boom(*_a, **_k):
         raise RuntimeError("kaboom\nsecond line")

@@ -25,7 +25,7 @@ FIX = paths.FIXTURES
 SPECULATORS = FIX / "speculators_tiny"
 SPECFORGE = FIX / "specforge_tiny"
 TARGET = FIX / "target_llama_config.json"
-CLI = "import sys; from spectrace.audit.command import main; sys.exit(main(sys.argv[1:]))"
+CLI = "import sys; from spectrace.cli.audit import main; sys.exit(main(sys.argv[1:]))"
 IDS = "eagle_aux_hidden_state_layer_ids"
 
 

@@ -25,7 +25,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
-from spectrace.audit import command
 from spectrace.audit.checkpoint import (
     DTYPE_BITS,
     MAX_AUX_IDS,
@@ -40,6 +39,7 @@ from spectrace.audit.checkpoint import (
 from spectrace.audit.engines import get_engine
 from spectrace.checks.checkpoint import MAX_DROPPED_FINDINGS, RenameHints, audit
 from spectrace.checks.weights import rename_map
+from spectrace.cli import audit as command
 from tests.helpers import paths
 
 ROOT = paths.ROOT
@@ -47,7 +47,7 @@ FIX = paths.FIXTURES
 SPECFORGE = FIX / "specforge_tiny"
 TARGET = FIX / "target_llama_config.json"
 BASE_CONFIG = json.loads((SPECFORGE / "config.json").read_text())
-CLI = "import sys; from spectrace.audit.command import main; sys.exit(main(sys.argv[1:]))"
+CLI = "import sys; from spectrace.cli.audit import main; sys.exit(main(sys.argv[1:]))"
 FUZZ = settings(max_examples=int(os.environ.get("RELIABILITY_FUZZ_EXAMPLES", "500")), deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])  # fmt: skip
 

@@ -33,7 +33,7 @@ FIX = paths.FIXTURES
 SPECFORGE = FIX / "specforge_tiny"
 SPECULATORS = FIX / "speculators_tiny"
 TARGET = FIX / "target_llama_config.json"
-CLI = "import sys; from spectrace.audit.command import main; sys.exit(main(sys.argv[1:]))"
+CLI = "import sys; from spectrace.cli.audit import main; sys.exit(main(sys.argv[1:]))"
 DRAFT_VOCAB, VOCAB = 128, 256
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 128}
 

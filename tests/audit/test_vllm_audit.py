@@ -28,7 +28,7 @@ SPECULATORS = FIX / "speculators_tiny"
 SPECFORGE = FIX / "specforge_tiny"
 TARGET = FIX / "target_llama_config.json"  # 8 layers, hidden 64
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
-CLI = "import sys; from spectrace.audit.command import main; sys.exit(main(sys.argv[1:]))"
+CLI = "import sys; from spectrace.cli.audit import main; sys.exit(main(sys.argv[1:]))"
 
 
 def run_cli(*args: object) -> subprocess.CompletedProcess[str]:

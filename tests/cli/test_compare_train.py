@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from spectrace import api
-from spectrace.compare_train import main as compare_main
+from spectrace.cli.compare_train import main as compare_main
 from spectrace.eagle3.bugs import build_scenario
 from spectrace.eagle3.loop import speculate
 from spectrace.eagle3.pair import DATA_DIR, demo_prompts

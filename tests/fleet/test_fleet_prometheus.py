@@ -217,7 +217,7 @@ def test_fleet_over_a_real_prometheus(prometheus, tmp_path: Path) -> None:
 
 
 def test_fleet_says_when_prometheus_cannot_be_asked() -> None:
-    from spectrace.fleet import main
+    from spectrace.cli.fleet import main
 
     assert main(["--prometheus", f"http://127.0.0.1:{_port()}"]) == 2
 

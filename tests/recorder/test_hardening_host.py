@@ -200,7 +200,7 @@ def test_every_folder_created_is_0700_parents_included(umask: int, tmp_path: Pat
 
 def test_demo_output_root_is_0700_whatever_the_umask(tmp_path: Path) -> None:
     out = tmp_path / "runs" / "demo"
-    script = "import os, sys; os.umask(0); from spectrace.demo import main; sys.exit(main(sys.argv[1:]))"
+    script = "import os, sys; os.umask(0); from spectrace.cli.demo import main; sys.exit(main(sys.argv[1:]))"
     done = subprocess.run(
         [PY, "-c", script, "--bug", "healthy", "--out", str(out), "--json"], capture_output=True, text=True, timeout=300, env=_env()
     )
@@ -407,7 +407,7 @@ def test_spans_the_collector_never_got_are_counted_in_the_file(collector: str, s
     assert note.count == queued and f"{queued} of {queued} spans never reached the collector" in note.detail
     assert records.index(note) == len(records) - 2  # written after the shutdown, before the counters
     assert counters.records_dropped == 0  # the file itself is whole
-    from spectrace.viewers.commands import view_main
+    from spectrace.cli.view import main as view_main
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):

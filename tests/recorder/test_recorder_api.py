@@ -19,6 +19,7 @@ import torch
 
 import spectrace
 from spectrace import api
+from spectrace.cli.view import main as view_main
 from spectrace.recorder import Recorder
 from spectrace.records import Acceptance, Call, Capture, Counters, Finding, Header
 from spectrace.rules.catalogue import finding
@@ -26,7 +27,6 @@ from spectrace.settings import Settings
 from spectrace.sinks.base import Sink, Step
 from spectrace.sinks.jsonl import JsonlSink
 from spectrace.sinks.otel import OtelSink
-from spectrace.viewers.commands import view_main
 from spectrace.viewers.loader import load_traces
 from tests.helpers.models import tiny_llama
 

@@ -674,7 +674,7 @@ def soak(calls: int, cap: int, folder: str, stats: str = "basic", width: int = 1
 if __name__ != "__main__":
 
     def test_soak_100k_calls_with_a_small_cap(tmp_path: Path) -> None:
-        from spectrace.viewers.commands import view_main
+        from spectrace.cli.view import main as view_main
 
         fig = soak(100_000, cap=500, folder=str(tmp_path), stats="off")
         assert fig["calls"] == 100_000

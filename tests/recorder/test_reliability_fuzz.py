@@ -25,7 +25,6 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spectrace.audit import command
 from spectrace.audit.checkpoint import (
     DTYPE_BYTES,
     MAX_CONFIG_BYTES,
@@ -33,7 +32,8 @@ from spectrace.audit.checkpoint import (
     read_safetensors_header,
     read_torch_bin,
 )
-from spectrace.viewers.commands import view_main
+from spectrace.cli import audit as command
+from spectrace.cli.view import main as view_main
 from spectrace.viewers.loader import load_traces
 from tests.helpers import paths
 from tests.helpers.traces import fc_bypass_records, header

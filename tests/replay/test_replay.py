@@ -21,9 +21,9 @@ import pytest
 import torch
 
 from spectrace.checks.replay import findings_beside
+from spectrace.cli.replay import main as replay_main
 from spectrace.eagle3.pair import DATA_DIR, load_draft
 from spectrace.hooks.replay_capture import keep_replay
-from spectrace.replay.command import main as replay_main
 from spectrace.replay.file import read_replay
 from tests.helpers import paths
 

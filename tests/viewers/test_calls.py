@@ -20,10 +20,10 @@ import pytest
 import torch
 
 import spectrace as st
+from spectrace.cli.calls import main as calls_main
+from spectrace.cli.view import main as view_main
 from spectrace.records import TensorStats
 from spectrace.rules.globs import glob_match
-from spectrace.viewers.calls import calls_main
-from spectrace.viewers.commands import view_main
 from spectrace.viewers.render import dtype, shape, stats_text
 from tests.helpers.models import tiny_llama
 from tests.helpers.traces import write_trace

@@ -21,9 +21,9 @@ import pytest
 import torch
 
 import spectrace as st
+from spectrace.cli.export import main as export_main
+from spectrace.cli.view import main as view_main
 from spectrace.records import Acceptance, Call, Finding, TensorMeta
-from spectrace.viewers.commands import view_main
-from spectrace.viewers.export import export_main
 from tests.helpers.models import tiny_llama
 from tests.helpers.traces import T0, write_trace
 from tests.viewers.test_viewer_live_path import Live, live_header

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import spectrace as st
-from spectrace.viewers.commands import view_main
+from spectrace.cli.view import main as view_main
 from tests.helpers.models import tiny_llama
 
 

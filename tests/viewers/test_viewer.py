@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from spectrace.cli.diff import main as diff_main
+from spectrace.cli.view import main as view_main
 from spectrace.viewers import loader as loader_mod
-from spectrace.viewers.commands import diff_main, view_main
 from spectrace.viewers.diff import diff_traces
 from spectrace.viewers.loader import TraceFollower, load_traces
 from spectrace.viewers.model import ViewFilter, build_view, name_matches
@@ -314,7 +315,7 @@ def test_json_and_usage(bug1: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_view_never_tracebacks(bug1: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    import spectrace.viewers.commands as commands
+    import spectrace.cli.view as commands
 
     def boom(*a: object, **k: object) -> None:
         raise RuntimeError("kaboom")
@@ -346,14 +347,14 @@ def test_follower_reads_only_complete_lines(tmp_path: Path) -> None:
 
 
 def test_import_has_no_torch() -> None:
-    code = "import sys, spectrace.viewers.commands, spectrace.viewers.diff; print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy')))"
+    code = "import sys, spectrace.cli.view, spectrace.cli.diff, spectrace.viewers.diff; print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy')))"
     env = dict(os.environ, PYTHONPATH=str(REPO), SPECTRACE="")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
     assert out.strip() == "[]"
 
 
 # -------------------------------------------------------------------------- tmux
-VIEW_CMD = "import sys; from spectrace.viewers.commands import view_main; sys.exit(view_main(sys.argv[1:]))"
+VIEW_CMD = "import sys; from spectrace.cli.view import main as view_main; sys.exit(view_main(sys.argv[1:]))"
 
 
 def follow_json(folder: Path, *extra: str, **env: str) -> subprocess.Popen:

@@ -25,9 +25,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from spectrace.cli.diff import main as diff_main
+from spectrace.cli.view import main as view_main
 from spectrace.records import Acceptance, Call, Capture, Finding, TensorMeta, TensorStats, Weights
 from spectrace.viewers import loader
-from spectrace.viewers.commands import diff_main, view_main
 from spectrace.viewers.loader import TraceFollower, load_traces
 from spectrace.viewers.terminal import printable
 from tests.helpers import paths
@@ -62,7 +63,7 @@ def _clean(err: str, prog: str = "spectrace view") -> None:
 # forking parent, so a child of a big pytest worker would report the worker's peak.)
 MEM_CHILD = """
 import contextlib, io, sys
-from spectrace.viewers.commands import view_main
+from spectrace.cli.view import main as view_main
 out, err = io.StringIO(), io.StringIO()
 with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
     code = view_main(sys.argv[1:])

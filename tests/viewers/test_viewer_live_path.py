@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from spectrace.cli.view import main as view_main
 from spectrace.records import Call, Capture, Finding, Header, TensorMeta, TensorStats, Weights
 from spectrace.viewers import model as model_mod
-from spectrace.viewers.commands import view_main
 from spectrace.viewers.loader import TraceFollower, load_traces
 from spectrace.viewers.model import ViewBuilder, ViewFilter, build_view
 from spectrace.viewers.render import make_console, render_view

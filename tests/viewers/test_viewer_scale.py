@@ -34,7 +34,7 @@ MAX_SCREEN_LINES = 200
 # A child that views PATH and reports its own CPU time, peak memory and output size.
 CHILD = """
 import contextlib, io, resource, sys
-from spectrace.viewers.commands import view_main
+from spectrace.cli.view import main as view_main
 out = io.StringIO()
 with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
     code = view_main(sys.argv[1:])

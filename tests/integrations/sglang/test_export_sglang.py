@@ -14,8 +14,8 @@ import pytest
 pytest.importorskip("sglang", reason="needs scripts/install-sglang-cpu.sh")
 pytestmark = pytest.mark.sglang
 
-from spectrace.viewers.calls import calls_main  # noqa: E402
-from spectrace.viewers.export import export_main  # noqa: E402
+from spectrace.cli.calls import main as calls_main  # noqa: E402
+from spectrace.cli.export import main as export_main  # noqa: E402
 from tests.integrations.sglang.test_sglang_live_records import HIDDEN, _run  # noqa: E402
 from tests.viewers.test_export import check_format, check_nesting, end, x_events  # noqa: E402
 
