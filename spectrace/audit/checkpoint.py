@@ -23,10 +23,10 @@ that has not parsed as what it claims to be.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
-import stat
 import struct
 import warnings
 import zipfile
@@ -37,6 +37,7 @@ from typing import Any
 # so a check never imports this reader (nor torch, which a .bin reaches).
 from ..checks.facts import DraftCheckpoint, DraftConfigFile, Format, RopeKeys, TargetConfig, TensorInfo, VocabMaps
 from ..rules.readings import SPECULATORS_FLAGS, Reading, provenance, speculators_traces
+from ..safe_files import FileMissing, NotRegularFile, SafeFileError, open_regular
 
 # The safetensors library refuses headers above 100 MB; a real header is a few KB per
 # hundred tensors, so anything larger is corrupt or hostile.
@@ -146,17 +147,23 @@ def contained(path: Path, folder: Path) -> Path:
 
 
 def _open_regular(path: Path) -> tuple[Any, int]:
-    """Open a resolved path without following a link swapped in since, and only if it is a
-    regular file (a FIFO or device would block or never end); returns (file, size)."""
+    """Open a resolved path the way every untrusted file is opened (:func:`spectrace.safe_files.open_regular`:
+    no link swapped in since is followed, and only a regular file: a FIFO or device would
+    block or never end); returns (file, size)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as err:
-        raise AuditInputError(f"{path.name}: cannot be opened ({err.strerror})") from None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
-        os.close(fd)
-        raise AuditInputError(f"{path.name}: not a regular file")
-    return os.fdopen(fd, "rb"), info.st_size
+        fd, size = open_regular(path)
+    except NotRegularFile as err:
+        if err.kind in ("a symbolic link", "a socket"):  # a link put at the name after it was resolved; a socket opens not at all
+            code = errno.ELOOP if err.kind == "a symbolic link" else errno.ENXIO
+            raise AuditInputError(f"{path.name}: cannot be opened ({os.strerror(code)})") from None
+        raise AuditInputError(f"{path.name}: not a regular file") from None
+    except FileMissing:
+        raise AuditInputError(f"{path.name}: cannot be opened ({os.strerror(errno.ENOENT)})") from None
+    except SafeFileError as err:
+        cause = err.__context__  # the OSError, whose strerror names the reason without the full path
+        why = getattr(cause, "strerror", None) or "unreadable"
+        raise AuditInputError(f"{path.name}: cannot be opened ({why})") from None
+    return os.fdopen(fd, "rb"), size
 
 
 def read_json(path: Path, what: str, folder: Path | None = None) -> dict[str, Any]:
