@@ -2,8 +2,8 @@
 
 The writer says ``acceptance_collapse`` over the whole run when it finishes
 (:func:`.calls.check_acceptance`); a server that never exits never says it. This check
-judges the most recent :data:`~.calls.COLLAPSE_WINDOW` verify steps as they arrive, with
-the same floor (:data:`~.calls.COLLAPSE_MEAN`), so a reader of a growing trace
+judges the most recent :data:`~spectrace.rules.acceptance.COLLAPSE_WINDOW` verify steps as they arrive, with
+the same floor (:data:`~spectrace.rules.acceptance.COLLAPSE_MEAN`), so a reader of a growing trace
 (``spectrace view --follow``) knows as soon as the window shows it.
 
 A verify step is one step's mean accept length over its requests: an
@@ -25,9 +25,9 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from ..records import Acceptance, Finding
+from ..rules.acceptance import COLLAPSE_MEAN, COLLAPSE_WINDOW, mean_accept_length
 from ..rules.catalogue import finding
 from .acceptance_sampling import SamplingTally, judge_low_window
-from .calls import COLLAPSE_MEAN, COLLAPSE_WINDOW
 
 SOURCE = "checks.acceptance_live"
 
@@ -51,7 +51,7 @@ def verify_step(record: Acceptance) -> VerifyStep | None:
     if record.greedy is not None:
         sampling = SamplingTally()
         sampling.add(record)
-    return VerifyStep(record.step, sum(record.accept_lengths) / len(record.accept_lengths), record.draft_tokens, sampling)
+    return VerifyStep(record.step, mean_accept_length(record.accept_lengths), record.draft_tokens, sampling)
 
 
 def _window_sampling(steps: Sequence[VerifyStep]) -> SamplingTally:

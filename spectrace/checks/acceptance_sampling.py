@@ -23,8 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..records import Acceptance, Finding
+from ..rules.acceptance import COLLAPSE_MEAN
 from ..rules.catalogue import finding
-from .calls import COLLAPSE_MEAN
 
 SOURCE = "checks.acceptance_sampling"
 

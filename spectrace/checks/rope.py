@@ -24,7 +24,7 @@ when the keys sit where the engine looks:
 A draft that rotates with another base or scaling than its target scores every
 position with a phase the draft was not trained on; nothing fails, acceptance drops.
 
-    >>> from spectrace.audit.checkpoint import RopeKeys
+    >>> from spectrace.checks.facts import RopeKeys
     >>> effective_rotary(RopeKeys(rope_parameters={"rope_type": "default"})).base
     10000.0
 """
@@ -36,9 +36,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..audit.checkpoint import RopeKeys
 from ..records import Finding
 from ..rules.catalogue import finding
+from .facts import RopeKeys
 
 # The base a config class gives a dict without one: transformers 5's ``default_theta``
 # (10000 for the Llama, Qwen, Mistral, DeepSeek and GLM classes; gpt_oss differs).

@@ -19,9 +19,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...checks.acceptance_sampling import check_synthetic_acceptance
-from ...checks.calls import COLLAPSE_MEAN, COLLAPSE_WINDOW, check_acceptance
+from ...checks.calls import check_acceptance
 from ...checks.drift import DriftTracker
 from ...records import Acceptance
+from ...rules.acceptance import COLLAPSE_MEAN, COLLAPSE_WINDOW, mean_from_sums
 from . import state
 
 # A step's sampling: (greedy, temperatures, top_ps, top_ks) per request; the last three are
@@ -233,7 +234,7 @@ def _build(st: state.State, held: list[Any], rec: Any, as_lines: bool = False) -
                 emit(record)
             # The step's mean accept length, as check_acceptance computes it (an empty step
             # counts toward the window but has no mean).
-            step_mean = (total + n) / n if n else None
+            step_mean = mean_from_sums(total + n, n)
             window.append((kept, step_mean))
             if step_mean is not None:
                 st.accept_sum += step_mean

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...checks.calls import COLLAPSE_WINDOW, check_acceptance
+from ...checks.calls import check_acceptance
 from ...checks.drift import DriftTracker
 from ...records import Acceptance
+from ...rules.acceptance import COLLAPSE_WINDOW, mean_accept_length
 from . import state
 
 
@@ -32,7 +33,7 @@ def _build_step() -> None:
     rec = state.recorder()
     rec.emit(record)
     st.accept_window.append(record)
-    st.accept_sum += sum(record.accept_lengths) / len(record.accept_lengths)
+    st.accept_sum += mean_accept_length(record.accept_lengths)
     st.accept_steps += 1
     # Drift: windows of verify steps, kept beside the engine's state (a reset drops them too).
     drift = st.__dict__.get("_spectrace_drift")
