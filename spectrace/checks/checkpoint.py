@@ -23,10 +23,10 @@ from .draft_class import check_draft_class
 from .draft_config import check_aux_enabled, check_fc_width, check_flags, check_maps, check_null_keys, check_rotary
 from .engine_capture import check_aux_layers, check_capture_support, check_short_capture
 from .facts import DraftConfigFile, TargetConfig, TensorInfo, VocabMaps
-from .load_replay import MAX_DROPPED_FINDINGS, RenameHints, check_dropped, check_missing, check_tensor_shapes, replay_load
+from .load_replay import check_dropped, check_missing, check_tensor_shapes, replay_load
 from .vllm_audit import audit_vllm
 
-__all__ = ["MAX_DROPPED_FINDINGS", "AuditResult", "RenameHints", "audit"]
+__all__ = ["AuditResult", "audit"]
 
 
 def audit(

@@ -16,8 +16,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from spectrace.audit.checkpoint import AuditInputError, read_checkpoint, read_safetensors_header, read_target_config
-from spectrace.audit.engines import get_engine
 from spectrace.checks.checkpoint import audit
+from spectrace.rules.engines import get_engine
 from tests.helpers import paths
 
 ROOT = paths.ROOT

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from spectrace.audit.checkpoint import read_checkpoint, read_target_config
-from spectrace.audit.engines import get_engine
 from spectrace.checks.checkpoint import audit
 from spectrace.rules.draft_classes import built_class
+from spectrace.rules.engines import get_engine
 from tests.helpers import paths
 
 FIX = paths.FIXTURES

@@ -36,10 +36,11 @@ from spectrace.audit.checkpoint import (
     read_safetensors_header,
     read_torch_bin,
 )
-from spectrace.audit.engines import get_engine
-from spectrace.checks.checkpoint import MAX_DROPPED_FINDINGS, RenameHints, audit
+from spectrace.checks.checkpoint import audit
+from spectrace.checks.load_replay import MAX_DROPPED_FINDINGS, RenameHints
 from spectrace.checks.weights import rename_map
 from spectrace.cli import audit as command
+from spectrace.rules.engines import get_engine
 from tests.helpers import paths
 
 ROOT = paths.ROOT

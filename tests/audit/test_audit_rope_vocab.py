@@ -22,10 +22,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from spectrace.audit.checkpoint import read_checkpoint, read_target_config, read_vocab_maps
-from spectrace.audit.engines import get_engine
 from spectrace.checks.checkpoint import audit
 from spectrace.checks.rope import effective_rotary
 from spectrace.checks.vocab_map import check_engine_hot_map, check_vocab_map, target_ids
+from spectrace.rules.engines import get_engine
 from tests.helpers import paths
 
 ROOT = paths.ROOT

@@ -28,9 +28,9 @@ pytest.importorskip("transformers")
 from safetensors.torch import load_file, save_file
 
 from spectrace.audit.checkpoint import read_checkpoint
-from spectrace.audit.engines import dims_of, get_engine
 from spectrace.checks.checkpoint import audit
 from spectrace.records import Weights
+from spectrace.rules.engines import dims_of, get_engine
 from tests.helpers import sglang_harness as sh
 from tests.integrations.sglang import test_sglang_integration as si
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from spectrace.audit.checkpoint import read_checkpoint, read_target_config
-from spectrace.audit.engines import get_engine
 from spectrace.checks.checkpoint import audit
+from spectrace.rules.engines import get_engine
 from spectrace.rules.vllm import CLASS_FLAGS, draft_class_for, unread_flags, vllm_release, vllm_runner_ids
 from tests.helpers import paths
 

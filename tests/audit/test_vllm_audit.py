@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from spectrace.audit.checkpoint import read_checkpoint, read_target_config
-from spectrace.audit.engines import get_engine
 from spectrace.checks.checkpoint import audit
+from spectrace.rules.engines import get_engine
 from tests.helpers import paths
 
 ROOT = paths.ROOT

@@ -30,13 +30,13 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from spectrace.audit.checkpoint import read_checkpoint, read_target_config
-from spectrace.audit.engines import get_engine
 from spectrace.checks.capture import check_engine_support
 from spectrace.checks.checkpoint import audit
 from spectrace.integrations.sglang import correlate, server
 from spectrace.integrations.sglang import state as st_state
 from spectrace.records import Capture
 from spectrace.rules.conventions import engine_boundaries, engine_rule
+from spectrace.rules.engines import get_engine
 from tests.helpers import sglang_harness as sh
 from tests.integrations.sglang import test_sglang_integration as si
 from tests.integrations.sglang.test_sglang_integration import _codes, _draft_config, _of, _speculators_weights  # noqa: F401
