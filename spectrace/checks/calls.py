@@ -14,6 +14,7 @@ from ..rules.acceptance import COLLAPSE_MEAN, COLLAPSE_WINDOW, mean_accept_lengt
 from ..rules.catalogue import finding
 from ..rules.globs import glob_match
 from ..rules.roles import DRAFT_FC, DRAFT_LAYER
+from .acceptance_sampling import judge_low_window, tally
 
 # The draft's fc and decoder layer by name, for traces written before roles (``Call.role``:
 # DRAFT_FC, DRAFT_LAYER) existed.
@@ -130,8 +131,6 @@ def check_acceptance(
     Where the records carry the requests' sampling, only greedy requests judge the draft:
     a low window of sampled requests beside healthy greedy ones, or of sampled requests
     alone, is ``acceptance_sampled`` (checks/acceptance_sampling.py), never a collapse."""
-    from .acceptance_sampling import judge_low_window, tally
-
     steps = [r for r in records if r.accept_lengths]
     if len(steps) < window:
         return []
