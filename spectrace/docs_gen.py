@@ -386,12 +386,6 @@ RUNTIME_BLIND: tuple[tuple[str, str, str], ...] = (
         "(`eagle_config`, speculators' config or `run.yaml`); no trainer records it today",
     ),
     (
-        "the draft's rotary on vLLM (a lost `rope_theta`, another scaling or style)",
-        "`spectrace audit --engine vllm` from the configs only; nothing at runtime",
-        "the target model's rotary modules at the vLLM draft's load (the integration holds only the draft "
-        "there; the proposer's `load_model` holds both), read as on SGLang",
-    ),
-    (
         "NeoX vs GPT-J rotary style in TensorRT-LLM (TensorRT-LLM#19036)",
         "nothing: spectrace has no TensorRT-LLM integration",
         "the rotary style and base of the draft's and the target's attention plugins, from TensorRT-LLM's engine config",

@@ -108,6 +108,12 @@ def after_set_layers(result: Any, *args: Any, **kwargs: Any) -> None:
     state.emit(record)
     _watch_first_forward(_holder(model), record)
     run()
+    try:
+        from .rope import at_target_capture
+
+        at_target_capture(model)  # the draft's rotary against this target's
+    except Exception as exc:
+        state.internal_error("draft rope", exc)
     return None
 
 

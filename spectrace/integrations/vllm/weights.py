@@ -124,6 +124,9 @@ def around_draft_load(original: Any, *args: Any, **kwargs: Any) -> Any:
         _watch_replacements(model, record.written)
         _check_class_flags(model)
         _check_map(model, offered)
+        from .rope import at_draft_load
+
+        at_draft_load(model)
     except Exception as exc:
         state.internal_error("draft load_weights report", exc)
     return result

@@ -1,0 +1,78 @@
+"""The draft's rotary embedding against the target's, as vLLM built them.
+
+vLLM builds each attention's rotary from the config it was handed and checks nothing
+between the two models. The target is known here when its aux-layer capture is set up
+(``set_aux_hidden_state_layers``, the capture hook), which V1's runner does after the
+draft's load and Model Runner V2 around it: whichever of the draft's load and the
+target's capture comes second runs the comparison, once per pair.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from ...checks.rope import check_live_rope
+from ..core.rotary import live_rotaries
+from . import state
+from .draft import config_to_dict
+
+_drafts: list[weakref.ReferenceType[Any]] = []
+_targets: list[weakref.ReferenceType[Any]] = []
+_checked: set[tuple[int, int]] = set()
+
+
+def _keys(config: dict[str, Any] | None, draft: bool) -> Any:
+    if not config:
+        return None
+    from ...audit.checkpoint import parse_draft_config, rope_keys
+
+    try:
+        if draft:
+            return parse_draft_config(config).rope
+        inner = config.get("text_config")
+        return rope_keys(inner, "text_config.") if isinstance(inner, dict) else rope_keys(config, "")
+    except Exception:
+        return None  # an odd config: the live rotaries still compare
+
+
+def _compare(draft: Any, target: Any) -> None:
+    pair = (id(draft), id(target))
+    if pair in _checked:
+        return
+    _checked.add(pair)
+    st = state.STATE
+    draft_config = st.draft_config if st.draft_config else config_to_dict(getattr(draft, "config", None))
+    for found in check_live_rope(
+        live_rotaries(draft),
+        live_rotaries(target),
+        draft_keys=_keys(draft_config, True),
+        target_keys=_keys(config_to_dict(getattr(target, "config", None)), False),
+        label="vLLM",
+        source="vllm.rope",
+    ):
+        state.emit_finding(found)
+
+
+def _alive(refs: list[weakref.ReferenceType[Any]]) -> list[Any]:
+    refs[:] = [r for r in refs if r() is not None]
+    return [r() for r in refs]
+
+
+def at_draft_load(draft: Any) -> None:
+    """The draft's load: compare with the targets known, and with any known later."""
+    _drafts.append(weakref.ref(draft))
+    for target in _alive(_targets):
+        _compare(draft, target)
+
+
+def at_target_capture(target: Any) -> None:
+    """The target's capture was set up: compare with the drafts loaded so far."""
+    if any(r() is target for r in _targets):
+        return
+    _targets.append(weakref.ref(target))
+    for draft in _alive(_drafts):
+        try:
+            _compare(draft, target)
+        except Exception as exc:
+            state.internal_error("draft rope", exc)
