@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers.demo_cache import DemoCache
 from tests.helpers.models import tiny_deepseek_v3, tiny_llama
 
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")  # DeepSeek routing is torch.compiled; eager is faster for tiny models
@@ -39,11 +40,17 @@ def no_spectrace_env(monkeypatch):
             monkeypatch.delenv(name, raising=False)
 
 
-@pytest.fixture(scope="module")
-def bypass(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo's fc_bypass scenario, traced: a real trace of the EAGLE-3 pipeline."""
-    from spectrace.demo import run_scenario
+@pytest.fixture(scope="session")
+def demo_cache(tmp_path_factory: pytest.TempPathFactory) -> DemoCache:
+    """The demo's scenarios, each run once for the whole test run (all xdist workers share the
+    run's temporary root: a worker's own is a folder inside it)."""
+    base = tmp_path_factory.getbasetemp()
+    return DemoCache((base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "demo-cache")
 
+
+@pytest.fixture(scope="module")
+def bypass(tmp_path_factory: pytest.TempPathFactory, demo_cache: DemoCache) -> Path:
+    """The demo's fc_bypass scenario, traced: a real trace of the EAGLE-3 pipeline."""
     out = tmp_path_factory.mktemp("demo")
-    run_scenario("fc_bypass", str(out), None)
+    demo_cache.run("fc_bypass", out, reference=False)
     return out / "fc_bypass"

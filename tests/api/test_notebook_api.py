@@ -17,7 +17,6 @@ import torch
 from torch import nn
 
 import spectrace
-from spectrace.demo import reference_fingerprint, run_scenario
 from spectrace.notebook import ROW_COLUMNS, LoadedTrace
 from spectrace.settings import Settings
 from spectrace.viewers.loader import TraceSet, load_traces
@@ -29,11 +28,10 @@ HOSTILE = "fc\x1b]52;c;ZWNobw==\x07<script>alert(1)</script>"
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
+def demo(tmp_path_factory, demo_cache):
     out = tmp_path_factory.mktemp("notebook")
-    reference = reference_fingerprint()
     for name in ("healthy", "fc_bypass"):
-        run_scenario(name, str(out), reference)
+        demo_cache.run(name, out)
     return out
 
 

@@ -18,7 +18,6 @@ import pytest
 
 from spectrace.checks.capture import check_algorithm, check_capture
 from spectrace.checks.root_causes import RULES, root_causes
-from spectrace.demo import reference_fingerprint, run_scenario
 from spectrace.eagle3.bugs import BUGS, build_scenario
 from spectrace.records import Capture
 from spectrace.rules.catalogue import CATALOGUE
@@ -37,11 +36,10 @@ SCENARIOS = tuple(n for n in BUGS if n not in ("healthy", "d2t_missing"))
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory) -> Path:
+def demo(tmp_path_factory, demo_cache) -> Path:
     out = tmp_path_factory.mktemp("demo")
-    reference = reference_fingerprint()
     for name in SCENARIOS:
-        run_scenario(name, str(out), reference)
+        demo_cache.run(name, out)
     return out
 
 

@@ -9,7 +9,6 @@ import sys
 
 import pytest
 
-from spectrace.demo import reference_fingerprint, run_scenario
 from spectrace.eagle3.bugs import BUGS
 from spectrace.records import RECORD_ADAPTER, Acceptance, Call, Capture, Finding, Weights
 
@@ -39,10 +38,9 @@ ACCEPT = {
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
+def results(tmp_path_factory, demo_cache):
     out = tmp_path_factory.mktemp("demo")
-    reference = reference_fingerprint()
-    return {name: run_scenario(name, str(out), reference) for name in BUGS}
+    return {name: demo_cache.run(name, out) for name in BUGS}
 
 
 def test_collapse_is_reported_as_a_symptom(results):

@@ -15,7 +15,6 @@ import sys
 
 import pytest
 
-from spectrace.demo import reference_fingerprint, run_scenario
 from spectrace.viewers import diff as diff_mod
 from spectrace.viewers.diff import diff_traces, render_diff, set_aside_dims, shape_signatures
 from spectrace.viewers.loader import load_traces
@@ -26,11 +25,10 @@ REPO = paths.ROOT
 
 
 @pytest.fixture(scope="module")
-def traces(tmp_path_factory):
+def traces(tmp_path_factory, demo_cache):
     out = tmp_path_factory.mktemp("diff-signal")
-    reference = reference_fingerprint()
     for name in ("healthy", "fc_bypass"):
-        run_scenario(name, str(out), reference)
+        demo_cache.run(name, out)
     return out
 
 

@@ -13,7 +13,6 @@ import re
 
 import pytest
 
-from spectrace.demo import reference_fingerprint, run_scenario
 from spectrace.records import Call
 from spectrace.viewers.loader import load_traces
 from spectrace.viewers.model import build_view, stage_input
@@ -23,11 +22,10 @@ SCENARIOS = ("healthy", "fc_bypass", "embedding_vs_layer")
 
 
 @pytest.fixture(scope="module")
-def traces(tmp_path_factory):
+def traces(tmp_path_factory, demo_cache):
     out = tmp_path_factory.mktemp("demo")
-    reference = reference_fingerprint()
     for name in SCENARIOS:
-        run_scenario(name, str(out), reference)
+        demo_cache.run(name, out)
     return out
 
 

@@ -141,10 +141,8 @@ def test_nonfinite_values_are_flagged_on_their_module(tmp_path):
         assert "nan x" in rows[name], rows[name]
 
 
-def test_eagle3_pair_still_draws_its_data_path(tmp_path):
-    from spectrace.demo import reference_fingerprint, run_scenario
-
-    run_scenario("fc_bypass", str(tmp_path), reference_fingerprint())
+def test_eagle3_pair_still_draws_its_data_path(tmp_path, demo_cache):
+    demo_cache.run("fc_bypass", tmp_path)
     view = build_view(load_traces(str(tmp_path / "fc_bypass")))
     assert view.datapath.eagle3 and view.datapath.fc.status == "bypassed"
     text = _view(tmp_path / "fc_bypass", 80)

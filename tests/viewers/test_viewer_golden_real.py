@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import pytest
 
-from spectrace.demo import reference_fingerprint, run_scenario
 from spectrace.viewers.diff import diff_traces, render_diff
 from spectrace.viewers.loader import load_traces
 from spectrace.viewers.model import TraceView, build_view
@@ -22,11 +21,10 @@ SCENARIOS = ("healthy", "fc_bypass", "embedding_vs_layer")
 
 
 @pytest.fixture(scope="module")
-def traces(tmp_path_factory):
+def traces(tmp_path_factory, demo_cache):
     out = tmp_path_factory.mktemp("real")
-    reference = reference_fingerprint()
     for name in SCENARIOS:
-        run_scenario(name, str(out), reference)
+        demo_cache.run(name, out)
     return out
 
 
