@@ -267,11 +267,6 @@ def orphan_fix_text(item: Any) -> str:
     return f"{item.root_fix or item.fix} (the fix of {item.root})"
 
 
-def more_text(n: int, noun: str = "more", hint: str = "") -> str:
-    """``(+2 more)`` style counts of what was left out; ``hint`` says where the rest is."""
-    return f"{n} {noun}" + (f": {hint}" if hint else "")
-
-
 def more_codes(n: int, where: str = "--finding CODE or --json") -> str:
     """``… 3 more codes: --finding CODE or --json``."""
     return f"… {plural(n, 'more code')}: {where}"
