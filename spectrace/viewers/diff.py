@@ -29,20 +29,13 @@ from rich.text import Text
 
 from spectrace.records import SEVERITY_RANK
 
-from .loader import TraceSet, shown_path
-from .model import (
-    ROLE_PATTERNS,
-    STAGE_ROLES,
-    ModuleRow,
-    StatsSummary,
-    build_view,
-    closure_state,
-    module_table,
-    name_matches,
-    not_closed_line,
-    summarize,
-)
+from .header import closure_state, not_closed_line
+from .model import build_view
+from .module_table import module_table, summarize
+from .parts import ModuleRow, StatsSummary, name_matches
 from .render import num, shape_pattern
+from .stages import ROLE_PATTERNS, STAGE_ROLES
+from .traceset import TraceSet, shown_path
 
 DEFAULT_RTOL = 0.25
 ATOL = 1e-6  # below this both numbers are zero for our purposes

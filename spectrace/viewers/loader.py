@@ -6,7 +6,8 @@ one counted, one-line :class:`LoadProblem` (with the first line number); the rea
 records are kept. Only regular files are read (a FIFO or a device is refused unopened
 for reading, so it cannot hang the viewer).
 
-Memory is bounded whatever the trace's length or the number of files (:data:`LIMITS`):
+Memory is bounded whatever the trace's length or the number of files (:data:`LIMITS`, in
+:mod:`.limits` with the plausibility checks; what is read lands in :mod:`.traceset`):
 files are read line by line, lines longer than :data:`MAX_LINE_BYTES` are skipped without
 being held, a file whose first line is no trace is abandoned, acceptance records are
 folded per step as they are read (:class:`AcceptanceLog`), and the other records are kept
@@ -22,15 +23,13 @@ a shape, a count, a time stamp) is checked before anything is sized by it.
 from __future__ import annotations
 
 import json
-import math
 import os
-import re
 import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from spectrace.checks.from_records import findings_from_records
 from spectrace.checks.replay import MAX_RESULT_BYTES, RESULT_SUFFIX, result_finding
@@ -41,259 +40,37 @@ from spectrace.records import (
     SCHEMA_VERSION,
     Acceptance,
     Call,
-    Capture,
-    Counters,
-    Coverage,
     Finding,
-    Fingerprint,
     Header,
-    Values,
-    Weights,
 )
 from spectrace.safe_files import SafeFileError, read_regular
 
-MAX_LINE_BYTES = 1 << 20  # a record this long is a writer bug or not a trace; never hold it
-MAX_CALLS_PER_FILE = 200_000  # a second bound on calls, below the byte budget's for tiny records
-# The record text the viewer keeps parsed, all files of one set together (about 10x that in
-# memory: ~170 MB). Each file gets at least its share (the budget over the files found) or
-# MIN_FILE_SHARE, so one huge rank cannot crowd out the others.
-MAX_KEPT_BYTES = 16 << 20
-MIN_FILE_SHARE = 2 << 20
-MAX_FINDINGS_PER_CODE = 1_000  # per file: a flood of one code is kept as counts past this
-MAX_FOLDED_CODES = 64  # distinct codes folded to counts per file; others share one line
-MAX_ACCEPTANCE_STEPS = 100_000  # distinct steps with a per-step acceptance entry, per set
-MAX_POSITIONS = 64  # draft positions with an acceptance rate
-MAX_COUNTERS = 8  # closing/periodic counters records kept per file (cumulative: the newest count)
-# What a record may claim before the viewer sizes anything by it.
-MAX_DRAFT_TOKENS = 1024
-MAX_INT = 2**63  # any integer in a record beyond +-2^63 is not a count, a size or a step
-MAX_NUMEL = 2**62
-MAX_DIMS = 64
-MAX_UNIX = 253_402_300_799.0  # 9999-12-31: the last time a date can show
+from .limits import (
+    LIMITS,
+    MAX_CALLS_PER_FILE,
+    MAX_COUNTERS,
+    MAX_FINDINGS_PER_CODE,
+    MAX_FOLDED_CODES,
+    MAX_INT,
+    MAX_LINE_BYTES,
+    MAX_POSITIONS,
+    LoadBudget,
+    implausible,
+    time_ok,
+)
+from .traceset import (
+    AcceptanceLog,
+    FoldedFindings,
+    LoadProblem,
+    TraceFile,
+    TraceSet,
+    merge_rows,
+    shown_path,
+)
+
 _SKIP_CHUNK = 1 << 16
 PROGRESS_STEP = 1 << 20  # bytes read between two calls of a load's progress callback
 _TAIL = 64  # bytes before the read offset remembered to notice a rewritten file
-
-LIMITS = {
-    "line_bytes": MAX_LINE_BYTES,
-    "kept_record_bytes": MAX_KEPT_BYTES,
-    "min_file_share_bytes": MIN_FILE_SHARE,
-    "calls_per_file": MAX_CALLS_PER_FILE,
-    "findings_per_code_per_file": MAX_FINDINGS_PER_CODE,
-    "acceptance_steps": MAX_ACCEPTANCE_STEPS,
-    "acceptance_positions": MAX_POSITIONS,
-    "draft_tokens": MAX_DRAFT_TOKENS,
-}
-
-# (kind, one-line description); the count and first line number are added when reported.
-_KINDS: dict[str, tuple[str, str]] = {
-    "truncated": ("last line is truncated (writer killed or still writing)", ""),
-    "undecodable": ("undecodable line (not UTF-8 JSON)", "undecodable lines (not UTF-8 JSON)"),
-    "too_long": (f"line longer than {MAX_LINE_BYTES >> 20} MB skipped", f"lines longer than {MAX_LINE_BYTES >> 20} MB skipped"),
-    "unknown_type": ("record of an unknown type skipped", "records of an unknown type skipped"),
-    "invalid": ("record that does not match the schema skipped", "records that do not match the schema skipped"),
-    "not_object": ("line that is JSON but not a record object", "lines that are JSON but not record objects"),
-    "no_header": ("first line is not a header; records read anyway", ""),
-    "extra_header": ("extra header line ignored", "extra header lines ignored"),
-    "calls_capped": (
-        f"call records beyond the first {MAX_CALLS_PER_FILE} not loaded",
-        f"call records beyond the first {MAX_CALLS_PER_FILE} not loaded",
-    ),
-    "implausible": ("record with an impossible value skipped", "records with impossible values skipped"),
-    "bad_time": ("time stamp that is no date ignored", "time stamps that are no dates ignored"),
-    "not_loaded": (
-        f"record not loaded: the viewer's memory budget ({MAX_KEPT_BYTES >> 20} MB of records) is spent",
-        f"records not loaded: the viewer's memory budget ({MAX_KEPT_BYTES >> 20} MB of records) is spent",
-    ),
-    "findings_folded": ("finding kept as a count only", "findings kept as counts only (a flood of one code, or the memory budget)"),
-    "acceptance_steps": (
-        f"acceptance record past the first {MAX_ACCEPTANCE_STEPS} steps is in the totals only",
-        f"acceptance records past the first {MAX_ACCEPTANCE_STEPS} steps are in the totals only, not in the per-step series",
-    ),
-}
-
-
-class LoadProblem(BaseModel):
-    """One kind of trouble in one file, counted; ``message`` is a single line."""
-
-    path: str
-    kind: str
-    count: int = 1
-    first_line: int | None = None
-    detail: str = ""
-
-    @property
-    def message(self) -> str:
-        # A missing path is said whole: its last part alone does not say where it was looked for.
-        name = shown_path(self.path if self.kind == "missing" else os.path.basename(self.path) or self.path)
-        if self.kind in ("future_schema", "not_trace", "empty", "unreadable", "missing", "not_regular"):
-            return f"{name}: {self.detail}"
-        one, many = _KINDS.get(self.kind, (self.kind, self.kind))
-        text = f"{name}: {self.count} {one if self.count == 1 else many or one}"
-        if self.kind == "truncated":
-            text = f"{name}: {one}; 1 line skipped"
-        elif self.kind == "no_header":
-            text = f"{name}: {one}"
-        elif self.first_line is not None:
-            text += f" (first at line {self.first_line})"
-        if self.detail:
-            text += f": {self.detail}"
-        return text
-
-
-class AcceptanceLog:
-    """Acceptance records folded per step as they are read: the state is one short row per
-    step (at most :data:`MAX_ACCEPTANCE_STEPS` of them per set), never the records.
-
-    A row is ``[records, sum of accept lengths, requests, draft tokens (max), records with
-    positions, accepted at position 0, 1, ...]``. Records at steps past the cap fold into
-    ``beyond``, one row for the rest of the run, so the totals still count them.
-    """
-
-    __slots__ = ("by_step", "beyond", "beyond_first", "beyond_last", "records")
-
-    def __init__(self) -> None:
-        self.by_step: dict[int, list[int]] = {}
-        self.beyond: list[int] | None = None
-        self.beyond_first: int | None = None
-        self.beyond_last: int | None = None
-        self.records = 0
-
-    def __len__(self) -> int:
-        return self.records
-
-    def __bool__(self) -> bool:
-        return self.records > 0
-
-    def steps(self) -> list[int]:
-        """Every step that had an acceptance record (the per-step ones, then the range past the cap)."""
-        out = list(self.by_step)
-        if self.beyond_first is not None and self.beyond_last is not None:
-            out += [self.beyond_first, self.beyond_last]
-        return out
-
-    def add(self, a: Acceptance, *, new_step_ok: bool) -> bool:
-        """Fold one record; False when its step is new and ``new_step_ok`` is not (it went to ``beyond``)."""
-        self.records += 1
-        row = self.by_step.get(a.step)
-        kept = True
-        if row is None:
-            if new_step_ok:
-                row = self.by_step[a.step] = [0, 0, 0, 0, 0]
-            else:
-                kept = False
-                if self.beyond is None:
-                    self.beyond = [0, 0, 0, 0, 0]
-                row = self.beyond
-                self.beyond_first = a.step if self.beyond_first is None else min(self.beyond_first, a.step)
-                self.beyond_last = a.step if self.beyond_last is None else max(self.beyond_last, a.step)
-        fold_row(row, a)
-        return kept
-
-
-def fold_row(row: list[int], a: Acceptance) -> None:
-    row[0] += 1
-    row[1] += sum(a.accept_lengths)
-    row[2] += len(a.accept_lengths)
-    row[3] = max(row[3], a.draft_tokens)
-    if a.accepted_per_position:
-        row[4] += 1
-        positions = a.accepted_per_position[:MAX_POSITIONS]
-        if len(row) < 5 + len(positions):
-            row.extend([0] * (5 + len(positions) - len(row)))
-        for i, n in enumerate(positions):
-            row[5 + i] += n
-
-
-def merge_rows(into: list[int], row: list[int]) -> None:
-    into[0] += row[0]
-    into[1] += row[1]
-    into[2] += row[2]
-    into[3] = max(into[3], row[3])
-    into[4] += row[4]
-    if len(into) < len(row):
-        into.extend([0] * (len(row) - len(into)))
-    for i in range(5, len(row)):
-        into[i] += row[i]
-
-
-class FoldedFindings(BaseModel):
-    """Findings of one code kept as a count only (past :data:`MAX_FINDINGS_PER_CODE`, or the budget)."""
-
-    code: str
-    severity: str
-    count: int = 0
-    first_step: int | None = None
-    last_step: int | None = None
-
-
-class TraceFile(BaseModel):
-    """The records of one process's trace file, split by type."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
-    path: str
-    header: Header | None = None
-    calls: list[Call] = []
-    findings: list[Finding] = []
-    findings_folded: dict[tuple[str, str], FoldedFindings] = {}
-    acceptance: AcceptanceLog = Field(default_factory=AcceptanceLog)
-    coverage: list[Coverage] = []
-    weights: list[Weights] = []
-    captures: list[Capture] = []
-    fingerprints: list[Fingerprint] = []
-    values: list[Values] = []  # tensor values kept beside the trace (SPECTRACE_CAPTURE_VALUES)
-    counters: list[Counters] = []  # the closing record (one per closed file); the newest few
-    problems: list[LoadProblem] = []
-    lines_read: int = 0
-
-    @property
-    def name(self) -> str:
-        return shown_path(os.path.basename(self.path))
-
-    @property
-    def rank(self) -> int | None:
-        return self.header.rank if self.header else None
-
-    @property
-    def record_count(self) -> int:
-        return (
-            len(self.calls)
-            + len(self.findings)
-            + sum(f.count for f in self.findings_folded.values())
-            + len(self.acceptance)
-            + len(self.coverage)
-            + len(self.weights)
-            + len(self.captures)
-            + len(self.fingerprints)
-            + len(self.values)
-            + len(self.counters)
-        )
-
-    @property
-    def readable(self) -> bool:
-        return self.header is not None or self.record_count > 0
-
-
-class TraceSet(BaseModel):
-    """All trace files of one run; ``problems`` covers the set (e.g. an empty folder) and every file."""
-
-    source: str
-    files: list[TraceFile] = []
-    set_problems: list[LoadProblem] = []
-
-    @property
-    def problems(self) -> list[LoadProblem]:
-        return self.set_problems + [p for f in self.files for p in f.problems]
-
-    @property
-    def readable(self) -> bool:
-        return any(f.readable for f in self.files)
-
-    def all(self, field: str) -> list[Any]:
-        """Records of one kind across files, e.g. ``ts.all("findings")``."""
-        return [r for f in self.files for r in getattr(f, field)]
-
 
 _FIELD_OF = {
     "call": "calls",
@@ -307,30 +84,6 @@ _FIELD_OF = {
     "counters": "counters",
     "stats": "counters",  # the closing record's name before schema 2
 }
-
-
-class LoadBudget:
-    """The record text one set of files may keep parsed (:data:`MAX_KEPT_BYTES`), shared out
-    fairly: a file takes from it while the set and its own share (the budget over the files
-    found, at least :data:`MIN_FILE_SHARE`) both have room. Also the set's acceptance steps."""
-
-    def __init__(self, max_bytes: int = MAX_KEPT_BYTES, max_steps: int = MAX_ACCEPTANCE_STEPS) -> None:
-        self.max_bytes = max_bytes
-        self.used = 0
-        self.files = 1
-        self.max_steps = max_steps
-        self.steps = 0
-
-    def take(self, mine: int, n: int) -> bool:
-        share = max(MIN_FILE_SHARE, self.max_bytes // max(1, self.files))
-        if self.used + n > self.max_bytes or mine + n > share:
-            return False
-        self.used += n
-        return True
-
-    def release(self, n: int, steps: int) -> None:
-        self.used = max(0, self.used - n)
-        self.steps = max(0, self.steps - steps)
 
 
 class FileReader:
@@ -665,16 +418,6 @@ def _replay_result(path: str) -> Finding | None:
     return result_finding(raw)
 
 
-def shown_path(path: str) -> str:
-    """A path as text any output can carry: the bytes of a name that is not UTF-8 (decoded
-    with surrogates) written out as ``\\xff``, so ``--json`` never fails on it."""
-    try:
-        path.encode("utf-8")
-        return path
-    except UnicodeEncodeError:
-        return os.fsencode(path).decode("utf-8", "backslashreplace")
-
-
 class _NotRegular(Exception):
     """The path is a FIFO, a device or a socket: never read (a FIFO would block forever)."""
 
@@ -699,89 +442,6 @@ def _open_regular(path: str) -> Any:
     except BaseException:
         os.close(fd)
         raise
-
-
-def time_ok(t: float | None) -> bool:
-    """A time stamp the viewer can show as a date: finite, after 1970, before the year 10000."""
-    return isinstance(t, (int, float)) and math.isfinite(t) and 0 < t <= MAX_UNIX
-
-
-def implausible(obj: dict[str, Any], record: Any, raw: bytes | None = None) -> str | None:
-    """Why a schema-valid record cannot be true (a size nothing has, an integer no count
-    reaches), or None. The viewer sizes lists and sums by these, so they are checked first.
-
-    ``raw``, the record's line: without an escape or a run of 19 digits in it, no lone
-    surrogate and no integer past 2^63 can be in ``obj``, and the walk over it is skipped
-    (most of the load time of a trace of small records)."""
-    odd = _odd_value(obj) if raw is None or _MAYBE_ODD.search(raw) else None
-    if odd:
-        return odd
-    if isinstance(record, Acceptance):
-        if not 0 <= record.draft_tokens <= MAX_DRAFT_TOKENS:
-            return f"draft_tokens {record.draft_tokens} (at most {MAX_DRAFT_TOKENS})"
-        if any(not 0 <= n <= MAX_DRAFT_TOKENS + 1 for n in record.accept_lengths):
-            return f"an accept length outside 0..{MAX_DRAFT_TOKENS + 1}"
-        if len(record.accepted_per_position) > MAX_DRAFT_TOKENS or any(n < 0 for n in record.accepted_per_position):
-            return "accepted_per_position longer than draft_tokens allows, or negative"
-    elif isinstance(record, Call):
-        if record.tokens is not None and record.tokens < 0:
-            return f"tokens {record.tokens}"
-        for m in (*record.inputs, *record.outputs):
-            why = _tensor_implausible(m)
-            if why:
-                return f"{m.arg}: {why}"
-    elif isinstance(record, Fingerprint):
-        if record.chunk_width < 0:
-            return f"chunk_width {record.chunk_width}"
-        for st in record.chunks:
-            if any(v is not None and v < 0 for v in (st.nan, st.inf, st.numel)):
-                return "a negative count in a chunk's statistics"
-    elif isinstance(record, Capture):
-        if record.hidden_size < 0 or record.num_layers < 0:
-            return "a negative hidden_size or num_layers"
-    elif isinstance(record, Coverage) and record.count < 0:
-        return f"count {record.count}"
-    return None
-
-
-def _tensor_implausible(m: Any) -> str | None:
-    if len(m.shape) > MAX_DIMS:
-        return f"{len(m.shape)} dimensions"
-    numel = 1
-    for d in m.shape:
-        if d < 0:
-            return f"dimension {d}"
-        numel *= d
-        if numel > MAX_NUMEL:
-            return "more elements than any tensor has"
-    st = m.stats
-    if st is not None and any(v is not None and not 0 <= v <= MAX_NUMEL for v in (st.nan, st.inf, st.numel)):
-        return "a count outside 0..2^62 in its statistics"
-    return None
-
-
-def _odd_value(obj: Any) -> str | None:
-    """The first integer beyond +-2^63, or string with a lone surrogate (``"\\ud800"``: no
-    UTF-8 output can carry it), anywhere in a parsed record (iterative: no recursion limit)."""
-    stack = [obj]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, dict):
-            stack.extend(x.values())
-            stack.extend(x.keys())
-        elif isinstance(x, list):
-            stack.extend(x)
-        elif isinstance(x, str):
-            if _SURROGATE.search(x):
-                return "a string with a lone surrogate"
-        elif isinstance(x, int) and not isinstance(x, bool) and not -MAX_INT <= x <= MAX_INT:
-            return f"an integer of {len(str(abs(x)))} digits"
-    return None
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
-# What a line needs to hold either: a \u escape (valid UTF-8 carries no surrogate), 19 digits.
-_MAYBE_ODD = re.compile(rb"\\[uU]|[0-9]{19}")
 
 
 def _first_error(kind: str, exc: ValidationError) -> str:
@@ -910,3 +570,27 @@ def _empty_detail(path: str) -> str:
         shown = ", ".join(below[:6]) + (f" (+{len(below) - 6} more)" if len(below) > 6 else "")
         detail += f"; its subfolders do: {shown} (view one of them)"
     return detail
+
+
+# What the viewers, the notebook and the tests import from here: the loaded data and the bounds.
+__all__ = [
+    "LIMITS",
+    "MAX_INT",
+    "MAX_LINE_BYTES",
+    "MAX_POSITIONS",
+    "PROGRESS_STEP",
+    "AcceptanceLog",
+    "FileReader",
+    "FoldedFindings",
+    "LoadBudget",
+    "LoadProblem",
+    "TraceFile",
+    "TraceFollower",
+    "TraceSet",
+    "implausible",
+    "load_traces",
+    "merge_rows",
+    "shown_path",
+    "time_ok",
+    "trace_paths",
+]
