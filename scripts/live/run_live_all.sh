@@ -20,7 +20,13 @@
 #             (spectrace's series, its accept length against sglang:spec_accept_length); the metrics'
 #             cost inside one server (steady load, windows on / metrics-off through SPECTRACE_CONTROL)
 #             on metrics and norep in turns A B B A (METRICS_WINDOWS each), which also compares replay
-#             on and off between the two servers; logs/metrics-report.json, also in $OUT
+#             on and off between the two servers; logs/metrics-report.json, also in $OUT.
+#             METRICS_TURNS (default "metrics norep norep metrics"; "none": no cost turns),
+#             METRICS_WINDOWS (8), COST_WINDOW_S (3), METRICS_CLIENTS (32). SGLang 0.5.17's prefill
+#             CUDA graph (backend "breakable", on by default) hides the draft's fc / layer / norm from
+#             the replay hooks: for a replay file with module outputs, add --disable-prefill-cuda-graph
+#             to SGL_EXTRA (decode graphs stay on). On a tree others edit, run a committed snapshot:
+#             git archive HEAD | tar -x -C .carry/tree, carry it, run .carry/tree/scripts/live/...
 #   tensors   per-module records live: the trained pair (ids [0,1,3]) with CUDA graphs (every replay read
 #             back), the same with --disable-cuda-graph, and --speculative-algorithm EAGLE (the fc bypass);
 #             their per-stage statistics compared; then the cost inside one server (SPECTRACE_CONTROL
