@@ -44,7 +44,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .. import __version__
+from ..version import __version__
 from ..safe_files import read_regular
 from ..settings import Settings, warn
 
