@@ -1,9 +1,8 @@
-"""``spectrace demo`` and ``spectrace fingerprint``: the reference pipeline, from the command line.
+"""``spectrace demo``: the EAGLE-3 reference pipeline healthy and under every bug switch, traced.
 
-``demo`` runs every scenario of ``spectrace/demo.py`` (healthy and each bug switch), one
-progress line per scenario on stderr, then the report on stdout; exit 1 when the healthy
-scenario produced an error finding (a false positive of ours). ``fingerprint`` writes the
-healthy pipeline's fused-input fingerprint.
+Runs every scenario of ``spectrace/demo.py``, one progress line per scenario on stderr,
+then the report on stdout; exit 1 when the healthy scenario produced an error finding (a
+false positive of ours).
 """
 
 from __future__ import annotations
@@ -90,34 +89,4 @@ def _demo(argv: list[str]) -> int:
     if healthy and healthy[0].errors:
         sys.stderr.write("spectrace demo: the healthy scenario produced an error finding (a false positive)\n")
         return FOUND
-    return OK
-
-
-def fingerprint_parser() -> argparse.ArgumentParser:
-    p = parser(
-        "spectrace fingerprint",
-        "Record per-chunk statistics of the fused draft input cat(hs[b0], hs[b1], hs[b2]) "
-        "from the healthy reference pipeline. In your own data generation, use "
-        "spectrace.eagle3.fingerprint.FingerprintCollector on the fused states and save_fingerprint().",
-        "example: spectrace fingerprint --out reference.json, then SPECTRACE_FINGERPRINT=reference.json "
-        "compares a traced run's fused input with it",
-        raw=False,
-    )
-    p.add_argument("--out", required=True, help="where to write the fingerprint JSON")
-    return p
-
-
-def fingerprint_main(argv: list[str]) -> int:
-    """Entry point of ``spectrace fingerprint``: record the reference pipeline's fused-input fingerprint."""
-    return run("spectrace fingerprint", _fingerprint, argv)
-
-
-def _fingerprint(argv: list[str]) -> int:
-    args = fingerprint_parser().parse_args(argv)
-    from ..demo import reference_fingerprint
-    from ..eagle3.fingerprint import save_fingerprint
-
-    fp = reference_fingerprint()
-    save_fingerprint(fp, args.out)
-    print(f"wrote {args.out}: {len(fp.chunks)} chunks of {fp.chunk_width}, boundaries {fp.boundaries}")
     return OK
