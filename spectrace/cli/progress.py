@@ -29,10 +29,10 @@ def on_terminal() -> bool:
 
 
 def _progress(*columns: Any) -> Any:
+    """A transient display on stderr. Its descriptions name files: every caller passes them
+    through ``printable`` and shows them with ``markup=False``."""
     from rich.console import Console
     from rich.progress import Progress
-
-    # Descriptions name files: written without markup, control characters escaped.
 
     return Progress(*columns, console=Console(stderr=True), transient=True)
 
