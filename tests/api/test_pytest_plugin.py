@@ -453,6 +453,7 @@ def test_spectrace_dir_keeps_each_tests_trace(inner):
     assert sum(r["type"] == "header" for r in again) == 1
 
 
+@pytest.mark.slow
 def test_xdist_workers_write_separate_files(inner):
     pytest.importorskip("xdist")
     inner.makepyfile(test_dirs=DIR_TESTS)
@@ -471,6 +472,7 @@ def test_xdist_workers_write_separate_files(inner):
 # ----------------------------------------------------------------------------- loading
 
 
+@pytest.mark.slow
 def test_plugin_loads_once_with_the_entry_point_installed_too(inner, tmp_path, monkeypatch):
     """``-p spectrace.pytest_plugin`` and ``pytest_plugins`` must not clash with the pytest11 entry point."""
     dist = tmp_path / "site" / "spectrace_ep_probe-0.0.dist-info"

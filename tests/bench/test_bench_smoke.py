@@ -31,6 +31,7 @@ def run_bench(script: str, *args: str, timeout: int = 600) -> subprocess.Complet
     return proc
 
 
+@pytest.mark.slow
 def test_overhead_bench_quick_runs_every_section(tmp_path):
     run_bench("overhead.py", "--device", "cpu", "--quick", "--sample", "2", "--soak-calls", "1000", "--out", str(tmp_path))
     res = json.loads((tmp_path / "overhead-cpu.json").read_text())
@@ -62,6 +63,7 @@ def test_serving_hooks_bench_wraps_every_per_step_point_and_accounts_each_call()
     assert "spectrace adds" in proc.stdout
 
 
+@pytest.mark.slow
 def test_two_versions_side_by_side_trace_the_same_model(tmp_path):
     """bench/ab_versions.py: the committed code beside the working tree, in one process."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECTRACE")}
@@ -97,6 +99,7 @@ def test_two_versions_side_by_side_trace_the_same_model(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("valgrind") is None or shutil.which("callgrind_control") is None, reason="needs valgrind")
+@pytest.mark.slow
 def test_instruction_counts_see_statistics_cost_more_than_shapes(tmp_path):
     """bench/instructions.py: each mode counted under callgrind, only the measured forwards."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECTRACE")}
@@ -111,6 +114,7 @@ def test_instruction_counts_see_statistics_cost_more_than_shapes(tmp_path):
     assert 0 < per_call["off"] < per_call["basic"] < res["bare_instructions_per_forward"]
 
 
+@pytest.mark.slow
 def test_step_split_times_each_part_of_a_traced_step(tmp_path):
     """bench/step_split.py: every part it names exists, and the statistics mode's parts show."""
     out = tmp_path / "split.json"
@@ -130,6 +134,7 @@ def test_step_split_times_each_part_of_a_traced_step(tmp_path):
     assert stats["parts_ms_per_step"]["finish_step"] > 0 and stats["parts_ms_per_step"]["_read_pending"] > 0
 
 
+@pytest.mark.slow
 def test_build_where_times_each_place_records_are_built(tmp_path):
     """bench/build_where.py on the meta device (device steps, all host work): every variant timed."""
     out = tmp_path / "where.json"
@@ -139,6 +144,7 @@ def test_build_where_times_each_place_records_are_built(tmp_path):
     assert table["bare"]["ratio"] == 1.0 and all(row["ms"] > 0 for row in table.values())
 
 
+@pytest.mark.slow
 def test_knob_ab_times_each_value_beside_bare_and_restores_the_setting(tmp_path):
     """bench/knob_ab.py on the tiny CPU pair: every value a variant, bare twice, ratios to bare."""
     out = tmp_path / "knob.json"
@@ -193,6 +199,7 @@ def test_current_table_builds_one_file_from_the_benches_outputs_and_puts_its_tab
     assert proc.returncode != 0 and "no current-table markers" in proc.stderr and unmarked.read_text() == "no markers here\n"
 
 
+@pytest.mark.slow
 def test_floor_bench_times_each_floor_beside_spectrace(tmp_path):
     """bench/floor.py on the tiny CPU Llama: every variant a figure, spectrace's with its accounting."""
     out = tmp_path / "floor.json"

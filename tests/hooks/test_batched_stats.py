@@ -340,6 +340,7 @@ def test_reduce_rows_of_held_slots_matches_entry_order_without_a_kernel():
 
 @pytest.mark.skipif(INTERP or CUDA, reason="this is the parent run on a CPU machine")
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+@pytest.mark.slow
 def test_kernel_tests_under_triton_interpreter():
     """The kernel tests above again, in a child pytest that sets TRITON_INTERPRET=1 before importing Triton."""
     env = {

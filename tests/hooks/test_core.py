@@ -328,6 +328,7 @@ CHILD_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_spectrace_1_traces_spawn_children_with_no_code_change(tmp_path):
     script = tmp_path / "server.py"
     script.write_text(CHILD_SCRIPT)
@@ -378,6 +379,7 @@ KILL_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_sigkill_leaves_a_loadable_file(tmp_path):
     script = tmp_path / "victim.py"
     script.write_text(KILL_SCRIPT.format(root=str(paths.ROOT), dir=str(tmp_path / "t")))
@@ -399,6 +401,7 @@ def test_sigkill_leaves_a_loadable_file(tmp_path):
         RECORD_ADAPTER.validate_json(line)
 
 
+@pytest.mark.slow
 def test_sigterm_flushes_before_dying(tmp_path):
     script = tmp_path / "server.py"
     script.write_text(

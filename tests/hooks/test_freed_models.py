@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -37,6 +38,7 @@ class Small(nn.Module):
         return self.norm(self.fc(x))
 
 
+@pytest.mark.slow
 def test_every_model_built_after_a_freed_one_has_its_records():
     rec = Recorder(Settings.from_env({"SPECTRACE_QUIET": "1"}), directory=None)
     tracer = Tracer(rec)

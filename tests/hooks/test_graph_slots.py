@@ -345,6 +345,7 @@ def test_kernel_is_off_without_the_interpreter_or_when_disabled(monkeypatch):
 
 @pytest.mark.skipif(INTERP, reason="this is the parent run")
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+@pytest.mark.slow
 def test_scenarios_under_triton_interpreter():
     """The tests above again, in a child pytest that sets TRITON_INTERPRET=1 before importing Triton."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}

@@ -13,6 +13,8 @@ import textwrap
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import paths
 
 ROOT = paths.ROOT
@@ -52,6 +54,7 @@ def _steps(tmp_path: Path, mode: str) -> dict[int, list[dict]]:
     return dict(by_step)
 
 
+@pytest.mark.slow
 def test_generate_of_five_tokens_is_five_steps(tmp_path: Path) -> None:
     steps = _steps(tmp_path, "generate")
     assert sorted(steps) == [0, 1, 2, 3, 4], sorted(steps)

@@ -84,6 +84,7 @@ def _records(path: str) -> list:
     return [RECORD_ADAPTER.validate_json(line) for line in lines[:-1]]  # the tail may be torn
 
 
+@pytest.mark.slow
 def test_spectrace_1_long_lived_process_writes_while_it_runs(tmp_path):
     """A server-like process under SPECTRACE=1: the file grows while it runs, each forward is
     one step, and a SIGKILL leaves everything up to the last flush interval."""
@@ -156,6 +157,7 @@ def test_deep_copy_of_a_model_that_has_its_own_forward(llama):
     assert torch.count_nonzero(out) == 0
 
 
+@pytest.mark.slow
 def test_pickle_and_torch_save_of_a_traced_model(llama, tmp_path):
     ids = _ids()
     with torch.no_grad():
@@ -201,6 +203,7 @@ SPECTRACE_1_COPY = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_spectrace_1_copy_and_save(tmp_path):
     script = tmp_path / "copy.py"
     script.write_text(SPECTRACE_1_COPY.format(root=ROOT))
@@ -228,6 +231,7 @@ COMPILED = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_torch_compile_of_a_traced_model(tmp_path):
     script = tmp_path / "compiled.py"
     script.write_text(COMPILED.format())

@@ -136,6 +136,7 @@ SGLANG_KILLED = textwrap.dedent(
 
 
 @pytest.mark.sglang
+@pytest.mark.slow
 def test_sglang_target_killed_after_capture_keeps_its_capture_record(tmp_path):
     pytest.importorskip("sglang", reason="needs scripts/install-sglang-cpu.sh")
     script = tmp_path / "serve.py"
@@ -150,6 +151,7 @@ def test_sglang_target_killed_after_capture_keeps_its_capture_record(tmp_path):
     assert capture.requested_ids == [0, 1, 2] and capture.boundaries == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_a_trace_its_code_never_closed_is_closed_at_exit(tmp_path):
     code = (
         "import torch, spectrace; from spectrace.eagle3.target import tiny_llama; "

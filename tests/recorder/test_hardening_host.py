@@ -342,6 +342,7 @@ def test_spectrace_settings_shows_the_fallback_not_the_bad_value() -> None:
     assert len(done.stderr.strip().splitlines()) == 1 and "SPECTRACE_RECORD_CAP" in done.stderr
 
 
+@pytest.mark.slow
 def test_a_traced_process_with_an_absurd_cap_runs_and_traces(tmp_path: Path) -> None:
     """SPECTRACE=1 with the cap of the report: the host runs, the trace is written, one warning."""
     code = "from spectrace.eagle3.target import tiny_llama; import torch; m = tiny_llama(num_layers=1)\nwith torch.no_grad(): m(torch.tensor([[1, 2]]))"
@@ -506,6 +507,7 @@ def test_token_statistics_are_off_by_default(tmp_path: Path) -> None:
     assert all(s is not None for s in _stats_of(records, "target.lm_head", "outputs"))
 
 
+@pytest.mark.slow
 def test_token_statistics_are_opt_in_and_then_spell_the_token(tmp_path: Path) -> None:
     """With SPECTRACE_TOKEN_STATS=1 the embedding output has statistics again, and the
     decode step's identify its token against the embedding table: why they are off."""
@@ -581,6 +583,7 @@ MP_CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_multiprocessing_fork_child_closes_its_own_trace(tmp_path: Path) -> None:
     """SPECTRACE=1: a multiprocessing child leaves by os._exit (no atexit), and its queued
     calls and closing record still reach its own file."""

@@ -85,6 +85,7 @@ def untraced() -> str:
 
 # ============================================================ 1. one parser for every number
 @pytest.mark.parametrize("bad", list(BAD.values()), ids=list(BAD))
+@pytest.mark.slow
 def test_every_numeric_setting_bad_at_once_leaves_the_host_and_the_trace_whole(bad: str, untraced: str, tmp_path: Path) -> None:
     """SPECTRACE=1 with all eight numeric variables bad in one process: the host's output is
     the untraced one, rc 0, one warning per variable naming it, its value and the fallback,
@@ -213,6 +214,7 @@ def test_fingerprint_naming_a_fifo_a_device_or_a_huge_file_is_one_line(tmp_path:
     assert got["grown_kib"] < 64 * 1024  # nothing was read: no 1 MiB bound's worth, let alone /dev/zero's
 
 
+@pytest.mark.slow
 def test_fingerprint_out_onto_a_planted_symlink_leaves_its_target_alone(tmp_path: Path) -> None:
     """``spectrace fingerprint --out NAME`` where NAME is a symlink to another file: the
     link is replaced by a new 0600 file, the target keeps its bytes and mode."""

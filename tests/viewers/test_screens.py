@@ -146,6 +146,7 @@ def test_screen(case: str, width: int, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("width", [80, 120])
+@pytest.mark.slow
 def test_demo_screen(width: int, tmp_path: Path) -> None:
     with Pane("demo", width) as pane:
         text = pane.run(
@@ -223,6 +224,7 @@ def _steady(text: str) -> str:
     return re.sub(r"(?<=1 process  )\S+:\d+ *", same_width("host:4242"), text)
 
 
+@pytest.mark.slow
 def test_walkthrough_shows_each_seed_bug_on_one_80x40_screen(tmp_path: Path) -> None:
     screens = []
     with Pane("walk", 80) as pane:

@@ -131,6 +131,7 @@ def test_plain_llama_without_roles_is_no_bypass(plain_trace, tmp_path):
     _assert_plain_screen(_view(legacy, 80))
 
 
+@pytest.mark.slow
 def test_nonfinite_values_are_flagged_on_their_module(tmp_path):
     traced = _traced(tmp_path, "nan")
     text = _view(traced, 120)

@@ -76,6 +76,7 @@ def _compare(traces: Path, target: Path, tmp_path: Path) -> subprocess.Completed
     )
 
 
+@pytest.mark.slow
 def test_sglang_values_match_the_trained_boundaries(tmp_path):
     traces, target = _serve(tmp_path, "healthy")
     (values,) = traces.glob("*.values.safetensors")
@@ -92,6 +93,7 @@ def test_sglang_values_match_the_trained_boundaries(tmp_path):
         assert float(line.split(" at ")[1].split()[0].rstrip(",")) > 0.99
 
 
+@pytest.mark.slow
 def test_sglang_embedding_served_for_a_layer_is_found(tmp_path):
     traces, target = _serve(tmp_path, "embed")
     done = _compare(traces, target, tmp_path)

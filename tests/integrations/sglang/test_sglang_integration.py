@@ -826,6 +826,7 @@ def _fake_dist(tmp_path: Path) -> str:
 
 
 @pytest.mark.parametrize("on", [True, False], ids=["SPECTRACE=1", "off"])
+@pytest.mark.slow
 def test_sglang_load_plugins_in_spawn_child(tmp_path, on):
     """SGLang's own plugin loader in a spawned process, through a declared entry point
     (a throw-away dist-info on sys.path: runs whether or not spectrace is pip-installed)."""
@@ -844,6 +845,7 @@ def test_sglang_load_plugins_in_spawn_child(tmp_path, on):
         assert result["routes"] == [] and result["load_weights_wrappers"] == 0
 
 
+@pytest.mark.slow
 def test_spectrace_env_import_hook_route_writes_rank_trace(tmp_path):
     """No plugin (SGLANG_PLUGINS names another): the .pth route alone, end to end."""
     from spectrace.viewers.loader import load_traces
@@ -861,6 +863,7 @@ def test_spectrace_env_import_hook_route_writes_rank_trace(tmp_path):
     assert load_traces(str(trace)).files[0].findings  # what `spectrace view` reads
 
 
+@pytest.mark.slow
 def test_installed_entry_point(tmp_path):
     from importlib.metadata import entry_points
 

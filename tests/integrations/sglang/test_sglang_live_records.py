@@ -137,6 +137,7 @@ def test_norm_output_is_not_its_input(healthy):
     assert norm["inputs"][0]["stats"]["std"] < 0.2
 
 
+@pytest.mark.slow
 def test_fc_bypass_is_visible_in_the_records_and_the_view(tmp_path):
     records = _run(tmp_path, "bypass")
     calls = _calls(records)
@@ -154,6 +155,7 @@ def test_fc_bypass_is_visible_in_the_records_and_the_view(tmp_path):
     assert "fc_bypass" in view.stdout and "BYPASSED" in view.stdout, view.stdout[-2000:]
 
 
+@pytest.mark.slow
 def test_feature_skew_live_against_a_training_fingerprint(tmp_path, healthy):
     """A fingerprint whose chunks are 100x smaller than the served ones: feature_skew, live."""
     aux = _calls(healthy)["target.aux_concat"][0]
@@ -170,6 +172,7 @@ def test_feature_skew_live_against_a_training_fingerprint(tmp_path, healthy):
     assert "feature_skew" in codes
 
 
+@pytest.mark.slow
 def test_deepseek_target_layers_are_residual_streams_and_equal_the_chunks(tmp_path):
     """DeepSeek-V3 (0.5.23) layers return their contribution and keep the residual in the
     batch's stream: the record is their sum. ids [1, 2, 3] capture boundaries [2, 3, 4]."""
@@ -182,6 +185,7 @@ def test_deepseek_target_layers_are_residual_streams_and_equal_the_chunks(tmp_pa
 
 
 @pytest.mark.parametrize("token_stats", ["", "1"])
+@pytest.mark.slow
 def test_the_embedding_chunk_of_the_aux_concat_has_no_statistics_by_default(tmp_path, token_stats):
     """ids [-1, 1, 2] capture the embedding output as chunk 0: a function of one token id per
     row, so by default it is recorded with its shape and no statistics; the other chunks keep
@@ -199,6 +203,7 @@ def test_the_embedding_chunk_of_the_aux_concat_has_no_statistics_by_default(tmp_
             assert not chunks[0]["stats"]
 
 
+@pytest.mark.slow
 def test_kimis_mla_draft_has_records_for_every_stage(tmp_path):
     """Kimi-K2.5's Eagle3DeepseekV2ForCausalLM (MLA attention, its fc a ColumnParallelLinear
     that returns a tuple) behind a DeepSeek-V3 target: the fc's fused input and output, the

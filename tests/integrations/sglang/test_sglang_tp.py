@@ -90,6 +90,7 @@ def _records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_each_rank_writes_its_own_trace_and_names_its_rank(traces):
     files = sorted(traces.glob("trace-*.jsonl"))
     assert [f.name.rsplit("-", 1)[-1] for f in files] == ["rank0.jsonl", "rank1.jsonl"]
