@@ -74,8 +74,12 @@ class DemoCache:
         with _locked(self.root / f"{label}-{key}.lock"):
             if not (final / "value.pickle").is_file():
                 staging = Path(tempfile.mkdtemp(prefix=f".{label}-", dir=self.root))
-                value = build(staging)
-                (staging / "value.pickle").write_bytes(pickle.dumps(value))
+                try:
+                    value = build(staging)
+                    (staging / "value.pickle").write_bytes(pickle.dumps(value))
+                except BaseException:
+                    shutil.rmtree(staging, ignore_errors=True)  # the next test that asks builds it again
+                    raise
                 os.rename(staging, final)  # whole or absent: a reader never sees half a build
         return final, pickle.loads((final / "value.pickle").read_bytes())
 
