@@ -7,6 +7,7 @@ its consequences beneath it and one fix. The runtime fixes give the values to wr
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
@@ -44,7 +45,15 @@ def demo(tmp_path_factory, demo_cache) -> Path:
 
 
 def _view(demo: Path, name: str, flt: ViewFilter | None = None):
+    if flt is None:
+        return _whole_view(str(demo / name))
     return build_view(load_traces(str(demo / name)), flt)
+
+
+@functools.cache
+def _whole_view(folder: str):
+    # Read-only here, and a trace takes seconds to load: each scenario's view is built once.
+    return build_view(load_traces(folder), None)
 
 
 def _by_code(findings: list[FindingGroup]) -> dict[str, FindingGroup]:
