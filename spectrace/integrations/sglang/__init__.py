@@ -32,8 +32,8 @@ __getattr__ = lazy_attributes(__name__, {"hooked": (".patching", "hooked"), "ins
 
 def note_draft_config(config: Any, source: str = "explicit") -> None:
     """Tell spectrace the draft's config.json (when no server args say where it is)."""
+    from ..core.configs import config_to_dict
     from .correlate import note_draft_config as _note
-    from .server import config_to_dict
 
     _note(config_to_dict(config), source)
 

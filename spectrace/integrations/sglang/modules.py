@@ -28,23 +28,17 @@ captured boundaries are in the aux concat's chunks).
 from __future__ import annotations
 
 import threading
-import weakref
 from typing import Any
 
 from ...hooks import roles as R
 from ...hooks.identity import ByIdentity
 from ...hooks.values import forward_batch_of
 from . import state
+from .adopted import _adopted, _is_draft
 
-DRAFT_CLASSES = ("LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM")
 _lock = threading.Lock()
-_adopted: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()  # model -> prefix
 _processors: ByIdentity[tuple[str, str]] = ByIdentity()  # LogitsProcessor -> (name, side)
 _loop = threading.local()  # the multi-step draft in progress on this thread
-
-
-def _is_draft(model: Any) -> bool:
-    return type(model).__name__ in DRAFT_CLASSES or "Eagle3" in type(model).__name__
 
 
 def _tracer() -> Any:

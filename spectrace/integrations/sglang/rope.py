@@ -14,48 +14,30 @@ import weakref
 from typing import Any
 
 from ...checks.rope import check_live_rope
+from ..core.configs import config_to_dict, rope_keys_of
 from ..core.rotary import live_rotaries
-from . import server, state
-
-# A draft whose load came before any target was built (scripts): checked at the target's birth.
-_pending: list[weakref.ReferenceType[Any]] = []
-
-
-def _keys(config: dict[str, Any] | None, draft: bool) -> Any:
-    """The config's rotary keys as the audit reads them (None when unreadable)."""
-    if not config:
-        return None
-    from ...audit.checkpoint import parse_draft_config, rope_keys
-
-    try:
-        if draft:
-            return parse_draft_config(config).rope
-        inner = config.get("text_config")
-        if isinstance(inner, dict):  # a multimodal target: its language model's config
-            return rope_keys(inner, "text_config.")
-        return rope_keys(config, "")
-    except Exception:
-        return None  # an odd config: the live rotaries still compare
+from . import state
 
 
 def _draft_config(draft: Any) -> dict[str, Any] | None:
     st = state.STATE
     if st.draft_config is not None and st.draft_config_source.endswith("config.json"):
         return st.draft_config  # the raw file keeps keys the parsed config object drops
-    return server.config_to_dict(getattr(draft, "config", None))
+    return config_to_dict(getattr(draft, "config", None))
 
 
 def _targets(draft: Any) -> list[Any]:
-    from .modules import _adopted, _is_draft
-
-    return [m for m in list(_adopted.keys()) if m is not draft and not _is_draft(m)]
+    """The targets built so far (in this state: a reset forgets the earlier ones), oldest first."""
+    refs = state.STATE.rope_targets
+    refs[:] = [r for r in refs if r() is not None and r() is not draft]
+    return [r() for r in refs]
 
 
 def check_pair(draft: Any, target: Any) -> None:
     """rope_mismatch when the draft's rotary rotates like none of the target's (once per pair of values)."""
     drafts, targets = live_rotaries(draft), live_rotaries(target)
-    draft_keys = _keys(_draft_config(draft), True)
-    target_keys = _keys(server.config_to_dict(getattr(target, "config", None)), False)
+    draft_keys = rope_keys_of(_draft_config(draft), True)
+    target_keys = rope_keys_of(config_to_dict(getattr(target, "config", None)), False)
     for found in check_live_rope(drafts, targets, draft_keys=draft_keys, target_keys=target_keys, source="sglang.rope"):
         key = "rope_mismatch:" + found.message
         state.emit_once(key, lambda found=found: found.model_copy(update={"module": found.module or "draft"}))
@@ -65,15 +47,19 @@ def at_draft_load(draft: Any) -> None:
     """The draft's load: compare with the latest target built in this process, else wait for one."""
     targets = _targets(draft)
     if not targets:
-        _pending.append(weakref.ref(draft))
+        # A draft whose load came before any target was built (scripts): checked at the
+        # target's birth. Kept in the state, so a reset forgets it with the rest.
+        state.STATE.rope_pending.append(weakref.ref(draft))
         return
     check_pair(draft, targets[-1])
 
 
 def at_target_built(target: Any) -> None:
-    """A target was built: compare the drafts whose load came first."""
-    waiting = [ref() for ref in _pending]
-    _pending.clear()
+    """A target was built: remember it, and compare the drafts whose load came first."""
+    state.STATE.rope_targets.append(weakref.ref(target))
+    pending = state.STATE.rope_pending
+    waiting = [ref() for ref in pending]
+    pending.clear()
     for draft in waiting:
         if draft is not None:
             try:

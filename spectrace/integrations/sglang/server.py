@@ -58,18 +58,6 @@ def draft_config_from_path(path: str | None) -> dict[str, Any] | None:
         return None
 
 
-def config_to_dict(config: Any) -> dict[str, Any] | None:
-    """A transformers config object as the dict the checks read."""
-    if config is None:
-        return None
-    if isinstance(config, dict):
-        return dict(config)
-    try:
-        return dict(config.to_dict())
-    except Exception:
-        return {k: v for k, v in vars(config).items() if not k.startswith("_")}
-
-
 def sglang_version() -> str | None:
     module = sys.modules.get("sglang")
     version = getattr(module, "__version__", None)

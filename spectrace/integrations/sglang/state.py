@@ -39,6 +39,8 @@ class State(HookState):
     rank_set: bool = False
     captures_emitted: int = 0
     tracer: Any = None  # the tracer of a test's own recorder (a server uses runtime.tracer())
+    rope_pending: list[Any] = field(default_factory=list)  # weakrefs: drafts loaded before any target (scripts)
+    rope_targets: list[Any] = field(default_factory=list)  # weakrefs: the targets built since the last reset
     in_capture: int = 0  # > 0 while a CUDA-graph runner warms up and captures (hook time there is start-up cost)
 
     @property

@@ -18,6 +18,7 @@ from ...checks.vocab_map import check_engine_hot_map
 from ...checks.weights import check_weights
 from ...hooks.weights import observe_load
 from ...records import Finding, Weights
+from ..core.configs import config_to_dict
 from ..core.loads import ChangedParam, DraftLoad, watch_replacements
 from . import correlate, rope, server, state
 from .graphs import capturing
@@ -138,7 +139,7 @@ def _report(model: Any, record: Weights, maps: dict[str, Any] | None = None) -> 
     _watch_replacements(model, record)
     # Server args first: the raw config.json keeps keys SGLang's parsed config may lose.
     correlate.learn_from_server()
-    correlate.note_draft_config(server.config_to_dict(getattr(model, "config", None)), source=f"{type(model).__name__}.config")
+    correlate.note_draft_config(config_to_dict(getattr(model, "config", None)), source=f"{type(model).__name__}.config")
     try:
         rope.at_draft_load(model)  # after the configs: the finding names the key the base came from
     except Exception as exc:
@@ -162,7 +163,7 @@ def after_draft_init(result: Any, *args: Any, **kwargs: Any) -> None:
         model = args[0] if args else None
         config = kwargs.get("config", args[1] if len(args) > 1 else getattr(model, "config", None))
         correlate.learn_from_server()
-        correlate.note_draft_config(server.config_to_dict(config), source=f"{type(model).__name__}.config")
+        correlate.note_draft_config(config_to_dict(config), source=f"{type(model).__name__}.config")
     except Exception as exc:
         state.internal_error("draft __init__ config", exc)
     return None
@@ -237,7 +238,7 @@ def _target_storages(draft: Any) -> dict[int, str]:
     """Storage pointer -> parameter name of the other models SGLang built in this process (the target)."""
     out: dict[int, str] = {}
     try:
-        from .modules import _adopted
+        from .adopted import _adopted
 
         for other in list(_adopted.keys()):
             if other is draft:

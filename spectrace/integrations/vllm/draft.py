@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...checks.vllm import check_vllm_fc_bypass, check_vllm_fc_width
+from ..core.configs import config_to_dict
 from . import capture, state
 
 _paths: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
@@ -51,18 +52,6 @@ def read_config_json(path: str | None) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
-
-
-def config_to_dict(config: Any) -> dict[str, Any]:
-    if config is None:
-        return {}
-    if isinstance(config, Mapping):
-        return dict(config)
-    to_dict = getattr(config, "to_dict", None)
-    try:
-        return dict(to_dict()) if callable(to_dict) else dict(vars(config))
-    except Exception:
-        return {}
 
 
 def note_draft_config(config: Mapping[str, Any] | None, source: str) -> None:

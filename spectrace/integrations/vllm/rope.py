@@ -13,41 +13,23 @@ import weakref
 from typing import Any
 
 from ...checks.rope import check_live_rope
+from ..core.configs import config_to_dict, rope_keys_of
 from ..core.rotary import live_rotaries
 from . import state
-from .draft import config_to_dict
-
-_drafts: list[weakref.ReferenceType[Any]] = []
-_targets: list[weakref.ReferenceType[Any]] = []
-_checked: set[tuple[int, int]] = set()
-
-
-def _keys(config: dict[str, Any] | None, draft: bool) -> Any:
-    if not config:
-        return None
-    from ...audit.checkpoint import parse_draft_config, rope_keys
-
-    try:
-        if draft:
-            return parse_draft_config(config).rope
-        inner = config.get("text_config")
-        return rope_keys(inner, "text_config.") if isinstance(inner, dict) else rope_keys(config, "")
-    except Exception:
-        return None  # an odd config: the live rotaries still compare
 
 
 def _compare(draft: Any, target: Any) -> None:
     pair = (id(draft), id(target))
-    if pair in _checked:
-        return
-    _checked.add(pair)
     st = state.STATE
+    if pair in st.rope_checked:
+        return
+    st.rope_checked.add(pair)
     draft_config = st.draft_config if st.draft_config else config_to_dict(getattr(draft, "config", None))
     for found in check_live_rope(
         live_rotaries(draft),
         live_rotaries(target),
-        draft_keys=_keys(draft_config, True),
-        target_keys=_keys(config_to_dict(getattr(target, "config", None)), False),
+        draft_keys=rope_keys_of(draft_config, True),
+        target_keys=rope_keys_of(config_to_dict(getattr(target, "config", None)), False),
         label="vLLM",
         source="vllm.rope",
     ):
@@ -61,17 +43,19 @@ def _alive(refs: list[weakref.ReferenceType[Any]]) -> list[Any]:
 
 def at_draft_load(draft: Any) -> None:
     """The draft's load: compare with the targets known, and with any known later."""
-    _drafts.append(weakref.ref(draft))
-    for target in _alive(_targets):
+    st = state.STATE
+    st.rope_drafts.append(weakref.ref(draft))
+    for target in _alive(st.rope_targets):
         _compare(draft, target)
 
 
 def at_target_capture(target: Any) -> None:
     """The target's capture was set up: compare with the drafts loaded so far."""
-    if any(r() is target for r in _targets):
+    st = state.STATE
+    if any(r() is target for r in st.rope_targets):
         return
-    _targets.append(weakref.ref(target))
-    for draft in _alive(_drafts):
+    st.rope_targets.append(weakref.ref(target))
+    for draft in _alive(st.rope_drafts):
         try:
             _compare(draft, target)
         except Exception as exc:

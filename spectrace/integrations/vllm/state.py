@@ -40,6 +40,10 @@ class State(HookState):
     accept_sum: float = 0.0  # the per-step mean accept lengths so far, summed (the run's mean for a finding)
     accept_steps: int = 0
     accept_drain_for: Any = None
+    # The draft's rotary against the target's: the models seen (weakly) and the pairs compared.
+    rope_drafts: list[Any] = field(default_factory=list)
+    rope_targets: list[Any] = field(default_factory=list)
+    rope_checked: set[tuple[int, int]] = field(default_factory=set)
 
 
 STATE = State()

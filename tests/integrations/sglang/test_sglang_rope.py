@@ -136,9 +136,11 @@ def test_draft_loaded_before_the_target_was_built(rec, monkeypatch) -> None:
     # earlier tests' models are forgotten, as in a fresh process.
     import weakref
 
-    from spectrace.integrations.sglang import modules
+    from spectrace.integrations.sglang import adopted, modules
 
-    monkeypatch.setattr(modules, "_adopted", weakref.WeakKeyDictionary())
+    fresh: weakref.WeakKeyDictionary[object, str] = weakref.WeakKeyDictionary()
+    monkeypatch.setattr(adopted, "_adopted", fresh)
+    monkeypatch.setattr(modules, "_adopted", fresh)
     _draft(rope_theta=500000.0)
     assert _rope(rec) == []
     _target()
