@@ -9,10 +9,11 @@ of the logits over the served ``lm_head`` and the target ids the served map give
 Only rows from position 0 are kept because the reference recomputes attention over them:
 later draft steps attend over a KV cache that is not kept.
 
-Which forwards: eager ones. Under CUDA-graph replay no Python hook runs, so on a live
-SGLang server the draft extend that follows each prefill (eager) yields them; the graph
-captured decode steps do not. A forward inside a graph capture or ``torch.compile`` is
-skipped.
+Which forwards: eager ones. Under CUDA-graph replay no Python hook runs, so graph-replayed
+decode steps yield nothing, and a forward whose fc, layer and norm ran in a graph (SGLang
+0.5.17 graphs prefills by default) kept only its inputs: it is counted, said once, and
+not kept. Serve with ``--disable-prefill-cuda-graph`` and the draft extend that follows
+each prefill runs eagerly. A forward inside a graph capture or ``torch.compile`` is skipped.
 
 Cost: one attribute test per draft module call until the forwards are taken. At a kept
 forward, clones of a few rows on the device and one small matmul for the top-k (queued,
@@ -96,6 +97,7 @@ class ReplayCapture:
         self._lock = threading.Lock()
         self._full = False
         self._written = False
+        self.inputs_only = 0  # forwards whose fc, layer and norm ran in a CUDA graph: not kept
         self._handles: list[Any] = []
         hook = self._handles.append
         hook(self.inner.register_forward_pre_hook(self._begin, with_kwargs=True))
@@ -217,6 +219,20 @@ class ReplayCapture:
         cur, self._cur = self._cur, None
         if cur is None or self._full:
             return
+        if "layer_out" not in cur["tensors"] and "norm_out" not in cur["tensors"]:
+            # The draft's body ran inside a CUDA graph (SGLang 0.5.17 graphs prefills by
+            # default): only its inputs were seen, nothing to localise a divergence with.
+            # Not kept, so it does not take the place of a forward that would be complete.
+            self.inputs_only += 1
+            if self.inputs_only == 1 and self.recorder is not None:
+                self._guard(
+                    self.recorder.coverage,
+                    "not_covered",
+                    "SPECTRACE_REPLAY: a draft forward's fc, decoder layer and norm ran inside a CUDA graph "
+                    "(no Python hook runs there): only eager forwards are kept; on SGLang serve with "
+                    "--disable-prefill-cuda-graph so the draft extend after each prefill runs eagerly",
+                )
+            return
         size = sum(t.numel() * t.element_size() for t in cur["tensors"].values())
         with self._lock:
             if self._full or self.bytes + size > MAX_BYTES:
@@ -267,7 +283,8 @@ class ReplayCapture:
             forwards.append(ReplayData(meta, tensors))
         if not forwards:
             return None
-        ref = forwards[0].tensors.get("layer_in", forwards[0].tensors.get("norm_out"))
+        # The served dtype: of the first floating tensor kept (the fused input at least).
+        ref = next((t for f in forwards for t in f.tensors.values() if t.is_floating_point()), None)
         meta_all = ReplayMeta(
             trace=trace_name,
             engine=f"{type(self.draft).__module__}.{type(self.draft).__name__}",

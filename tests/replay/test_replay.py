@@ -214,3 +214,39 @@ def test_the_view_shows_a_replay_that_diverged_as_a_finding(tmp_path: Path, caps
     )
     codes = {(g["code"], g["severity"]) for g in json.loads(out.stdout)["findings"]}
     assert ("replay_divergence", "error") in codes, codes
+
+
+def test_a_forward_whose_body_ran_in_a_graph_is_said_and_not_kept(tmp_path: Path) -> None:
+    # SGLang 0.5.17 graphs prefills by default: the draft's entry runs in Python, its fc,
+    # decoder layer and norm inside the graph, where no Python hook runs. Here the body's
+    # hooks are taken off those modules, as a graph replay passes them by.
+    from spectrace.records import Coverage
+    from spectrace.recorder import Recorder
+    from spectrace.settings import Settings
+
+    draft = load_draft()
+    rec = Recorder(Settings(flush_seconds=3600, quiet=True), directory=str(tmp_path / "t"))
+    capture = keep_replay(draft, rows=6, max_forwards=1, recorder=rec)
+    g = torch.Generator().manual_seed(0)
+    ids, fused = torch.randint(0, 128, (10,), generator=g), torch.randn(10, 192, generator=g)
+    body = (capture.fc, capture.layer, capture.norm)
+    saved = [(dict(m._forward_hooks), dict(m._forward_pre_hooks)) for m in body]
+    for m in body:
+        m._forward_hooks.clear()
+        m._forward_pre_hooks.clear()
+    with torch.no_grad():
+        draft(ids, fused, torch.arange(10))
+        draft(ids, fused, torch.arange(10))
+    assert (capture.inputs_only, capture.kept) == (2, [])  # counted, not kept: the one slot stays free
+    said = [r for r in rec.records() if isinstance(r, Coverage) and "SPECTRACE_REPLAY" in r.detail]
+    assert len(said) == 1 and "--disable-prefill-cuda-graph" in said[0].detail
+    for m, (hooks, pre) in zip(body, saved, strict=True):  # the body's hooks back: an eager forward
+        m._forward_hooks.update(hooks)
+        m._forward_pre_hooks.update(pre)
+    with torch.no_grad():
+        draft(ids, fused, torch.arange(10))
+    assert len(capture.kept) == 1
+    rec.close()  # the recorder's drain writes the replay file beside its trace
+    (path,) = (tmp_path / "t").glob("*.replay.safetensors")
+    meta, forwards = read_replay(str(path))
+    assert meta.dtype == "float32" and "layer_out" in forwards[0].tensors
