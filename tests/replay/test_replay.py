@@ -220,8 +220,8 @@ def test_a_forward_whose_body_ran_in_a_graph_is_said_and_not_kept(tmp_path: Path
     # SGLang 0.5.17 graphs prefills by default: the draft's entry runs in Python, its fc,
     # decoder layer and norm inside the graph, where no Python hook runs. Here the body's
     # hooks are taken off those modules, as a graph replay passes them by.
-    from spectrace.records import Coverage
     from spectrace.recorder import Recorder
+    from spectrace.records import Coverage
     from spectrace.settings import Settings
 
     draft = load_draft()
