@@ -13,7 +13,7 @@ installed there, the repository is on ``PYTHONPATH``). One job per sub-command:
     $ python3 livekit.py summarize WORK OUT
 
 The pure parts (log parsing, the dist-info text, the sitecustomize source, the bench
-statistics, the markdown) are plain functions, tested on CPU by tests/test_live_scripts.py.
+statistics, the markdown) are plain functions, tested on CPU by tests/live/test_live_scripts.py.
 """
 
 from __future__ import annotations

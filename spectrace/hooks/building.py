@@ -48,7 +48,7 @@ class RecordBuilding(TracerBase):
                 while len(self._values) > 64:
                     self._values.popitem(last=False)
         # JSON straight from the notes: the schema's field names, checked against the
-        # pydantic model in tests/test_roles.py. Call objects are built only when a sink
+        # pydantic model in tests/hooks/test_roles.py. Call objects are built only when a sink
         # needs them (the OpenTelemetry sink).
         objects = self.recorder.needs_call_objects
         calls: list[Call] = []

@@ -7,7 +7,7 @@ schema, observers and object sinks) and :func:`dumps` writes fields as JSON.
 most of a call's text is the same from step to step (the module's names, the descriptions
 of tensors without statistics), so it is cached in pieces that pydantic-core wrote, and
 joined in the field order of :func:`call_fields`. The text is the one
-``dumps(call_fields(...))`` gives (tests/test_call_text.py compares the two), at a third of
+``dumps(call_fields(...))`` gives (tests/hooks/test_call_text.py compares the two), at a third of
 its cost.
 
     >>> texts = call_texts(step_calls, values)      # values: {generation: [row, ...]}
