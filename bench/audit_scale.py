@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "tests" / "fixtures" / "specforge_tiny" / "config.json"
 CHILD = """
 import contextlib, io, json, sys, time
-from spectrace.audit.command import main
+from spectrace.cli.audit import main
 out = io.StringIO()
 start = time.perf_counter()
 with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):

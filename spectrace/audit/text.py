@@ -4,30 +4,19 @@ as ``spectrace view`` draws its findings, wrapped at spaces to the terminal's wi
 An identifier (``eagle_config.use_aux_hidden_state=true``) is never cut: a word longer
 than the line stands whole on a line of its own, so a fix can be copied as printed.
 
-    >>> stack("fix", "set eagle_config.use_aux_hidden_state=true now", 30)
-    ['  fix       set', '            eagle_config.use_aux_hidden_state=true', '            now']
+The block itself is the findings presenter's (:func:`spectrace.present.findings.stacked_lines`);
+this module adds what only the audit knows: which engine releases a finding holds for.
 """
 
 from __future__ import annotations
 
-import textwrap
 from typing import Any
 
+from ..present.findings import stacked_lines
 from ..records import Finding
-from ..rules.catalogue import CATALOGUE
 
-LABEL_W = 8  # seen / cause / fix / applies
-INDENT = 2 + LABEL_W + 2  # where a row's value starts
 # Codes whose truth depends on the target's capture rule, which holds for some releases only.
 CAPTURE_CODES = frozenset({"aux_layers_mismatch", "short_capture", "capture_unsupported", "fc_bypass"})
-
-
-def stack(label: str, value: str, width: int) -> list[str]:
-    """``label`` then ``value`` wrapped at spaces to ``width`` (long words kept whole)."""
-    room = max(width - INDENT, 20)
-    lines = textwrap.wrap(value, room, break_long_words=False, break_on_hyphens=False) or [""]
-    pad = " " * INDENT
-    return [f"  {label:<{LABEL_W}}  {lines[0]}", *(pad + line for line in lines[1:])]
 
 
 def engine_label(engine: dict[str, Any]) -> str:
@@ -51,16 +40,8 @@ def applies_to(f: Finding, info: dict[str, Any]) -> str:
 
 
 def finding_lines(f: Finding, info: dict[str, Any], width: int) -> list[str]:
-    """One finding as stacked lines: a head, then seen, cause, fix and applies-to."""
-    head = f"{f.severity.upper()}  {f.code}" + (f"  ({f.module})" if f.module else "")
-    out = textwrap.wrap(head, width, break_long_words=False, break_on_hyphens=False)
-    out += stack("seen", f.message, width)
-    entry = CATALOGUE.get(f.code)
-    if entry is not None:
-        out += stack("cause", entry.meaning, width)
-    out += stack("fix", f.fix, width)
-    out += stack("applies", applies_to(f, info), width)
-    return out
+    """One finding as stacked lines: the presenter's seen / cause / fix, then applies-to."""
+    return stacked_lines(f, width, extra=[("applies", applies_to(f, info))])
 
 
 def notes(info: dict[str, Any]) -> list[str]:

@@ -5,5 +5,6 @@ checkpoint and name the first module whose output differs (see docs/replay.md).
 - :mod:`.weights`: the checkpoint's tensors, read as ``spectrace audit`` reads them;
 - :mod:`.reference`: spectrace's own EAGLE-3 reference draft, module by module;
 - :mod:`.compare`: the served boundaries against the reference's, with dtype tolerances;
-- :mod:`.command`: the command line.
+- :mod:`.run`: a replay from a trace folder to its result (the command line is
+  :mod:`spectrace.cli.replay`).
 """
