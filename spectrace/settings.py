@@ -207,7 +207,7 @@ def _budget(env: Mapping[str, str], name: str) -> float:
 
 
 # The largest rank a trace may name: the viewer refuses any integer in a record beyond
-# +-2^63 (viewers/loader.py MAX_INT), so a larger one would make the whole header unreadable.
+# +-2^63 (viewers/limits.py MAX_INT), so a larger one would make the whole header unreadable.
 MAX_RANK = 2**63
 RANK_VARIABLES = ("SPECTRACE_RANK", "RANK")
 

@@ -38,6 +38,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from spectrace.records import Call, Coverage, Finding, TensorMeta
+from spectrace.rules.acceptance import mean_from_sums
 
 from .calls import SelectedCall
 from .loader import TraceFile, TraceSet, shown_path, time_ok
@@ -373,7 +374,7 @@ class _Builder:
             if end is None:
                 self.not_drawn.acceptance_steps_without_time += 1
                 continue
-            mean = round(row[1] / row[2], 4)
+            mean = round(mean_from_sums(row[1], row[2]) or 0.0, 4)
             self.events.append(TraceEvent(name="accept length", ph="C", ts=self._us(end), pid=p.pid, tid=0, args={"mean": mean}))
             self.counts.acceptance_points += 1
         if log.beyond is not None:

@@ -26,9 +26,9 @@ from collections.abc import Iterable
 from spectrace.rules.catalogue import CATALOGUE
 
 from .acceptance import build_acceptance
-from .accumulate import FileState, PathAcc, stage_input
+from .accumulate import FileState, stage_input
 from .datapath import NOT_IN_FILTER, build_datapath
-from .grouping import by_root_cause, group_findings
+from .grouping import group_findings
 from .header import closure_state, header_summary, not_closed_line
 from .module_table import ModuleAcc, anomalies, flag_nonfinite_modules, module_table, summarize
 from .parts import (
@@ -174,8 +174,6 @@ def _filter_problem(ts: TraceSet, files: list[TraceFile], view: TraceView, flt: 
 
 
 # The names the tests reach through this module (a monkeypatched class, the ordering alone).
-_PathAcc = PathAcc
-_by_root_cause = by_root_cause
 
 __all__ = [
     "DEFAULT_WINDOW",

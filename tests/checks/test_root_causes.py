@@ -146,9 +146,9 @@ def test_a_collapse_with_two_causes_names_both():
     groups = [
         FindingGroup(code=f.code, severity=f.severity, count=1, message=f.message, cause="", fix=f.fix, evidence=f.evidence) for f in found
     ]
-    from spectrace.viewers.model import _by_root_cause
+    from spectrace.viewers.grouping import by_root_cause
 
-    text = _text(_by_root_cause(groups), width=120)
+    text = _text(by_root_cause(groups), width=120)
     assert "Findings: 2 root causes, 1 consequence" in text and "(also from weights_missing)" in text
     assert "cleared by this fix" not in text  # the d2t is still missing after the fc fix
 

@@ -20,7 +20,7 @@ import pytest
 
 from spectrace.cli.view import main as view_main
 from spectrace.records import Call, Capture, Finding, Header, TensorMeta, TensorStats, Weights
-from spectrace.viewers import model as model_mod
+from spectrace.viewers import accumulate
 from spectrace.viewers.loader import TraceFollower, load_traces
 from spectrace.viewers.model import ViewBuilder, ViewFilter, build_view
 from spectrace.viewers.render import make_console, render_view
@@ -473,13 +473,13 @@ def test_builder_folds_in_only_what_was_appended(tmp_path: Path, monkeypatch: py
     first = builder.build(follower.trace_set)
 
     fed: list[str] = []
-    original = model_mod._PathAcc.feed
+    original = accumulate.PathAcc.feed
 
     def counting(self: object, c: Call, role: str) -> None:
         fed.append(role)
         original(self, c, role)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(model_mod._PathAcc, "feed", counting)
+    monkeypatch.setattr(accumulate.PathAcc, "feed", counting)
     more = live.cycles(3)
     _append(path, more)
     assert follower.poll()
@@ -487,7 +487,7 @@ def test_builder_folds_in_only_what_was_appended(tmp_path: Path, monkeypatch: py
     assert len(fed) == len(more)  # the 8 cycles before were not read again
     assert not builder.build(follower.trace_set) or len(fed) == len(more)  # nothing new: nothing fed
     assert len(fed) == len(more)
-    monkeypatch.setattr(model_mod._PathAcc, "feed", original)
+    monkeypatch.setattr(accumulate.PathAcc, "feed", original)
 
     # The numbers moved with the appended records, and equal a build from scratch.
     n1, n2 = first.datapath.norm, second.datapath.norm
