@@ -1,10 +1,11 @@
-"""``spectrace demo``: every EAGLE-3 wiring bug, reproduced, traced and diagnosed.
+"""The demo's scenarios: every EAGLE-3 wiring bug, reproduced, traced and diagnosed.
 
 Runs the trained tiny target/draft pair healthy and under each bug switch, with
 tracing on, writes one trace folder per scenario, and prints a few lines per scenario
 that fit 80 columns: its mean accept length and trace folder, what is wrong (the root
 cause's code and what was seen) and its one fix. ``--details`` shows every finding of
-each scenario: what was seen, the cause, the fix. Progress goes to stderr.
+each scenario: what was seen, the cause, the fix. Progress goes to stderr. The command
+line is :mod:`spectrace.cli.demo`.
 
     $ spectrace demo                    # all scenarios into ./spectrace-demo/
     $ spectrace demo --bug fc_bypass    # one scenario
@@ -13,9 +14,7 @@ each scenario: what was seen, the cause, the fix. Progress goes to stderr.
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -173,100 +172,3 @@ def root_causes(findings: list[Finding]) -> list[Finding]:
     """The findings that head the report, most severe first, one per code: those that follow
     from no other (:mod:`spectrace.checks.root_causes` decides)."""
     return heads(findings)
-
-
-def main(argv: list[str] | None = None) -> int:
-    from .eagle3.bugs import BUGS
-
-    parser = argparse.ArgumentParser(
-        prog="spectrace demo",
-        description="Run the tiny EAGLE-3 pipeline healthy and under every bug switch, traced.",
-        epilog="scenarios: "
-        + ", ".join(BUGS)
-        + "\nthen: spectrace view DIR/<scenario>"
-        + "\n\nexamples:\n  spectrace demo                          every scenario, into ./spectrace-demo"
-        + "\n  spectrace demo --bug fc_bypass --out d  one scenario, into ./d/fc_bypass",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--bug", action="append", choices=list(BUGS), help="run only this scenario (repeatable)")
-    parser.add_argument("--out", default=DEFAULT_OUT, help=f"folder for the traces (default: ./{DEFAULT_OUT})")
-    parser.add_argument("--json", action="store_true", help="print the results as JSON")
-    parser.add_argument("--details", action="store_true", help="every finding under its scenario: what was seen, the cause, the fix")
-    args = parser.parse_args(argv)
-
-    os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
-    started = time.perf_counter()
-    names = args.bug or list(BUGS)
-    reference = reference_fingerprint()
-    results = []
-    for n, name in enumerate(names, 1):
-        # Progress on stderr, so that --json and a pipe still get only the results.
-        sys.stderr.write(f"[{n}/{len(names)}] {name} ...")
-        sys.stderr.flush()
-        result = run_scenario(name, args.out, reference)
-        results.append(result)
-        sys.stderr.write(f" accept {result.accept_length:.2f}, {result.seconds:.1f} s\n")
-    total = time.perf_counter() - started
-    if args.json:
-        import json
-
-        print(
-            json.dumps(
-                {
-                    "seconds": round(total, 2),
-                    "scenarios": [
-                        {
-                            "name": r.name,
-                            "accept_length": round(r.accept_length, 3),
-                            "steps": r.steps,
-                            "trace_dir": r.trace_dir,
-                            "findings": [f.model_dump(mode="json") for f in r.findings],
-                        }
-                        for r in results
-                    ],
-                },
-                indent=2,
-            )
-        )
-        return 0
-    from rich.console import Console
-
-    console = Console(highlight=False)
-    width = min(console.width, 100)  # wider lines read worse; 80 columns fit every line
-    for line in report_lines(results, width, details=args.details):
-        console.print(line, overflow="fold")
-    pattern = os.path.join(args.out, "<scenario>")
-    console.print(
-        f"{len(results)} scenario{'s' if len(results) != 1 else ''} in {total:.1f} s. Read one: spectrace view {pattern}", overflow="fold"
-    )
-    if not args.details:
-        console.print("Every finding, its cause and fix: spectrace demo --details, or spectrace view.", overflow="fold")
-    healthy = [r for r in results if r.name == "healthy"]
-    if healthy and healthy[0].errors:
-        sys.stderr.write("spectrace demo: the healthy scenario produced an error finding (a false positive)\n")
-        return 1
-    return 0
-
-
-def fingerprint_main(argv: list[str] | None = None) -> int:
-    """``spectrace fingerprint --out FILE``: record the reference pipeline's fused-input fingerprint."""
-    parser = argparse.ArgumentParser(
-        prog="spectrace fingerprint",
-        description="Record per-chunk statistics of the fused draft input cat(hs[b0], hs[b1], hs[b2]) "
-        "from the healthy reference pipeline. In your own data generation, use "
-        "spectrace.eagle3.fingerprint.FingerprintCollector on the fused states and save_fingerprint().",
-        epilog="example: spectrace fingerprint --out reference.json, then SPECTRACE_FINGERPRINT=reference.json "
-        "compares a traced run's fused input with it",
-    )
-    parser.add_argument("--out", required=True, help="where to write the fingerprint JSON")
-    args = parser.parse_args(argv)
-    from .eagle3.fingerprint import save_fingerprint
-
-    fp = reference_fingerprint()
-    save_fingerprint(fp, args.out)
-    print(f"wrote {args.out}: {len(fp.chunks)} chunks of {fp.chunk_width}, boundaries {fp.boundaries}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
