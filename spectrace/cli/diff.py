@@ -10,7 +10,7 @@ import sys
 
 from ..viewers.diff import DEFAULT_RTOL, diff_traces, render_diff
 from ..viewers.render import make_console
-from .errors import FOUND, OK, UsageError, parser, run
+from .errors import FOUND, OK, USAGE, UsageError, parser, run
 from .traces import load
 
 PROG = "spectrace diff"
@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     """Entry point of ``spectrace diff``: 0 the traces agree, 1 they differ, 2 trouble."""
-    return run(PROG, _diff, argv)
+    return run(PROG, _diff, argv, internal=USAGE)
 
 
 def _diff(argv: list[str]) -> int:

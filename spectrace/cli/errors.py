@@ -10,7 +10,8 @@ Exit status, every command:
 ====  ==============================================================================
 0     done; nothing at or above the command's gate
 1     the command's gate: a finding (audit, view --fail-on, fleet --fail-on,
-      compare-train), traces that differ (diff), a divergence (replay); also a bug of ours
+      compare-train), traces that differ (diff), a divergence (replay); also a bug of
+      ours, except in diff, where 1 is an answer and a bug of ours is 2
 2     bad input: a wrong argument, nothing readable, a filter that matches nothing
 130   interrupted (Ctrl-C): one line, no traceback
 141   the reader of stdout went away (``| head``): no line at all, as ``cat`` ends
@@ -69,9 +70,10 @@ def silence_stdout() -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def run(prog: str, body: Callable[[list[str]], int], argv: list[str]) -> int:
+def run(prog: str, body: Callable[[list[str]], int], argv: list[str], *, internal: int = INTERNAL) -> int:
     """Run a command's body; every way it can end becomes the table's exit status, with
-    at most one line on stderr."""
+    at most one line on stderr. ``internal``: the status of a bug of ours, where 1 already
+    means an answer (``diff``: the traces differ) and must not be mistaken for one."""
     try:
         return int(body(argv) or 0)
     except UsageError as exc:
@@ -92,4 +94,4 @@ def run(prog: str, body: Callable[[list[str]], int], argv: list[str]) -> int:
         if os.environ.get("SPECTRACE_DEBUG"):
             traceback.print_exc()
         say(f"{prog}: error: internal error ({type(exc).__name__}: {exc}); SPECTRACE_DEBUG=1 shows the traceback")
-        return INTERNAL
+        return internal

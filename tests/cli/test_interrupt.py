@@ -33,6 +33,25 @@ def test_an_interrupt_inside_a_command_is_one_line_and_130(
     assert (captured.out, captured.err) == ("", "spectrace view: interrupted\n")
 
 
+def test_a_bug_of_ours_is_one_line_and_never_reads_as_an_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # view: 1 (its answers are 0, and 1 only under --fail-on); diff: 2, since 1 means "they differ".
+    import spectrace.cli.diff as diff
+
+    write_trace(tmp_path / "trace-h-1-rank0.jsonl", healthy_records())
+
+    def broken(*_a: object, **_k: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(view, "build_view", broken)
+    monkeypatch.setattr(diff, "diff_traces", broken)
+    assert main(["view", str(tmp_path), "--no-pager"]) == 1
+    assert main(["diff", str(tmp_path), str(tmp_path)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and all("internal error (RuntimeError: a bug); SPECTRACE_DEBUG=1" in line for line in err), err
+
+
 @pytest.mark.skipif(not hasattr(signal, "SIGINT") or sys.platform == "win32", reason="POSIX signals")
 def test_ctrl_c_on_a_running_command_leaves_no_traceback(tmp_path: Path) -> None:
     """A real SIGINT while the demo loads torch or runs its pipeline, wherever it lands."""
