@@ -244,11 +244,61 @@ def test_walkthrough_shows_each_seed_bug_on_one_80x40_screen(tmp_path: Path) -> 
     assert WALKTHROUGH.read_text() == doc, "docs/walkthrough.md is not what the demo shows; SPECTRACE_UPDATE_GOLDEN=1 rewrites it"
 
 
+ROPE_MARK = "<!-- rope screen -->"
+
+
 def _walkthrough_doc(screens: list[tuple[str, str]]) -> str:
-    intro = WALKTHROUGH.read_text().split("<!-- screens -->")[0] if WALKTHROUGH.exists() else "# Walkthrough\n\n"
+    """The seed bugs' screens; the RoPE section after them (its own test writes it) is kept."""
+    text = WALKTHROUGH.read_text() if WALKTHROUGH.exists() else "# Walkthrough\n\n"
+    intro = text.split("<!-- screens -->")[0]
+    rope = ROPE_MARK + text.split(ROPE_MARK, 1)[1] if ROPE_MARK in text else ""
     parts = [intro.rstrip() + "\n\n<!-- screens -->\n"]
     for (bug, what), (_bug, screen) in zip(SEED_BUGS, screens):
         parts.append(
             f"\n## `{bug}`: {what}\n\n```console\n$ spectrace demo --bug {bug} --out demo\n$ spectrace view demo/{bug}\n{screen}\n```\n"
         )
+    if rope:
+        parts.append("\n" + rope)
     return "".join(parts)
+
+
+ROPE_INTRO = """## `rope_mismatch`: the draft's config lost its rotary base
+
+A bug real users hit beyond the three above: a converter or a transformers upgrade drops the
+draft's `rope_theta` (or moves it where the engine does not read it), so the engine builds
+the draft's rotary embedding with its default base 10000 beside a Llama-3 target's 500000.
+Nothing fails; every position is rotated with another phase and acceptance drops. Here
+`spectrace audit` names it before launch, from the two configs (the draft is the SpecForge
+fixture with its `rope_parameters` removed; `--trained-with specforge` says which trainer wrote
+its layer ids). A served draft gets the same finding at its load, from the rotary modules the
+engine really built (`SPECTRACE=1` on SGLang or vLLM).
+"""
+
+
+def test_walkthrough_shows_a_rope_bug_the_audit_names(tmp_path: Path) -> None:
+    import json
+
+    draft = tmp_path / "draft"
+    shutil.copytree(paths.FIXTURES / "specforge_tiny", draft)
+    cfg = json.loads((draft / "config.json").read_text())
+    assert cfg.pop("rope_parameters") == {"rope_theta": 10000.0, "rope_type": "default"}  # the fixture's own base
+    (draft / "config.json").write_text(json.dumps(cfg, indent=2))
+    target = json.loads((paths.FIXTURES / "target_llama_config.json").read_text())
+    target["rope_parameters"] = {"rope_theta": 500000.0, "rope_type": "default"}
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "config.json").write_text(json.dumps(target, indent=2))
+    args = ("audit", "draft", "--target-config", "target/config.json", "--trained-with", "specforge")
+    with Pane("rope", 80) as pane:
+        text = pane.run(f"cd {shlex.quote(str(tmp_path))} && " + spectrace_cmd(*args))
+    assert text.rstrip().endswith("[exit 1]"), text
+    screen = text.rstrip().removesuffix("[exit 1]").rstrip()
+    assert "ERROR  rope_mismatch" in screen and "base 10000" in screen and '"rope_theta":' in screen, screen
+    assert "Traceback" not in screen and all(len(line) <= 80 for line in screen.splitlines())
+    section = f"{ROPE_MARK}\n{ROPE_INTRO}\n```console\n$ spectrace {' '.join(args)}\n{screen}\n```\n"
+    text = WALKTHROUGH.read_text()
+    doc = text.split(ROPE_MARK)[0].rstrip() + "\n\n" + section
+    if UPDATE:
+        WALKTHROUGH.write_text(doc)
+    assert WALKTHROUGH.read_text() == doc, (
+        "docs/walkthrough.md's RoPE screen is not what the audit shows; SPECTRACE_UPDATE_GOLDEN=1 rewrites it"
+    )
