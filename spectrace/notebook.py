@@ -39,6 +39,7 @@ from .viewers.model import (
     build_view,
     name_matches,
 )
+from .viewers.progress import load_progress
 from .viewers.render import dtype, num, shape_pattern, steps_text
 from .viewers.terminal import printable
 
@@ -193,8 +194,10 @@ def load(path: str | os.PathLike[str]) -> LoadedTrace:
     """Read a trace file, or a folder of them (one per process), as ``spectrace view`` does.
 
     Raises FileNotFoundError or ValueError (one line) when nothing readable is there. Lines
-    that cannot be read are skipped, counted, warned about once and kept in ``problems``."""
-    ts = load_traces(path)
+    that cannot be read are skipped, counted, warned about once and kept in ``problems``.
+    A large trace shows a progress bar on stderr while it loads, when stderr is a terminal."""
+    with load_progress(f"spectrace.load {shown_path(str(path))}") as progress:
+        ts = load_traces(path, progress=progress)
     if not ts.readable:
         problems = ts.problems
         message = problems[0].message if problems else f"{shown_path(str(path))}: no readable records"

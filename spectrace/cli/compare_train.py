@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 
 from ..compare_train import InputError, compare, load_target, read_draft_config, report_lines, to_json, values_records
+from ..viewers.progress import counter, spinner
 from .errors import FOUND, OK, UsageError, parser, run
-from .progress import counter, spinner
 
 PROG = "spectrace compare-train"
 

@@ -11,8 +11,8 @@ import argparse
 
 from ..viewers.loader import TraceSet, load_traces, shown_path
 from ..viewers.model import ViewFilter
+from ..viewers.progress import load_progress
 from .errors import UsageError, say
-from .progress import load_progress
 
 
 def step_range(text: str) -> tuple[int | None, int | None]:

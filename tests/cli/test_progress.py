@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from spectrace.cli.progress import LARGE_TRACE_BYTES
+from spectrace.viewers.progress import LARGE_TRACE_BYTES
 from tests.helpers.traces import healthy_records, write_trace
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,7 +86,7 @@ def test_a_piped_stderr_gets_no_progress(large_trace: Path, command: list[str]) 
 
 def test_the_steps_counter_draws_on_a_terminal_only() -> None:
     script = (
-        "from spectrace.cli.progress import counter\n"
+        "from spectrace.viewers.progress import counter\n"
         "with counter('recomputing, step') as progress:\n"
         "    assert (progress is not None) == __import__('sys').stderr.isatty()\n"
         "    for i in range(3):\n"
@@ -96,3 +96,12 @@ def test_the_steps_counter_draws_on_a_terminal_only() -> None:
     assert code == 0 and b"recomputing, step" in screen and b"3/3" in screen, screen
     piped = subprocess.run([sys.executable, "-c", script], capture_output=True, env=ENV, timeout=60)
     assert piped.returncode == 0 and piped.stderr == b"", piped.stderr
+
+
+def test_spectrace_load_shows_progress_on_a_terminal_only(large_trace: Path) -> None:
+    # The notebook's spectrace.load() reads as the view does, and shows the same bar.
+    script = f"import spectrace; t = spectrace.load({str(large_trace)!r}); print(len(t.findings))"
+    code, out, screen = stderr_on_a_terminal(sys.executable, "-c", script)
+    assert code == 0 and b"spectrace.load" in screen, screen[-2000:]
+    piped = subprocess.run([sys.executable, "-c", script], capture_output=True, env=ENV, timeout=120)
+    assert piped.returncode == 0 and b"spectrace.load" not in piped.stderr and b"\x1b" not in piped.stderr, piped.stderr[:500]

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..viewers.terminal import printable
+from .terminal import printable
 
 # Below this many bytes a trace loads in a blink: no bar to flash and erase.
 LARGE_TRACE_BYTES = 4 << 20
