@@ -304,7 +304,9 @@ def trace(
     """
     settings = settings or Settings.from_env()
     directory = directory or settings.dir_from_env()
-    recorder = build_recorder(settings, directory)
+    # The rank the environment names (SPECTRACE_RANK, else RANK), as the process recorder takes it:
+    # two traces of one process never disagree on it.
+    recorder = build_recorder(settings, directory, rank=settings.rank)
     tracer = Tracer(recorder, stats=stats or settings.stats, sample=settings.sample, budget=settings.budget)
     result = Trace(recorder, tracer)
     _open.add(result)

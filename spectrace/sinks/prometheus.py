@@ -180,6 +180,7 @@ class MetricsSink:
         self._paused = False
         self._m = metrics()
         self._rank = ""
+        self._info_set = False  # spectrace_info was set under self._rank
         self._synced: dict[str, float] = {}
         self._findings: list[Any] = []
         self._roots: set[tuple[str, str]] = set()
@@ -229,8 +230,14 @@ class MetricsSink:
                 self._count(tally)  # what came before the header keeps the rank it was counted under
                 tally = _Tally()
                 rank = json.loads(text).get("rank")
-                self._rank = "" if rank is None else str(rank)
+                rank = "" if rank is None else str(rank)
+                if rank != self._rank and self._info_set:
+                    # The process learned its rank after a first header: it is still one
+                    # process (a removed series would stay in a multiprocess folder, so 0).
+                    self._m["info"].labels(__version__, self._rank).set(0)
+                self._rank = rank
                 self._m["info"].labels(__version__, self._rank).set(1)
+                self._info_set = True
         self._count(tally)
         for role, text in last_call.items():
             self._stage(role, json.loads(text))

@@ -82,19 +82,27 @@ def setup() -> None:
     stub_torchvision_meta_registrations()
     import torch.distributed as dist
 
+    added = []
     if not dist.is_initialized():
-        os.environ.setdefault("WORLD_SIZE", "1")
-        os.environ.setdefault("RANK", "0")
-        os.environ.setdefault("LOCAL_RANK", "0")
-    for attempt in range(5):
-        try:
-            _init_parallel(0, 1, _free_port())
-            break
-        except Exception as exc:  # noqa: BLE001
-            # The port was free when asked for and taken before the store bound it (another
-            # test process on a loaded machine): ask for another one.
-            if "EADDRINUSE" not in str(exc) or attempt == 4:
-                raise
+        for key, value in (("WORLD_SIZE", "1"), ("RANK", "0"), ("LOCAL_RANK", "0")):
+            if key not in os.environ:
+                os.environ[key] = value
+                added.append(key)
+    try:
+        for attempt in range(5):
+            try:
+                _init_parallel(0, 1, _free_port())
+                break
+            except Exception as exc:  # noqa: BLE001
+                # The port was free when asked for and taken before the store bound it (another
+                # test process on a loaded machine): ask for another one.
+                if "EADDRINUSE" not in str(exc) or attempt == 4:
+                    raise
+    finally:
+        # Only the group's set-up reads them: a RANK left behind would name every later
+        # test's trace in this worker after rank 0 (spectrace takes RANK as the process's rank).
+        for key in added:
+            os.environ.pop(key, None)
     _STATE["ready"] = True
 
 
