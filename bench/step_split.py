@@ -38,13 +38,18 @@ import overhead  # noqa: E402
 from host_cost import HookClock  # noqa: E402
 
 import spectrace  # noqa: E402
-from spectrace.hooks import engine, readback, worker  # noqa: E402
+from spectrace.hooks import building, engine, kept_calls, noting, readback, worker  # noqa: E402
 from spectrace.settings import Settings  # noqa: E402
 
 PARTS = [
     (engine.Tracer, ["_keep", "_read_pending", "_note", "finish_step", "_finish_call", "_build_step"]),
     (readback.StepStats, ["add", "launch_held", "start_readback", "_hold", "_remember"]),
-    (engine, ["stats_supported", "_device_busy", "_describe", "collect", "collect_kwargs", "call_texts"]),
+    # The tracer's module functions live with their job; a name imported into two modules is
+    # patched in each (each module's global is what its code calls).
+    (engine, ["_device_busy"]),
+    (noting, ["stats_supported", "describe"]),
+    (kept_calls, ["stats_supported", "describe", "collect", "collect_kwargs"]),
+    (building, ["call_texts"]),
     (readback, ["_route", "launch_multi", "copy_rows", "_copy_slots"]),
     (worker.RecordWorker, ["submit", "idle", "build_landed_here"]),
 ]
