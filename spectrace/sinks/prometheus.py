@@ -44,9 +44,9 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..version import __version__
 from ..safe_files import read_regular
 from ..settings import Settings, warn
+from ..version import __version__
 
 # Roles whose calls give a data-path gauge: where a wiring bug changes a width or a scale.
 STAGES = ("target.aux_concat", "draft.fc", "draft.hidden_norm", "draft.layer", "draft.lm_head", "target.lm_head")
