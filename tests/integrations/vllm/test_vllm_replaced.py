@@ -17,38 +17,17 @@ import pytest
 pytest.importorskip("vllm", reason="needs the vLLM CPU venv")
 torch = pytest.importorskip("torch")
 
-from spectrace.integrations import vllm as st_vllm
 from spectrace.integrations.vllm import acceptance as st_acceptance
-from spectrace.integrations.vllm import state as st_state
 from spectrace.recorder import Recorder
 from spectrace.records import Finding
-from spectrace.settings import Settings
 from tests.helpers import vllm_harness as vh
 
 pytestmark = pytest.mark.vllm
 
 
-def _recorder() -> Recorder:
-    return Recorder(Settings.from_env({"SPECTRACE_QUIET": "1"}), directory=None)
-
-
 @pytest.fixture(scope="module")
 def installed():
-    import vllm.model_executor.models.llama  # noqa: F401
-    import vllm.model_executor.models.llama_eagle3  # noqa: F401
-    import vllm.v1.spec_decode.metrics  # noqa: F401
-
-    st_vllm.install(_recorder())
-    yield
-    st_state.reset(_recorder())
-
-
-@pytest.fixture
-def rec(installed):
-    recorder = _recorder()
-    st_state.reset(recorder)
-    yield recorder
-    st_state.reset(_recorder())
+    yield from vh.installed("vllm.model_executor.models.llama", "vllm.model_executor.models.llama_eagle3", "vllm.v1.spec_decode.metrics")
 
 
 def _replaced(rec: Recorder) -> list[Finding]:

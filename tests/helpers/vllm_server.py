@@ -1,0 +1,116 @@
+"""A real vLLM OpenAI server on CPU with EAGLE-3, on 127.0.0.1, for the served tests.
+
+A helper for the ``@pytest.mark.vllm`` tests, not a test file; importing it imports
+neither vLLM nor torch. ``pair`` writes a tiny random Llama target and an EAGLE-3 draft
+built from vLLM's own draft class (no d2t, SpecForge-style nested ids, as in the field);
+``served`` runs the server in its own session and stops it as a user does.
+
+    target, draft = vs.pair(tmp_path)
+    with vs.served(tmp_path, target, draft, {"SPECTRACE": "1"}) as port:
+        assert vs.complete(port, target, [1, 5, 9, 20], 16) == 200
+        metrics = vs.get(f"http://127.0.0.1:{port}/metrics")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+from tests.helpers import vllm_harness as vh
+
+HIDDEN, LAYERS, VOCAB, DRAFT_VOCAB = 128, 4, 256, 64  # head_dim 64: vLLM's CPU attention has no 16
+
+
+def pair(root: Path) -> tuple[Path, Path]:
+    """``(target, draft)`` folders under ``root``: HF-saved weights and config.json each."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    dims = dict(hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, num_attention_heads=2, num_key_value_heads=2, vocab_size=VOCAB)
+    tcfg = vh.target_config(num_hidden_layers=LAYERS, **dims)
+    dcfg = vh.draft_config(layer_ids=(0, 1, 2), draft_vocab_size=DRAFT_VOCAB, target_hidden_size=HIDDEN, **dims)
+    torch.manual_seed(0)
+    target = root / "target"
+    LlamaForCausalLM(LlamaConfig(**tcfg)).save_pretrained(target)
+    vc = vh.engine_config(root / "build", dcfg, tcfg)
+    draft_model, _ = vh.build(vc)
+    saved = (vh.HIDDEN, vh.HEADS, vh.KV_HEADS, vh.DRAFT_VOCAB)
+    vh.HIDDEN, vh.HEADS, vh.KV_HEADS, vh.DRAFT_VOCAB = HIDDEN, 2, 2, DRAFT_VOCAB
+    try:
+        ckpt = vh.checkpoint(draft_model, d2t=False)
+    finally:
+        vh.HIDDEN, vh.HEADS, vh.KV_HEADS, vh.DRAFT_VOCAB = saved
+    draft = root / "draft"
+    draft.mkdir()
+    (draft / "config.json").write_text(json.dumps(dcfg))
+    save_file({k: v.contiguous() for k, v in ckpt.items()}, str(draft / "model.safetensors"))
+    return target, draft
+
+
+def get(url: str, timeout: float = 5) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return str(r.read().decode())
+
+
+def metric(text: str, name: str) -> dict[str, float]:
+    """One Prometheus counter of vLLM's ``/metrics`` text, by its ``position`` label ("" for none)."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            labels, value = line[len(name) + 1 :].rsplit("} ", 1)
+            pos = next((p.split('"')[1] for p in labels.split(",") if p.startswith("position=")), "")
+            out[pos] = float(value)
+    return out
+
+
+@contextlib.contextmanager
+def served(root: Path, target: Path, draft: Path, env: Mapping[str, str], drop: tuple[str, ...] = ("SPECTRACE",)) -> Iterator[int]:
+    """The server's port once ``/health`` answers (5 minutes at most). The environment is this
+    process's without the variables starting with ``drop``, plus ``env``; the log is root/server.log."""
+    port = vh.free_port()
+    full = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    full.update(env)
+    spec = json.dumps({"method": "eagle3", "model": str(draft), "num_speculative_tokens": 3})
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(target), "--skip-tokenizer-init",
+        "--dtype", "float32", "--max-model-len", "256", "--enforce-eager", "--host", "127.0.0.1", "--port", str(port),
+        "--speculative-config", spec, "--shutdown-timeout", "10",
+    ]  # fmt: skip
+    log = open(root / "server.log", "w")
+    server = subprocess.Popen(cmd, env=full, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert server.poll() is None, (root / "server.log").read_text()[-3000:]
+            try:
+                get(f"http://127.0.0.1:{port}/health", 2)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "server did not come up"
+                time.sleep(2)
+        yield port
+    finally:
+        server.send_signal(signal.SIGTERM)  # as a user stops it: vLLM stops its own children
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(10)
+        log.close()
+
+
+def complete(port: int, target: Path, prompt: Sequence[int], max_tokens: int) -> int:
+    """One greedy completion request; its HTTP status."""
+    body = json.dumps({"model": str(target), "prompt": list(prompt), "max_tokens": max_tokens, "temperature": 0}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return int(r.status)
