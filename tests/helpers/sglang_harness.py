@@ -15,6 +15,10 @@ Usage from a test::
     out = sh.run_target(target, input_ids)    # LogitsProcessorOutput
     out.hidden_states                         # the aux concat the draft reads
 
+    @pytest.fixture(scope="module")
+    def installed():                          # spectrace's hooks, for the module
+        yield from sh.installed("sglang.srt.models.llama_eagle3")
+
 Importing this module does not import sglang; `setup()` (called by every builder) does.
 Facts it relies on (measured on SGLang 0.5.23, CPU only):
 
@@ -36,11 +40,13 @@ import os
 import socket
 import sys
 import types
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
+
+from tests.helpers import engine_hooks
 
 # SGLang's DeepSeek MoE routing goes through torch.compile; eager is faster for tiny
 # models (first forward 4.5 s -> ~1 s). Must be set before torch._dynamo reads it.
@@ -52,6 +58,12 @@ _STATE: dict[str, Any] = {"ready": False}
 #: `set_eagle3_layers_to_capture` at all (no aux capture; the logits processor then
 #: stores the final normed hidden state). Pass `None` for SGLang's own default ids.
 NO_CAPTURE = "no-capture"
+
+# The tiny pair's sizes: a 4-layer Llama target, a 1-layer EAGLE-3 draft over a 32-id vocabulary.
+HIDDEN = 64
+N_LAYERS = 4
+VOCAB = 128
+DRAFT_VOCAB = 32
 
 
 # --------------------------------------------------------------------------------------
@@ -104,6 +116,30 @@ def setup() -> None:
         for key in added:
             os.environ.pop(key, None)
     _STATE["ready"] = True
+
+
+def stub_setproctitle() -> None:
+    """scheduler.py (imported by eagle_worker_v2) needs setproctitle, absent from the CPU venv."""
+    try:
+        import setproctitle  # noqa: F401
+    except ImportError:
+        stub = types.ModuleType("setproctitle")
+        stub.setproctitle = lambda title: None  # type: ignore[attr-defined]
+        stub.getproctitle = lambda: ""  # type: ignore[attr-defined]
+        sys.modules["setproctitle"] = stub
+
+
+def installed(*modules: str, proctitle: bool = False) -> Iterator[None]:
+    """A module fixture's body (``yield from``): ``setup()``, then spectrace's SGLang hooks on
+    the real classes, ``modules`` imported first so they are patched now. ``proctitle``: stub
+    setproctitle first, for the modules that import SGLang's scheduler."""
+    setup()
+    if proctitle:
+        stub_setproctitle()
+    from spectrace.integrations import sglang as st_sglang
+    from spectrace.integrations.sglang import state as st_state
+
+    yield from engine_hooks.installed(st_sglang.install, st_state.reset, modules)
 
 
 def setup_tp(rank: int, world_size: int, port: int) -> None:
@@ -357,12 +393,20 @@ def forward(model, forward_batch, backend: TorchSDPABackend):
 # --------------------------------------------------------------------------------------
 
 
-def tiny_hf_llama(vocab: int = 128, hidden: int = 64, layers: int = 4, seed: int = 0):
+def tiny_hf_llama(vocab: int = VOCAB, hidden: int = HIDDEN, layers: int = N_LAYERS, seed: int = 0):
     """``(config, model)``: the tiny random-weight HF Llama both SGLang test files load."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(
+    cfg = tiny_llama_config(vocab, hidden, layers)
+    return cfg, LlamaForCausalLM(cfg).eval()
+
+
+def tiny_llama_config(vocab: int = VOCAB, hidden: int = HIDDEN, layers: int = N_LAYERS, **extra: Any):
+    """The tiny target's transformers ``LlamaConfig`` (``extra``: more fields, a rope for one)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=2 * hidden,
@@ -371,8 +415,8 @@ def tiny_hf_llama(vocab: int = 128, hidden: int = 64, layers: int = 4, seed: int
         num_key_value_heads=2,
         max_position_embeddings=128,
         tie_word_embeddings=False,
+        **extra,
     )
-    return cfg, LlamaForCausalLM(cfg).eval()
 
 
 def _state_items(hf_state_dict_or_model) -> Iterable[tuple[str, torch.Tensor]]:
@@ -425,6 +469,51 @@ def randomize_weights_(model: torch.nn.Module, seed: int = 0, std: float = 0.02)
             elif p.dtype.is_floating_point:
                 p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * std)
     return model
+
+
+def draft_config(layer_ids: Sequence[int] = (0, 1, 2), **extra: Any) -> dict[str, Any]:
+    """SGLang/SpecForge-format EAGLE-3 draft config.json for the tiny target (``extra`` overrides)."""
+    cfg: dict[str, Any] = dict(
+        architectures=["LlamaForCausalLMEagle3"],
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=2 * HIDDEN,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+        draft_vocab_size=DRAFT_VOCAB,
+        target_hidden_size=HIDDEN,
+        eagle_config={"eagle_aux_hidden_state_layer_ids": list(layer_ids), "use_aux_hidden_state": True},
+    )
+    cfg.update(extra)
+    return cfg
+
+
+def checkpoint(draft: torch.nn.Module, *, seed: int, lm_head_rows: int) -> dict[str, torch.Tensor]:
+    """Every draft parameter under SpecForge's checkpoint names (midlayer.*, separate q/k/v and
+    gate/up), norms at 1, ``lm_head`` with ``lm_head_rows`` rows (the parameter is padded);
+    without embed_tokens (SGLang gives the draft the target's) and without d2t / t2d."""
+    g = torch.Generator().manual_seed(seed)
+    out: dict[str, torch.Tensor] = {}
+    for name, p in draft.named_parameters():
+        if name.endswith("embed_tokens.weight"):
+            continue
+        ckpt = name.replace("model.layers.0.", "midlayer.").replace("model.", "")
+        if ".qkv_proj." in ckpt:
+            head = HIDDEN // 4
+            for part, rows in (("q_proj", 4 * head), ("k_proj", 2 * head), ("v_proj", 2 * head)):
+                out[ckpt.replace("qkv_proj", part)] = torch.randn(rows, p.shape[1], generator=g) * 0.02
+        elif ".gate_up_proj." in ckpt:
+            half = p.shape[0] // 2
+            out[ckpt.replace("gate_up_proj", "gate_proj")] = torch.randn(half, p.shape[1], generator=g) * 0.02
+            out[ckpt.replace("gate_up_proj", "up_proj")] = torch.randn(half, p.shape[1], generator=g) * 0.02
+        elif ckpt.startswith("lm_head."):
+            out[ckpt] = torch.randn(lm_head_rows, HIDDEN, generator=g) * 0.02
+        else:
+            out[ckpt] = torch.ones_like(p) if "norm" in ckpt else torch.randn(p.shape, generator=g) * 0.02
+    return out
 
 
 def _draft_config(config_dict: Mapping[str, Any] | Any):

@@ -19,35 +19,22 @@ import pytest
 pytest.importorskip("sglang", reason="needs scripts/install-sglang-cpu.sh")
 torch = pytest.importorskip("torch")
 
-from spectrace.integrations import sglang as st_sglang
 from spectrace.integrations.sglang import modules as st_modules
-from spectrace.integrations.sglang import state as st_state
-from spectrace.recorder import Recorder
-from spectrace.settings import Settings
 from tests.helpers import sglang_harness as sh
 
 pytestmark = pytest.mark.sglang
 
 
-def _recorder() -> Recorder:
-    return Recorder(Settings.from_env({"SPECTRACE_QUIET": "1"}), directory=None)
-
-
 @pytest.fixture(scope="module")
 def installed():
-    sh.setup()
-    st_sglang.install(_recorder())
-    yield
-    st_state.reset(_recorder())
+    yield from sh.installed()
 
 
 @pytest.fixture
-def rec(installed, monkeypatch):
+def rec(monkeypatch, rec):
+    """The folder's ``rec``, with TorchDynamo off for the loader's models."""
     monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")
-    recorder = _recorder()
-    st_state.reset(recorder)
-    yield recorder
-    st_state.reset(_recorder())
+    return rec
 
 
 def _deepseek_draft_dir(tmp_path: Path, aux_ids: list[int] | None) -> Path:

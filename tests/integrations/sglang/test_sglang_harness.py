@@ -21,13 +21,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from tests.helpers import sglang_harness as sh
+from tests.helpers.sglang_harness import DRAFT_VOCAB, HIDDEN, N_LAYERS, VOCAB
 
 pytestmark = pytest.mark.sglang
-
-HIDDEN = 64
-N_LAYERS = 4
-VOCAB = 128
-DRAFT_VOCAB = 32
 
 
 @pytest.fixture(scope="session")
@@ -49,27 +45,6 @@ def input_ids():
 def _hf_forward(model, ids):
     with torch.no_grad():
         return model(ids[None], output_hidden_states=True)
-
-
-def _draft_config(layer_ids=(0, 1, 2)) -> dict:
-    """SGLang/SpecForge-format EAGLE-3 draft config.json."""
-    return dict(
-        architectures=["LlamaForCausalLMEagle3"],
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=False,
-        draft_vocab_size=DRAFT_VOCAB,
-        target_hidden_size=HIDDEN,
-        eagle_config={
-            "eagle_aux_hidden_state_layer_ids": list(layer_ids),
-            "use_aux_hidden_state": True,
-        },
-    )
 
 
 def test_llama_target_matches_hf_and_captures_k_plus_1(hf_llama, input_ids):
@@ -126,7 +101,7 @@ def test_default_ids_collide_on_tiny_target(hf_llama):
 
 def test_id_past_last_layer_gives_1x_concat_and_draft_skips_fc(hf_llama, input_ids, caplog):
     cfg, hf = hf_llama
-    draft = sh.build_sglang_eagle3_draft(_draft_config())
+    draft = sh.build_sglang_eagle3_draft(sh.draft_config())
     assert type(draft).__name__ == "LlamaForCausalLMEagle3"
     assert draft.model.fc.in_features == 3 * HIDDEN
 
@@ -165,7 +140,7 @@ def test_id_past_last_layer_gives_1x_concat_and_draft_skips_fc(hf_llama, input_i
 
 def test_draft_load_weights_speculators_names_and_silent_drop(sglang_ready):
     torch.manual_seed(2)
-    draft = sh.build_sglang_eagle3_draft(_draft_config())
+    draft = sh.build_sglang_eagle3_draft(sh.draft_config())
     params = dict(draft.named_parameters())
     q_rows = params["model.layers.0.self_attn.qkv_proj.weight"].shape[0]
     head_dim = HIDDEN // 4

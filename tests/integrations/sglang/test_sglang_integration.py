@@ -35,59 +35,30 @@ from spectrace.integrations.sglang import state as st_state
 from spectrace.recorder import Recorder
 from spectrace.records import Acceptance, Capture, Coverage, Weights
 from spectrace.settings import Settings
+from tests.helpers import engine_hooks
 from tests.helpers import sglang_harness as sh
+from tests.helpers.sglang_harness import DRAFT_VOCAB, HIDDEN, N_LAYERS, VOCAB
+from tests.integrations.sglang import conftest
 
 pytestmark = pytest.mark.sglang
 
-HIDDEN = 64
-N_LAYERS = 4
-VOCAB = 128
-DRAFT_VOCAB = 32
 FIXTURES = paths.FIXTURES
 REPO = paths.ROOT
-
-
-def _stub_setproctitle() -> None:
-    """scheduler.py (imported by eagle_worker_v2) needs setproctitle, absent from the CPU venv."""
-    try:
-        import setproctitle  # noqa: F401
-    except ImportError:
-        import types
-
-        stub = types.ModuleType("setproctitle")
-        stub.setproctitle = lambda title: None
-        stub.getproctitle = lambda: ""
-        sys.modules["setproctitle"] = stub
 
 
 # ------------------------------------------------------------------------------ fixtures
 @pytest.fixture(scope="module")
 def installed():
-    sh.setup()
-    _stub_setproctitle()
-    # Import the real modules first so install() patches them now (not only on import).
-    import sglang.srt.layers.logits_processor  # noqa: F401
-    import sglang.srt.models.deepseek_v2  # noqa: F401
-    import sglang.srt.models.llama  # noqa: F401
-    import sglang.srt.models.llama_eagle3  # noqa: F401
-
-    st_sglang.install(_recorder())
-    yield
-    # The patches stay on the real classes for the rest of the session: keep their
-    # records in a quiet in-memory recorder, away from the process recorder.
-    st_state.reset(_recorder())
+    yield from sh.installed(
+        "sglang.srt.layers.logits_processor",
+        "sglang.srt.models.deepseek_v2",
+        "sglang.srt.models.llama",
+        "sglang.srt.models.llama_eagle3",
+        proctitle=True,
+    )
 
 
-@pytest.fixture
-def rec(installed):
-    recorder = _recorder()
-    st_state.reset(recorder)
-    yield recorder
-    st_state.reset(_recorder())
-
-
-def _recorder() -> Recorder:
-    return Recorder(Settings.from_env({"SPECTRACE_QUIET": "1"}), directory=None)
+rec = conftest.rec  # the folder's, named here too: tests elsewhere borrow this module's fixtures by name
 
 
 @pytest.fixture(scope="module")
@@ -100,47 +71,9 @@ def input_ids():
     return torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(1))
 
 
-def _draft_config(layer_ids=(0, 1, 2), **extra) -> dict:
-    """SGLang/SpecForge-format EAGLE-3 draft config.json."""
-    cfg = dict(
-        architectures=["LlamaForCausalLMEagle3"],
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=False,
-        draft_vocab_size=DRAFT_VOCAB,
-        target_hidden_size=HIDDEN,
-        eagle_config={"eagle_aux_hidden_state_layer_ids": list(layer_ids), "use_aux_hidden_state": True},
-    )
-    cfg.update(extra)
-    return cfg
-
-
 def _full_draft_weights(draft) -> dict[str, torch.Tensor]:
-    """Every draft parameter under SpecForge's checkpoint names (midlayer.*, separate q/k/v)."""
-    g = torch.Generator().manual_seed(5)
-    params = dict(draft.named_parameters())
-    out: dict[str, torch.Tensor] = {}
-    for name, p in params.items():
-        if name.endswith("embed_tokens.weight"):
-            continue  # SGLang gives the draft the target's embedding
-        ckpt = name.replace("model.layers.0.", "midlayer.").replace("model.", "")
-        if ".qkv_proj." in ckpt:
-            head = HIDDEN // 4
-            for part, rows in (("q_proj", 4 * head), ("k_proj", 2 * head), ("v_proj", 2 * head)):
-                out[ckpt.replace("qkv_proj", part)] = torch.randn(rows, p.shape[1], generator=g) * 0.02
-        elif ".gate_up_proj." in ckpt:
-            half = p.shape[0] // 2
-            out[ckpt.replace("gate_up_proj", "gate_proj")] = torch.randn(half, p.shape[1], generator=g) * 0.02
-            out[ckpt.replace("gate_up_proj", "up_proj")] = torch.randn(half, p.shape[1], generator=g) * 0.02
-        elif ckpt.startswith("lm_head."):
-            out[ckpt] = torch.randn(DRAFT_VOCAB, HIDDEN, generator=g) * 0.02  # the param is padded
-        else:
-            out[ckpt] = torch.ones_like(p) if "norm" in ckpt else torch.randn(p.shape, generator=g) * 0.02
+    """Every draft parameter under SpecForge's checkpoint names, a zero d2t, every target id hot."""
+    out = sh.checkpoint(draft, seed=5, lm_head_rows=DRAFT_VOCAB)
     out["d2t"] = torch.zeros(DRAFT_VOCAB, dtype=torch.int64)
     out["t2d"] = torch.ones(VOCAB, dtype=torch.bool)
     return out
@@ -157,7 +90,7 @@ def _of(recorder, kind):
 # ------------------------------------------------------------------------------- capture
 def test_healthy_pair_has_no_error_finding(rec, hf_llama, input_ids):
     cfg, hf = hf_llama
-    draft = sh.build_sglang_eagle3_draft(_draft_config())
+    draft = sh.build_sglang_eagle3_draft(sh.draft_config())
     draft.load_weights(list(_full_draft_weights(draft).items()))
     target = sh.build_sglang_llama_target(cfg, hf, layer_ids=[0, 1, 2])
     out = sh.run_target(target, input_ids)
@@ -179,7 +112,7 @@ def test_healthy_pair_has_no_error_finding(rec, hf_llama, input_ids):
 
 def test_ids_past_last_layer_fc_bypass_and_short_capture(rec, hf_llama, input_ids):
     cfg, hf = hf_llama
-    draft = sh.build_sglang_eagle3_draft(_draft_config())
+    draft = sh.build_sglang_eagle3_draft(sh.draft_config())
     target = sh.build_sglang_llama_target(cfg, hf, layer_ids=[2, 3, 4])  # +1 -> [3, 4, 5]
     out = sh.run_target(target, input_ids)
     sh.run_draft(draft, input_ids, out.hidden_states)
@@ -198,7 +131,7 @@ def test_ids_past_last_layer_fc_bypass_and_short_capture(rec, hf_llama, input_id
 def test_multistep_draft_decode_is_not_fc_bypass(rec, hf_llama, input_ids):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    draft = sh.build_sglang_eagle3_draft(_draft_config())
+    draft = sh.build_sglang_eagle3_draft(sh.draft_config())
     fb, backend = sh.make_extend_batch(input_ids[:1], hidden_states=torch.zeros(1, HIDDEN))
     fb.forward_mode = ForwardMode.DECODE  # the draft reads its own 1x hidden output here
     from spectrace.integrations.sglang.forward import check_draft_input
@@ -227,7 +160,7 @@ def test_capture_first_then_draft_config_at_load(rec, hf_llama):
     cfg, hf = hf_llama
     sh.build_sglang_llama_target(cfg, hf, layer_ids=[1, 2, 3])  # SGLang captures [2, 3, 4->dropped]
     assert "aux_layers_mismatch" not in _codes(rec)
-    draft = sh.build_sglang_eagle3_draft(_draft_config(layer_ids=(0, 1, 2)))
+    draft = sh.build_sglang_eagle3_draft(sh.draft_config(layer_ids=(0, 1, 2)))
     draft.load_weights(list(_full_draft_weights(draft).items()))
     assert "aux_layers_mismatch" in _codes(rec, "error")
 
@@ -235,7 +168,7 @@ def test_capture_first_then_draft_config_at_load(rec, hf_llama):
 def test_deepseek_v3_capture_rule(rec):
     from spectrace.integrations.sglang.correlate import note_draft_config
 
-    note_draft_config(_draft_config(layer_ids=(1, 2, 3)), source="specforge")
+    note_draft_config(sh.draft_config(layer_ids=(1, 2, 3)), source="specforge")
     sh.build_sglang_deepseek_target(sh.tiny_deepseek_v3_config(), None, layer_ids=[1, 2, 3])
     (capture,) = _of(rec, Capture)
     assert capture.target_class == "DeepseekV3ForCausalLM"
@@ -244,7 +177,7 @@ def test_deepseek_v3_capture_rule(rec):
 
     st_state.reset(rec)
     rec.important.clear()
-    note_draft_config({**_draft_config(layer_ids=(2, 3, 4)), "speculators_model_type": "eagle3"}, source="speculators")
+    note_draft_config({**sh.draft_config(layer_ids=(2, 3, 4)), "speculators_model_type": "eagle3"}, source="speculators")
     sh.build_sglang_deepseek_target(sh.tiny_deepseek_v3_config(), None, layer_ids=[2, 3, 4])
     (capture,) = _of(rec, Capture)
     assert capture.boundaries == [2, 3, 4]  # literal: first id is not 1
@@ -253,7 +186,7 @@ def test_deepseek_v3_capture_rule(rec):
 
 def test_logits_fallback_when_target_captures_nothing(rec, hf_llama, input_ids):
     cfg, hf = hf_llama
-    draft = sh.build_sglang_eagle3_draft(_draft_config())
+    draft = sh.build_sglang_eagle3_draft(sh.draft_config())
     draft.load_weights(list(_full_draft_weights(draft).items()))
     target = sh.build_sglang_llama_target(cfg, hf)  # set_eagle3_layers_to_capture never called
     out = sh.run_target(target, input_ids)
@@ -264,7 +197,7 @@ def test_logits_fallback_when_target_captures_nothing(rec, hf_llama, input_ids):
 
 def test_algorithm_not_eagle3_reports_aux_capture_disabled(rec):
     st_state.STATE.algorithm = "EAGLE"
-    draft = sh.build_sglang_eagle3_draft(_draft_config())
+    draft = sh.build_sglang_eagle3_draft(sh.draft_config())
     draft.load_weights(list(_full_draft_weights(draft).items()))
     codes = _codes(rec, "error")
     assert "algorithm_mismatch" in codes and "aux_capture_disabled" in codes
@@ -274,9 +207,9 @@ def test_eagle_algorithm_from_server_args_reports_at_draft_load(rec, tmp_path, m
     """The live 0.5.17 path: no capture call ever comes; the server args name the draft."""
     from spectrace.integrations.sglang import server as st_server
 
-    (tmp_path / "config.json").write_text(json.dumps(_draft_config()))
+    (tmp_path / "config.json").write_text(json.dumps(sh.draft_config()))
     monkeypatch.setattr(st_server, "spec_args", lambda: {"speculative_algorithm": "EAGLE", "speculative_draft_model_path": str(tmp_path)})
-    draft = sh.build_sglang_eagle3_draft(_draft_config())
+    draft = sh.build_sglang_eagle3_draft(sh.draft_config())
     draft.load_weights(list(_full_draft_weights(draft).items()))
     codes = _codes(rec, "error")
     assert "algorithm_mismatch" in codes and "aux_capture_disabled" in codes
@@ -317,7 +250,7 @@ def test_missing_lm_head_is_named(rec):
 
 
 def test_lm_head_from_target_is_exempt(rec):
-    cfg = _draft_config()
+    cfg = sh.draft_config()
     cfg.pop("draft_vocab_size")  # SGLang then loads the target's head (load_lm_head_from_target)
     draft = sh.build_sglang_eagle3_draft(cfg)
     weights = {k: v for k, v in _full_draft_weights(draft).items() if not k.startswith("lm_head") and k not in ("d2t", "t2d")}
@@ -396,7 +329,7 @@ def verifier_on_file(installed, tmp_path):
         return [x for x in lines if x["type"] == "acceptance"]
 
     yield worker, on_file, acceptance_lines
-    st_state.reset(_recorder())
+    st_state.reset(engine_hooks.quiet_recorder())
 
 
 def test_acceptance_steps_are_built_in_batches_and_none_is_lost_at_close(verifier_on_file):
@@ -778,7 +711,7 @@ def _import_hook_probe(extra_path: str | None, queue) -> None:
         sh.setup()
         from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
 
-        draft = sh.build_sglang_eagle3_draft(_draft_config())
+        draft = sh.build_sglang_eagle3_draft(sh.draft_config())
         weights = _full_draft_weights(draft)
         weights["midlayer.mlp.down_prj.weight"] = weights.pop("midlayer.mlp.down_proj.weight")
         draft.load_weights(list(weights.items()))

@@ -13,11 +13,7 @@ import pytest
 pytest.importorskip("sglang", reason="needs scripts/install-sglang-cpu.sh")
 torch = pytest.importorskip("torch")
 
-from spectrace.integrations import sglang as st_sglang
 from spectrace.integrations.core.rotary import live_rotaries
-from spectrace.integrations.sglang import state as st_state
-from spectrace.recorder import Recorder
-from spectrace.settings import Settings
 from tests.helpers import sglang_harness as sh
 
 pytestmark = pytest.mark.sglang
@@ -25,37 +21,13 @@ pytestmark = pytest.mark.sglang
 HIDDEN, VOCAB = 64, 128
 
 
-def _recorder() -> Recorder:
-    return Recorder(Settings.from_env({"SPECTRACE_QUIET": "1"}), directory=None)
-
-
 @pytest.fixture(scope="module")
 def installed():
-    sh.setup()
-    import sglang.srt.models.llama  # noqa: F401
-    import sglang.srt.models.llama_eagle3  # noqa: F401
-
-    st_sglang.install(_recorder())
-    yield
-    st_state.reset(_recorder())
-
-
-@pytest.fixture
-def rec(installed):
-    recorder = _recorder()
-    st_state.reset(recorder)
-    yield recorder
-    st_state.reset(_recorder())
+    yield from sh.installed("sglang.srt.models.llama", "sglang.srt.models.llama_eagle3")
 
 
 def _target(**rope):
-    from transformers import LlamaConfig
-
-    hf = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False, **rope,
-    )  # fmt: skip
-    return sh.build_sglang_llama_target(hf, layer_ids=[0, 1, 2])
+    return sh.build_sglang_llama_target(sh.tiny_llama_config(**rope), layer_ids=[0, 1, 2])
 
 
 def _draft(load: bool = True, **rope):

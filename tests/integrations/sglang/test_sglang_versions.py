@@ -39,11 +39,11 @@ from spectrace.rules.conventions import engine_boundaries, engine_rule
 from spectrace.rules.engines import get_engine
 from tests.helpers import sglang_harness as sh
 from tests.integrations.sglang import test_sglang_integration as si
-from tests.integrations.sglang.test_sglang_integration import _codes, _draft_config, _of, _speculators_weights  # noqa: F401
+from tests.integrations.sglang.test_sglang_integration import _codes, _of, _speculators_weights  # noqa: F401
 
 pytestmark = pytest.mark.sglang
 
-installed, rec = si.installed, si.rec  # the SGLang integration tests' fixtures, used here by name
+installed = si.installed  # the SGLang integration tests' hooks, used here by name (rec: this folder's conftest)
 ROOT = paths.ROOT
 FIXTURES = paths.FIXTURES
 DATA = ROOT / "spectrace" / "eagle3" / "data"  # the shipped draft: ids [-1, 1, 3], the embedding first
@@ -139,7 +139,7 @@ def test_b3_specforge_config_on_deepseek_v3_without_server_args(rec, order):
     first id is 1) captures [2, 3, 4] literally: one layer early, found with no server."""
     ids = [2, 3, 4]
     build_target = lambda: sh.build_sglang_deepseek_target(sh.tiny_deepseek_v3_config(), None, layer_ids=ids)  # noqa: E731
-    build_draft = lambda: sh.build_sglang_eagle3_draft(_draft_config(layer_ids=ids))  # noqa: E731
+    build_draft = lambda: sh.build_sglang_eagle3_draft(sh.draft_config(layer_ids=ids))  # noqa: E731
     for build in (build_target, build_draft) if order == "target_first" else (build_draft, build_target):
         build()
     (capture,) = _of(rec, Capture)

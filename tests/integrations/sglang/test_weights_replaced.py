@@ -10,95 +10,27 @@ The clean twin (``draft_vocab_size`` set) keeps its head and says nothing.
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
 pytest.importorskip("sglang", reason="needs scripts/install-sglang-cpu.sh")
 torch = pytest.importorskip("torch")
 
 from spectrace.checks.replaced import ReplacedWeight, check_replaced_weights
-from spectrace.integrations import sglang as st_sglang
-from spectrace.integrations.sglang import state as st_state
 from spectrace.integrations.sglang import weights as st_weights
-from spectrace.recorder import Recorder
-from spectrace.settings import Settings
 from tests.helpers import sglang_harness as sh
+from tests.helpers.sglang_harness import DRAFT_VOCAB, VOCAB
 
 pytestmark = pytest.mark.sglang
-
-HIDDEN, VOCAB, DRAFT_VOCAB = 64, 128, 32
-
-
-def _recorder() -> Recorder:
-    return Recorder(Settings.from_env({"SPECTRACE_QUIET": "1"}), directory=None)
 
 
 @pytest.fixture(scope="module")
 def installed():
-    sh.setup()
-    try:
-        import setproctitle  # noqa: F401
-    except ImportError:
-        import types
-
-        stub = types.ModuleType("setproctitle")
-        stub.setproctitle = lambda title: None
-        stub.getproctitle = lambda: ""
-        sys.modules["setproctitle"] = stub
-    import sglang.srt.models.llama  # noqa: F401
-    import sglang.srt.models.llama_eagle3  # noqa: F401
-
-    st_sglang.install(_recorder())
-    yield
-    st_state.reset(_recorder())
-
-
-@pytest.fixture
-def rec(installed):
-    recorder = _recorder()
-    st_state.reset(recorder)
-    yield recorder
-    st_state.reset(_recorder())
-
-
-def _config(draft_vocab: int | None) -> dict:
-    return dict(
-        architectures=["LlamaForCausalLMEagle3"],
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=False,
-        draft_vocab_size=draft_vocab,
-        target_hidden_size=HIDDEN,
-        eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 1, 2], "use_aux_hidden_state": True},
-    )
+    yield from sh.installed("sglang.srt.models.llama", "sglang.srt.models.llama_eagle3", proctitle=True)
 
 
 def _checkpoint(draft, rows: int, d2t: torch.Tensor | None) -> dict[str, torch.Tensor]:
     """A trained draft's tensors under SpecForge's names, its own lm_head included."""
-    g = torch.Generator().manual_seed(7)
-    out: dict[str, torch.Tensor] = {}
-    for name, p in draft.named_parameters():
-        if name.endswith("embed_tokens.weight"):
-            continue
-        ckpt = name.replace("model.layers.0.", "midlayer.").replace("model.", "")
-        if ".qkv_proj." in ckpt:
-            head = HIDDEN // 4
-            for part, n in (("q_proj", 4 * head), ("k_proj", 2 * head), ("v_proj", 2 * head)):
-                out[ckpt.replace("qkv_proj", part)] = torch.randn(n, p.shape[1], generator=g) * 0.02
-        elif ".gate_up_proj." in ckpt:
-            half = p.shape[0] // 2
-            out[ckpt.replace("gate_up_proj", "gate_proj")] = torch.randn(half, p.shape[1], generator=g) * 0.02
-            out[ckpt.replace("gate_up_proj", "up_proj")] = torch.randn(half, p.shape[1], generator=g) * 0.02
-        elif ckpt.startswith("lm_head."):
-            out[ckpt] = torch.randn(rows, HIDDEN, generator=g) * 0.02
-        else:
-            out[ckpt] = torch.ones_like(p) if "norm" in ckpt else torch.randn(p.shape, generator=g) * 0.02
+    out = sh.checkpoint(draft, seed=7, lm_head_rows=rows)
     if d2t is not None:
         out["d2t"] = d2t
     return out
@@ -118,20 +50,8 @@ def _init_lm_head(draft, target) -> None:
 
 
 def _pair(draft_vocab: int | None):
-    from transformers import LlamaConfig
-
-    hf = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=False,
-    )
-    target = sh.build_sglang_llama_target(hf, layer_ids=[0, 1, 2])
-    draft = sh.build_sglang_eagle3_draft(_config(draft_vocab))
+    target = sh.build_sglang_llama_target(sh.tiny_llama_config(), layer_ids=[0, 1, 2])
+    draft = sh.build_sglang_eagle3_draft(sh.draft_config(draft_vocab_size=draft_vocab))
     rows = draft_vocab or VOCAB
     d2t = torch.arange(DRAFT_VOCAB) * 3 if draft_vocab else None  # target ids 4i, inside the vocabulary
     ckpt = _checkpoint(draft, rows, d2t)
@@ -185,7 +105,7 @@ def test_shared_embedding_the_checkpoint_lacked_says_nothing(rec) -> None:
 
 def test_engine_hot_map_checked_at_load(rec) -> None:
     # d2t = arange while t2d holds the real hot set: SGLang builds hot_token_id = 2i and says nothing.
-    draft = sh.build_sglang_eagle3_draft(_config(DRAFT_VOCAB))
+    draft = sh.build_sglang_eagle3_draft(sh.draft_config(draft_vocab_size=DRAFT_VOCAB))
     ckpt = _checkpoint(draft, DRAFT_VOCAB, torch.arange(DRAFT_VOCAB))
     t2d = torch.zeros(VOCAB, dtype=torch.bool)
     t2d[torch.arange(DRAFT_VOCAB) * 4] = True  # the real hot set: target ids 4i
@@ -199,7 +119,7 @@ def test_engine_hot_map_checked_at_load(rec) -> None:
 
 
 def test_engine_hot_map_clean_twin(rec) -> None:
-    draft = sh.build_sglang_eagle3_draft(_config(DRAFT_VOCAB))
+    draft = sh.build_sglang_eagle3_draft(sh.draft_config(draft_vocab_size=DRAFT_VOCAB))
     ckpt = _checkpoint(draft, DRAFT_VOCAB, torch.arange(DRAFT_VOCAB) * 3)  # target ids 4i: rising, inside 128
     t2d = torch.zeros(VOCAB, dtype=torch.bool)
     t2d[torch.arange(DRAFT_VOCAB) * 4] = True

@@ -182,7 +182,7 @@ def _sglang():
 try:  # the fixtures and checkpoint helpers of the SGLang integration tests
     import sglang  # noqa: F401
 
-    from tests.integrations.sglang.test_sglang_integration import installed, rec  # noqa: F401  (pytest fixtures)
+    from tests.integrations.sglang.test_sglang_integration import installed  # noqa: F401  (a pytest fixture; rec: this folder's conftest)
 except ImportError:  # pragma: no cover - skipped below
     pass
 
@@ -190,7 +190,7 @@ except ImportError:  # pragma: no cover - skipped below
 def _sglang_draft(si, how: str):
     from tests.helpers import sglang_harness as sh
 
-    draft = sh.build_sglang_eagle3_draft(si._draft_config(), seed=None)
+    draft = sh.build_sglang_eagle3_draft(sh.draft_config(), seed=None)
     fill_(draft, how)
     return draft
 
