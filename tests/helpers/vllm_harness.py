@@ -30,7 +30,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from tests.helpers import engine_hooks
+from tests.helpers import draft_checkpoint, engine_hooks
 
 HIDDEN = 64
 N_LAYERS = 4
@@ -71,20 +71,11 @@ def target_config(**extra: Any) -> dict[str, Any]:
 
 
 def draft_config(layer_ids: Any = (0, 1, 2), **extra: Any) -> dict[str, Any]:
-    """A SpecForge-format EAGLE-3 draft config.json (ids nested in eagle_config)."""
-    cfg: dict[str, Any] = dict(
+    """A SpecForge-format EAGLE-3 draft config.json (ids nested in eagle_config): the target's
+    fields, one layer, and the draft's own."""
+    cfg = target_config(
         architectures=["LlamaForCausalLMEagle3"],
-        model_type="llama",
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        intermediate_size=2 * HIDDEN,
         num_hidden_layers=1,
-        num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS,
-        max_position_embeddings=256,
-        rms_norm_eps=1e-6,
-        torch_dtype="float32",
-        tie_word_embeddings=False,
         draft_vocab_size=DRAFT_VOCAB,
         target_hidden_size=HIDDEN,
         eagle_config={"eagle_aux_hidden_state_layer_ids": list(layer_ids), "use_aux_hidden_state": True},
@@ -175,13 +166,9 @@ def checkpoint(draft: Any, *, d2t: bool = True, fc: bool = True, biases: bool = 
         if name.endswith("embed_tokens.weight") or name == "draft_id_to_target_id":
             continue
         ckpt = name.removeprefix("model.")
-        if ".qkv_proj." in ckpt:
-            for part, rows in (("q_proj", HEADS * head), ("k_proj", KV_HEADS * head), ("v_proj", KV_HEADS * head)):
-                out[ckpt.replace("qkv_proj", part)] = torch.randn(rows, p.shape[1], generator=g) * 0.02
-        elif ".gate_up_proj." in ckpt:
-            half = p.shape[0] // 2
-            out[ckpt.replace("gate_up_proj", "gate_proj")] = torch.randn(half, p.shape[1], generator=g) * 0.02
-            out[ckpt.replace("gate_up_proj", "up_proj")] = torch.randn(half, p.shape[1], generator=g) * 0.02
+        split = draft_checkpoint.unfused(ckpt, p.shape, g, HEADS * head, KV_HEADS * head)
+        if split is not None:
+            out.update(split)
         elif ckpt.startswith("lm_head."):
             out[ckpt] = torch.randn(DRAFT_VOCAB, HIDDEN, generator=g) * 0.02  # the parameter is padded
         else:
