@@ -46,7 +46,7 @@ from typing import Any, Optional
 
 import torch
 
-from tests.helpers import engine_hooks
+from tests.helpers import draft_checkpoint, engine_hooks
 
 # SGLang's DeepSeek MoE routing goes through torch.compile; eager is faster for tiny
 # models (first forward 4.5 s -> ~1 s). Must be set before torch._dynamo reads it.
@@ -501,14 +501,9 @@ def checkpoint(draft: torch.nn.Module, *, seed: int, lm_head_rows: int) -> dict[
         if name.endswith("embed_tokens.weight"):
             continue
         ckpt = name.replace("model.layers.0.", "midlayer.").replace("model.", "")
-        if ".qkv_proj." in ckpt:
-            head = HIDDEN // 4
-            for part, rows in (("q_proj", 4 * head), ("k_proj", 2 * head), ("v_proj", 2 * head)):
-                out[ckpt.replace("qkv_proj", part)] = torch.randn(rows, p.shape[1], generator=g) * 0.02
-        elif ".gate_up_proj." in ckpt:
-            half = p.shape[0] // 2
-            out[ckpt.replace("gate_up_proj", "gate_proj")] = torch.randn(half, p.shape[1], generator=g) * 0.02
-            out[ckpt.replace("gate_up_proj", "up_proj")] = torch.randn(half, p.shape[1], generator=g) * 0.02
+        split = draft_checkpoint.unfused(ckpt, p.shape, g, 4 * (HIDDEN // 4), 2 * (HIDDEN // 4))
+        if split is not None:
+            out.update(split)
         elif ckpt.startswith("lm_head."):
             out[ckpt] = torch.randn(lm_head_rows, HIDDEN, generator=g) * 0.02
         else:
