@@ -80,7 +80,7 @@ def _sglang_rule_run(module: str, cls: str, ids: list[int] | None, n: int) -> li
 )
 @pytest.mark.parametrize("ids", [[1, 3, 5], [2, 4, 5], [2, 4, 8], [-1, 2, 4]])
 def test_table_rule_equals_sglang_method(module, cls, ids):
-    sh = pytest.importorskip("sglang_harness")
+    sh = pytest.importorskip("tests.helpers.sglang_harness")
     sh.setup()
     n = 8
     rule = engine_rule(cls, "0.5.23")
@@ -121,7 +121,7 @@ def test_unknown_family_says_rule_unknown_with_observed_boundaries():
 def test_qwen3_target_through_the_seam():
     """SGLang's own Qwen3ForCausalLM, built on CPU: the seam records its family and rule."""
     pytest.importorskip("sglang")
-    sh = pytest.importorskip("sglang_harness")
+    sh = pytest.importorskip("tests.helpers.sglang_harness")
     try:
         from tests.integrations.sglang.test_sglang_integration import _of  # noqa: F401
     except ImportError:  # pragma: no cover
