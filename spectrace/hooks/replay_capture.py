@@ -80,6 +80,19 @@ def draft_parts(draft: nn.Module) -> tuple[nn.Module, nn.Module | None, nn.Modul
     return inner, getattr(inner, "fc", None), layer, norm, getattr(draft, "lm_head", None)
 
 
+def _hidden_and_positions(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """(hidden states, positions) of a draft forward called without SGLang's batch: by name,
+    else by kind (the hidden states are the floating tensor, the positions the integer one)."""
+    hidden, positions = kwargs.get("hidden_states"), kwargs.get("positions")
+    for value in args[1:3]:
+        if isinstance(value, torch.Tensor):
+            if value.is_floating_point() and hidden is None:
+                hidden = value
+            elif not value.is_floating_point() and positions is None:
+                positions = value
+    return hidden, positions
+
+
 class ReplayCapture:
     """Hooks on one draft that keep its replay inputs (see the module's doc). Never raises into the model."""
 
@@ -98,10 +111,14 @@ class ReplayCapture:
         self._full = False
         self._written = False
         self.inputs_only = 0  # forwards whose fc, layer and norm ran in a CUDA graph: not kept
+        self._pending_fc: tuple[torch.Tensor, torch.Tensor] | None = None  # vLLM's fc, run before the forward
         self._handles: list[Any] = []
         hook = self._handles.append
-        hook(self.inner.register_forward_pre_hook(self._begin, with_kwargs=True))
-        hook(self.inner.register_forward_hook(self._end, with_kwargs=True))
+        # vLLM's inner model is compiled-or-called through its own __call__ (support_torch_compile),
+        # which runs forward() without the module's hooks: the forward is then the draft's own.
+        outer = draft if type(self.inner).__call__ is not nn.Module.__call__ else self.inner
+        hook(outer.register_forward_pre_hook(self._begin, with_kwargs=True))
+        hook(outer.register_forward_hook(self._end, with_kwargs=True))
         if self.fc is not None:
             hook(self.fc.register_forward_hook(self._fc, with_kwargs=True))
         hook(self.layer.register_forward_pre_hook(self._layer_in, with_kwargs=True))
@@ -144,9 +161,8 @@ class ReplayCapture:
                 return
             n = min(n, int(lens[0]))
             hidden = getattr(getattr(batch, "spec_info", None), "hidden_states", None)
-        else:  # a plain draft: forward(input_ids, hidden_states, positions)
-            hidden = _arg(args, kwargs, 1, "hidden_states")
-            positions = _arg(args, kwargs, 2, "positions")
+        else:  # a plain draft: (input_ids, hidden_states, positions), or vLLM's (input_ids, positions, hidden_states)
+            hidden, positions = _hidden_and_positions(args, kwargs)
             if (
                 isinstance(positions, torch.Tensor)
                 and positions.device.type == "cpu"
@@ -155,7 +171,13 @@ class ReplayCapture:
             ):
                 return
         tensors: dict[str, torch.Tensor] = {"input_ids": ids[:n].detach().clone().long()}
-        if isinstance(hidden, torch.Tensor) and hidden.dim() == 2 and hidden.shape[0] >= n:
+        pending, self._pending_fc = self._pending_fc, None
+        if pending is not None and isinstance(hidden, torch.Tensor) and pending[1].shape == hidden.shape:
+            # vLLM: fc ran just before this forward (combine_hidden_states, after the input
+            # norms), so what the model reads is fc's output. fc's own input is kept; the raw
+            # fused input is not (the input norms already ran on it).
+            tensors["fc_in"], tensors["fc_out"] = pending[0][:n].detach().clone(), pending[1][:n].detach().clone()
+        elif isinstance(hidden, torch.Tensor) and hidden.dim() == 2 and hidden.shape[0] >= n:
             tensors["hidden_in"] = hidden[:n].detach().clone()
         self._cur = {"n": n, "mode": mode, "tensors": tensors}
 
@@ -166,6 +188,11 @@ class ReplayCapture:
 
     def _fc(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         if self._cur is None:
+            # vLLM applies fc outside the model's forward (combine_hidden_states): keep a
+            # reference (no copy) until the forward that follows; dropped at its end.
+            inp, out = _arg(args, kwargs, 0, "input"), _first(output)
+            if not self._full and isinstance(inp, torch.Tensor) and isinstance(out, torch.Tensor) and inp.dim() == out.dim() == 2:
+                self._pending_fc = (inp, out)
             return
 
         def take() -> None:
@@ -209,14 +236,17 @@ class ReplayCapture:
             logits = cur["tensors"]["norm_out"].float() @ weight.detach().float().t()
             values, ids = logits.topk(min(TOPK, int(logits.shape[-1])), dim=-1)
         cur["tensors"]["topk_values"], cur["tensors"]["topk_ids"] = values, ids
-        hot = getattr(self.draft, "hot_token_id", None)
+        hot = getattr(self.draft, "hot_token_id", None)  # SGLang: draft id -> target id
+        offsets = getattr(self.draft, "draft_id_to_target_id", None)  # vLLM: draft id -> offset (d2t)
         if isinstance(hot, torch.Tensor) and hot.dim() == 1:
             cur["tensors"]["target_ids"] = hot.to(ids.device)[ids]
-        elif hot is None:
+        elif isinstance(offsets, torch.Tensor) and offsets.dim() == 1:
+            cur["tensors"]["target_ids"] = ids + offsets.detach().to(ids.device).long()[ids]
+        elif hot is None and offsets is None:
             cur["tensors"]["target_ids"] = ids.clone()  # no map: draft ids are target ids
 
     def _end(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
-        cur, self._cur = self._cur, None
+        cur, self._cur, self._pending_fc = self._cur, None, None
         if cur is None or self._full:
             return
         if "layer_out" not in cur["tensors"] and "norm_out" not in cur["tensors"]:

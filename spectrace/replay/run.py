@@ -11,11 +11,13 @@ import importlib.util
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..audit.checkpoint import AuditInputError
+from . import speculators_reference
 from .file import REPLAY_SUFFIX, RESULT_SUFFIX, ReplayFileError, find_replay_files, read_replay
 from .reference import Reference, ReferenceError
+from .speculators_reference import SpeculatorsReference
 from .weights import load_draft
 
 if TYPE_CHECKING:
@@ -35,17 +37,20 @@ def replay(trace: str, draft: str, reference: str = "auto", warn: Callable[[str]
     beside the trace (a failure to write it goes to ``warn``, it is not fatal)."""
     if not os.path.exists(trace):
         raise ReplayInputError(f"{trace}: no such file or folder")
-    if reference in TRAINERS:
-        if importlib.util.find_spec(TRAINERS[reference]) is None:
-            raise ReplayInputError(f"--reference {reference}: the package is not installed (pip install {TRAINERS[reference]})")
-        raise ReplayInputError(f"--reference {reference}: this spectrace runs its built-in reference only; use --reference builtin")
+    if reference in TRAINERS and importlib.util.find_spec(TRAINERS[reference]) is None:
+        raise ReplayInputError(f"--reference {reference}: the package is not installed (pip install {TRAINERS[reference]})")
+    if reference == "specforge":
+        raise ReplayInputError(
+            "--reference specforge: SpecForge's draft is not run by this spectrace; "
+            "--reference builtin is written to its Llama draft's semantics"
+        )
     files = find_replay_files(trace)
     if not files:
         raise ReplayInputError(f"{trace}: no kept draft inputs ({REPLAY_SUFFIX}); {HOW_TO_KEEP}")
     try:
         meta, forwards = read_replay(files[-1])
         ckpt, raw, tensors = load_draft(Path(draft))
-        ref = Reference.build(ckpt, raw, tensors)
+        ref = _reference(reference, Reference.build(ckpt, raw, tensors), raw, tensors)
     except (ReplayFileError, AuditInputError, ReferenceError) as exc:
         raise ReplayInputError(str(exc)) from None
     if not forwards:
@@ -61,10 +66,23 @@ def replay(trace: str, draft: str, reference: str = "auto", warn: Callable[[str]
 
     result = compare(ref, forwards, meta.dtype)
     result.trace, result.replay_file, result.draft, result.engine = meta.trace, os.path.basename(files[-1]), str(draft), meta.engine
-    if reference == "auto":
-        result.notes.append("reference: spectrace's built-in EAGLE-3 draft (the trainers' own modelling code is not used)")
+    result.reference = "speculators" if isinstance(ref, SpeculatorsReference) else "builtin"
+    if reference == "auto" and result.reference == "builtin":
+        why = "not a speculators-format checkpoint" if speculators_reference.installed() else "speculators is not installed"
+        result.notes.append(f"reference: spectrace's built-in EAGLE-3 draft ({why}; the trainers' own modelling code is not used)")
     _save(files[-1], result, warn)
     return result
+
+
+def _reference(asked: str, builtin: Reference, raw: dict[str, Any], tensors: dict[str, Any]) -> Reference:
+    """The reference ``asked`` for: speculators' own model for a speculators-format checkpoint
+    (``auto`` takes it when the package is installed), else the built-in one."""
+    fits = speculators_reference.is_speculators_checkpoint(raw)
+    if asked == "speculators" and not fits:
+        raise ReferenceError("--reference speculators: config.json is not speculators' format (no speculators_model_type eagle3)")
+    if asked == "speculators" or (asked == "auto" and fits and speculators_reference.installed()):
+        return SpeculatorsReference.wrap(builtin, raw, tensors)
+    return builtin
 
 
 def _save(replay_file: str, result: ReplayResult, warn: Callable[[str], None] | None) -> None:
@@ -81,7 +99,10 @@ def _save(replay_file: str, result: ReplayResult, warn: Callable[[str], None] | 
 
 def render(result: ReplayResult) -> str:
     """The text of a replay: each module's verdict, then the first divergence and its causes."""
-    lines = [f"replay: {result.forwards} forward(s), {result.rows} row(s), {result.dtype or 'unknown dtype'}, draft {result.draft}"]
+    lines = [
+        f"replay: {result.forwards} forward(s), {result.rows} row(s), {result.dtype or 'unknown dtype'}, "
+        f"draft {result.draft}, reference {result.reference}"
+    ]
     for check in result.modules:
         if not check.compared:
             state = f"not compared ({check.note})" if check.note else "not compared"

