@@ -98,7 +98,7 @@ class RMSNorm(nn.Module):
 def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """Llama rotary embedding (rotate-half) on ``x`` of shape (..., T, head_dim), positions (T,)."""
     dim = x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device) / dim))
     freqs = positions.float()[:, None] * inv[None, :]
     emb = torch.cat([freqs, freqs], dim=-1)
     cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
