@@ -8,9 +8,8 @@ bash scripts/setup-venv.sh --with-sglang
 .venv/bin/ruff format --check .
 .venv/bin/lint-imports
 .venv/bin/mypy
-# The fused statistics kernel runs on GPUs only; Triton's interpreter runs its logic here
-# (the variable must be set before Triton is imported, hence a process of its own).
-TRITON_INTERPRET=1 .venv/bin/python -m pytest -q -p no:cacheprovider tests/hooks/test_graphsafe.py -k "interpreter or zeroes or zeroing"
+# (The fused statistics kernel runs on GPUs only; tests/hooks/test_triton_interpreter.py runs
+# its tests under Triton's interpreter in a child pytest of the run below.)
 # --dist loadfile: a module-scoped fixture (the demo runs) is built once, on one worker.
 # --durations: the slowest tests, so a suite that creeps towards its time limit shows where.
 # (The vLLM tests skip here: vLLM pins its own torch, so they run in an environment of their own.)

@@ -4,17 +4,16 @@ The kernel (``fused_stats.launch_multi``) must write exactly what one launch per
 (``launch_partials``) writes; the step's bookkeeping (``readback.StepStats`` with
 ``defer``) must give every tensor its own row in entry order, never read a tensor that was
 written in place while held, and hold at most a batch. On the CPU the kernel runs under
-Triton's interpreter (a child pytest sets ``TRITON_INTERPRET=1`` before Triton loads), with
+Triton's interpreter (``test_triton_interpreter.py`` runs them in a child pytest that sets
+``TRITON_INTERPRET=1`` before Triton loads), with
 the step routing CPU tensors to the kernel path as CUDA tensors go; on a GPU the same
 tests run on CUDA, plus a traced model compared with and without batching.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
-import subprocess
 import sys
 
 import pytest
@@ -23,9 +22,7 @@ import torch
 from spectrace.hooks import fused_stats as F
 from spectrace.hooks import readback as R
 from spectrace.hooks.tensor_stats import ROW, cpu_row, reduce_partials, reduce_rows, stats_fields
-from tests.helpers import paths
 
-ROOT = paths.ROOT
 INTERP = os.environ.get("TRITON_INTERPRET") == "1"
 CUDA = torch.cuda.is_available()
 needs_kernel = pytest.mark.skipif(not (INTERP or CUDA), reason="the Triton kernel needs CUDA or TRITON_INTERPRET=1")
@@ -336,33 +333,6 @@ def test_reduce_rows_of_held_slots_matches_entry_order_without_a_kernel():
     values = step.start_readback().values()
     assert [v[0] for v in values] == [7.0, 5.0]
     assert reduce_rows([buffer.tensor[0]]).shape == (1, ROW)
-
-
-@pytest.mark.skipif(INTERP or CUDA, reason="this is the parent run on a CPU machine")
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
-@pytest.mark.slow
-def test_kernel_tests_under_triton_interpreter():
-    """The kernel tests above again, in a child pytest that sets TRITON_INTERPRET=1 before importing Triton."""
-    env = {
-        **os.environ,
-        "TRITON_INTERPRET": "1",
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        __file__,
-        "-q",
-        "-x",
-        "-k",
-        "not under_triton_interpreter and not launched_directly and not copies_only_the_rows",  # (CUDA copies)
-        "-p",
-        "no:cacheprovider",
-    ]
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
-    assert " skipped" not in done.stdout.splitlines()[-1], done.stdout[-2000:]  # the kernel tests ran
 
 
 @pytest.mark.parametrize("rows", [1, 3, 64])

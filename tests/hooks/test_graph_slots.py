@@ -1,7 +1,7 @@
 """Graph slots: masked, in-graph statistics with an asynchronous read-back.
 
 Every scenario runs twice: here on the torch path (CPU, no interpreter), and, through
-:func:`test_scenarios_under_triton_interpreter`, in a child pytest with
+``test_triton_interpreter.py``, in a child pytest with
 ``TRITON_INTERPRET=1`` set before Triton is imported, where the same tests use the Triton
 kernel. The CPU has no graphs: :func:`replay` does what a replay does (the memset, then
 every captured reduction again, reading ``real_bs`` from the device scalar).
@@ -9,12 +9,9 @@ every captured reduction again, reading ``real_bs`` from the device scalar).
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import math
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,10 +20,8 @@ import torch
 
 from spectrace.hooks import graph_slots as G
 from spectrace.hooks.tensor_stats import ABSMAX, INF, NAN, SUM, SUMSQ
-from tests.helpers import paths
 
 INTERP = os.environ.get("TRITON_INTERPRET") == "1"
-ROOT = paths.ROOT
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
 
@@ -341,29 +336,6 @@ def test_kernel_is_off_without_the_interpreter_or_when_disabled(monkeypatch):
         assert G.GraphSlots("cpu", fused=True).fused is False  # no CUDA, no interpreter
     monkeypatch.setitem(G._kernel_state, "kernel", None)  # as SPECTRACE_FUSED_STATS=0 leaves it
     assert G.GraphSlots("cpu").fused is False
-
-
-@pytest.mark.skipif(INTERP, reason="this is the parent run")
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
-@pytest.mark.slow
-def test_scenarios_under_triton_interpreter():
-    """The tests above again, in a child pytest that sets TRITON_INTERPRET=1 before importing Triton."""
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        __file__,
-        "-q",
-        "-x",
-        "-k",
-        "not under_triton_interpreter and not cuda_graph",
-        "-p",
-        "no:cacheprovider",
-    ]
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
-    assert " skipped" not in done.stdout.splitlines()[-1], done.stdout[-2000:]  # the kernel tests ran
 
 
 # ------------------------------------------------------------------ a real CUDA graph
