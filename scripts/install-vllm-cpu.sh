@@ -15,7 +15,8 @@ cd "$(dirname "$0")/.."
 VLLM_VERSION="0.32.0"
 VENV="${1:-.venv-vllm}"
 PY_BASE="${PYTHON:-python3}"
-PIP=(--disable-pip-version-check -q)
+# --no-compile: Python compiles what is imported, on first use, not all of vLLM and torch now.
+PIP=(--disable-pip-version-check -q --no-compile)
 
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY_BASE" -m venv "$VENV"
@@ -53,8 +54,13 @@ if ! "$PY" -c "import importlib.metadata as md; assert md.version('speculators')
 fi
 # The project's own test dependencies, then spectrace itself (non-editable, no deps:
 # the ones it needs are already there and must not move vLLM's pins).
-"$PY" -m pip install "${PIP[@]}" --force-reinstall --no-deps .
-"$PY" -m pip install "${PIP[@]}" ".[test]"
+# The wheel is built once (a plain `.` is built again by every pip call that names it).
+wheels="$(mktemp -d)"
+trap 'rm -rf "$wheels"' EXIT
+"$PY" -m pip wheel -q --disable-pip-version-check --no-deps -w "$wheels" . >/dev/null
+wheel=("$wheels"/spectrace-*.whl)
+"$PY" -m pip install "${PIP[@]}" --force-reinstall --no-deps "${wheel[0]}"
+"$PY" -m pip install "${PIP[@]}" "${wheel[0]}[test]"
 # Nothing above may bring them back; remove them again if it did.
 "$PY" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 
