@@ -55,7 +55,7 @@ except md.PackageNotFoundError:
 if have != want:
     sys.exit(1)
 try:
-    if md.version("transformers") != "5.19.0":
+    if md.version("transformers") != "5.19.0" or md.version("specforge") != "0.2.0":
         sys.exit(1)
 except md.PackageNotFoundError:
     sys.exit(1)
@@ -101,6 +101,11 @@ PTH
     "apache-tvm-ffi==0.1.11" "sentencepiece==0.2.1" "compressed-tensors==0.18.0" gguf \
     einops "openai==2.8.0" partial-json-parser
 
+# 4. SpecForge (the trainer of SGLang's flat draft format), for `spectrace replay
+#    --reference specforge`: with --no-deps, since it pins torch 2.11 and sglang 0.5.14;
+#    its draft model imports with what is already here.
+"${PIP[@]}" --no-deps "specforge==0.2.0"
+
 # --- verify: torch unchanged and still CPU; the modules spectrace hooks import ----
 "$PY" - <<'PY'
 import sys, types
@@ -111,6 +116,10 @@ assert "torchvision._meta_registrations" in sys.modules, "stub .pth did not run"
 from transformers import LlamaConfig  # noqa: F401  (imports torchvision)
 import sglang.srt.models.llama_eagle3  # noqa: F401
 import sglang.srt.models.deepseek_v2  # noqa: F401
+import warnings
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    import specforge.modeling.draft.llama3_eagle  # noqa: F401
 import importlib.metadata as md
 print(f"ok: sglang {md.version('sglang')}, torch {torch.__version__}, "
       f"transformers {md.version('transformers')}")

@@ -7,24 +7,24 @@ command's arguments and exit status are ``cli/replay.py``'s.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..audit.checkpoint import AuditInputError
-from . import speculators_reference
 from .file import REPLAY_SUFFIX, RESULT_SUFFIX, ReplayFileError, find_replay_files, read_replay
 from .reference import Reference, ReferenceError
-from .speculators_reference import SpeculatorsReference
+from .trainer_model import TrainerReference, installed
+from .trainer_specforge import SpecForgeReference
+from .trainer_speculators import SpeculatorsReference, is_speculators_checkpoint
 from .weights import load_draft
 
 if TYPE_CHECKING:
     from .compare import ReplayResult
 
 HOW_TO_KEEP = "run the server with SPECTRACE=1 SPECTRACE_REPLAY=1 SPECTRACE_DIR=<folder> to keep them"
-TRAINERS = {"speculators": "speculators", "specforge": "specforge"}
+TRAINERS: dict[str, type[TrainerReference]] = {"speculators": SpeculatorsReference, "specforge": SpecForgeReference}
 REFERENCES = ("auto", "speculators", "specforge", "builtin")
 
 
@@ -37,13 +37,8 @@ def replay(trace: str, draft: str, reference: str = "auto", warn: Callable[[str]
     beside the trace (a failure to write it goes to ``warn``, it is not fatal)."""
     if not os.path.exists(trace):
         raise ReplayInputError(f"{trace}: no such file or folder")
-    if reference in TRAINERS and importlib.util.find_spec(TRAINERS[reference]) is None:
-        raise ReplayInputError(f"--reference {reference}: the package is not installed (pip install {TRAINERS[reference]})")
-    if reference == "specforge":
-        raise ReplayInputError(
-            "--reference specforge: SpecForge's draft is not run by this spectrace; "
-            "--reference builtin is written to its Llama draft's semantics"
-        )
+    if reference in TRAINERS and not installed(reference):
+        raise ReplayInputError(f"--reference {reference}: the package is not installed (pip install spectrace[{reference}])")
     files = find_replay_files(trace)
     if not files:
         raise ReplayInputError(f"{trace}: no kept draft inputs ({REPLAY_SUFFIX}); {HOW_TO_KEEP}")
@@ -66,21 +61,25 @@ def replay(trace: str, draft: str, reference: str = "auto", warn: Callable[[str]
 
     result = compare(ref, forwards, meta.dtype)
     result.trace, result.replay_file, result.draft, result.engine = meta.trace, os.path.basename(files[-1]), str(draft), meta.engine
-    result.reference = "speculators" if isinstance(ref, SpeculatorsReference) else "builtin"
+    result.reference = ref.TRAINER if isinstance(ref, TrainerReference) else "builtin"
     if reference == "auto" and result.reference == "builtin":
-        why = "not a speculators-format checkpoint" if speculators_reference.installed() else "speculators is not installed"
-        result.notes.append(f"reference: spectrace's built-in EAGLE-3 draft ({why}; the trainers' own modelling code is not used)")
+        why = "speculators is not installed" if is_speculators_checkpoint(raw) else "not a speculators-format checkpoint"
+        result.notes.append(
+            f"reference: spectrace's built-in EAGLE-3 draft ({why}; the trainers' own modelling code is not used: "
+            "--reference specforge runs SpecForge's for its format)"
+        )
     _save(files[-1], result, warn)
     return result
 
 
 def _reference(asked: str, builtin: Reference, raw: dict[str, Any], tensors: dict[str, Any]) -> Reference:
-    """The reference ``asked`` for: speculators' own model for a speculators-format checkpoint
-    (``auto`` takes it when the package is installed), else the built-in one."""
-    fits = speculators_reference.is_speculators_checkpoint(raw)
-    if asked == "speculators" and not fits:
-        raise ReferenceError("--reference speculators: config.json is not speculators' format (no speculators_model_type eagle3)")
-    if asked == "speculators" or (asked == "auto" and fits and speculators_reference.installed()):
+    """The reference ``asked`` for. ``auto`` takes speculators' own model for a
+    speculators-format checkpoint when the package is installed, else the built-in one: a
+    flat config is SpecForge's format but also the original EAGLE's and the engines', so
+    SpecForge's model runs only when asked for."""
+    if asked in TRAINERS:
+        return TRAINERS[asked].wrap(builtin, raw, tensors)
+    if asked == "auto" and is_speculators_checkpoint(raw) and installed("speculators"):
         return SpeculatorsReference.wrap(builtin, raw, tensors)
     return builtin
 

@@ -30,7 +30,7 @@ from spectrace.cli.replay import main as replay_main  # noqa: E402
 from spectrace.replay.compare import module_pairs  # noqa: E402
 from spectrace.replay.file import read_replay  # noqa: E402
 from spectrace.replay.reference import Reference  # noqa: E402
-from spectrace.replay.speculators_reference import SpeculatorsReference  # noqa: E402
+from spectrace.replay.trainer_speculators import SpeculatorsReference  # noqa: E402
 from spectrace.replay.weights import load_draft  # noqa: E402
 from tests.helpers import vllm_server as vs  # noqa: E402
 
