@@ -8,6 +8,7 @@ one that computes something else, not merely one downstream of it.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -156,6 +157,12 @@ def compare(ref: Reference, forwards: list[ReplayData], dtype: str) -> ReplayRes
                 error = 1.0 if bad else 0.0
             else:
                 error = _error(served, expected)
+                if not math.isfinite(error):  # NaN or inf on either side diverges: it never "agrees" silently
+                    side = "the reference" if not bool(torch.isfinite(expected.float()).all()) else "the served draft"
+                    check.agrees = False
+                    check.note = f"{side} computed NaN or inf (a checkpoint tensor left at a trainer's NaN placeholder?)"
+                    shown.setdefault(module, (_show(served), _show(expected)))
+                    continue
                 bad = error > tol
             check.max_error = max(check.max_error or 0.0, error)
             if bad:

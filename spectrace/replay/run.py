@@ -107,6 +107,8 @@ def render(result: ReplayResult) -> str:
             state = f"not compared ({check.note})" if check.note else "not compared"
         else:
             err = f"max error {check.max_error:.3g} (tolerance {check.tolerance:.3g})" if check.max_error is not None else check.note
+            if check.max_error is not None and check.note:
+                err += f"; {check.note}"
             state = ("agrees" if check.agrees else "DIVERGES") + f": {err}"
         lines.append(f"  {check.module:<15} {state}")
     if result.agree:

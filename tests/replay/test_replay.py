@@ -256,3 +256,20 @@ def test_a_forward_whose_body_ran_in_a_graph_is_said_and_not_kept(tmp_path: Path
     (path,) = (tmp_path / "t").glob("*.replay.safetensors")
     meta, forwards = read_replay(str(path))
     assert meta.dtype == "float32" and "layer_out" in forwards[0].tensors
+
+
+def test_a_checkpoint_tensor_left_at_nan_diverges_and_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # speculators initialises its head to NaN until a verifier's is loaded; a checkpoint
+    # saved before that must not "agree" (NaN compares false with any tolerance).
+    from safetensors.torch import load_file, save_file
+
+    trace = _serve_reference(tmp_path)
+    ckpt = _checkpoint(tmp_path / "ckpt")
+    tensors = load_file(str(ckpt / "model.safetensors"))
+    tensors["lm_head.weight"] = torch.full_like(tensors["lm_head.weight"], float("nan"))
+    save_file(tensors, str(ckpt / "model.safetensors"))
+    assert replay_main([str(trace), "--draft", str(ckpt), "--json"]) == 1
+    result = json.loads(capsys.readouterr().out)
+    assert result["first_divergence"] == "lm_head"
+    (head,) = [m for m in result["modules"] if m["module"] == "lm_head"]
+    assert "the reference computed NaN" in head["note"] and head["max_error"] is None
