@@ -251,17 +251,12 @@ class ReplayCapture:
             return
         if "layer_out" not in cur["tensors"] and "norm_out" not in cur["tensors"]:
             # The draft's body ran inside a CUDA graph (SGLang 0.5.17 graphs prefills by
-            # default): only its inputs were seen, nothing to localise a divergence with.
-            # Not kept, so it does not take the place of a forward that would be complete.
+            # default) or a compiled graph (vLLM without --enforce-eager): only its inputs
+            # were seen, nothing to localise a divergence with. Not kept, so it does not
+            # take the place of a forward that would be complete.
             self.inputs_only += 1
             if self.inputs_only == 1 and self.recorder is not None:
-                self._guard(
-                    self.recorder.coverage,
-                    "not_covered",
-                    "SPECTRACE_REPLAY: a draft forward's fc, decoder layer and norm ran inside a CUDA graph "
-                    "(no Python hook runs there): only eager forwards are kept; on SGLang serve with "
-                    "--disable-prefill-cuda-graph so the draft extend after each prefill runs eagerly",
-                )
+                self._guard(self.recorder.coverage, "not_covered", self._graphed_advice())
             return
         size = sum(t.numel() * t.element_size() for t in cur["tensors"].values())
         with self._lock:
@@ -273,6 +268,15 @@ class ReplayCapture:
             self._full = len(self.kept) >= self.max_forwards
         if self._full and self.recorder is not None:
             self.recorder.drain_soon()
+
+    def _graphed_advice(self) -> str:
+        what = (
+            "SPECTRACE_REPLAY: a draft forward's fc, decoder layer and norm ran inside a CUDA or compiled graph "
+            "(no Python hook runs there): only eager forwards are kept; "
+        )
+        if type(self.draft).__module__.startswith("vllm."):
+            return what + "on vLLM serve with --enforce-eager while you collect a replay"
+        return what + "on SGLang serve with --disable-prefill-cuda-graph so the draft extend after each prefill runs eagerly"
 
     # ------------------------------------------------------------ off the forward
     def drain(self) -> None:
