@@ -15,7 +15,7 @@ from tests.helpers.models import tiny_deepseek_v3, tiny_llama
 
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")  # DeepSeek routing is torch.compiled; eager is faster for tiny models
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    # Two workers on two cores: OpenMP pools of two threads each spin against each other
+    # Workers sharing two cores: OpenMP pools of two threads each spin against each other
     # and tiny-model tests crawl. One thread per worker keeps the cores busy, not fighting.
     # The same for the processes a test starts (the demo in a tmux pane, a bench script):
     # two demos side by side took 66 s with a pool each, 15 s with one thread each.
