@@ -74,7 +74,7 @@ if check_installed && [[ -f "$SITE_NOW/_sglang_cpu_torchvision_stub.pth" ]]; the
     exit 0
 fi
 
-PIP=("$PY" -m pip install --disable-pip-version-check --no-compile -c "$CONSTRAINTS")
+PIP=("$PY" -m pip install --disable-pip-version-check -c "$CONSTRAINTS")
 
 # 1. torchvision 0.28.0 from the index is a CUDA build: its ops library does not load
 #    beside a CPU torch and `import torchvision` then raises

@@ -15,8 +15,7 @@ cd "$(dirname "$0")/.."
 VLLM_VERSION="0.32.0"
 VENV="${1:-.venv-vllm}"
 PY_BASE="${PYTHON:-python3}"
-# --no-compile: Python compiles what is imported, on first use, not all of vLLM and torch now.
-PIP=(--disable-pip-version-check -q --no-compile)
+PIP=(--disable-pip-version-check -q)
 
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY_BASE" -m venv "$VENV"

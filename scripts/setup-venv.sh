@@ -3,15 +3,16 @@
 # non-editable install, so the .pth bootstrap lands in site-packages.
 # torch is pinned to the CPU wheel here only; the package itself asks for a range.
 #
-# --no-compile: pip would otherwise byte-compile every file it installs (torch alone:
-# about 20 s of a fresh install); Python compiles what is imported, once, on first use.
+# pip byte-compiles what it installs, and that stays: where PYTHONDONTWRITEBYTECODE is set
+# (as in some CI shells), nothing else writes the .pyc files, and every child process of
+# the tests would compile torch and transformers again (measured: 3-4x slower children).
 # spectrace's wheel is built once and installed from the file (a plain `.` is built again
 # by every pip call that names it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${SPECTRACE_VENV:-.venv}"
 PY="${PYTHON:-python3}"
-PIP=(-q --disable-pip-version-check --no-compile)
+PIP=(-q --disable-pip-version-check)
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
