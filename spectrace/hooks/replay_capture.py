@@ -188,10 +188,12 @@ class ReplayCapture:
 
     def _fc(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         if self._cur is None:
+            if self._full:  # once the forwards are kept, every later call returns here
+                return
             # vLLM applies fc outside the model's forward (combine_hidden_states): keep a
             # reference (no copy) until the forward that follows; dropped at its end.
             inp, out = _arg(args, kwargs, 0, "input"), _first(output)
-            if not self._full and isinstance(inp, torch.Tensor) and isinstance(out, torch.Tensor) and inp.dim() == out.dim() == 2:
+            if isinstance(inp, torch.Tensor) and isinstance(out, torch.Tensor) and inp.dim() == out.dim() == 2:
                 self._pending_fc = (inp, out)
             return
 

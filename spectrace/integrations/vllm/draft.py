@@ -96,16 +96,12 @@ def _keep_replay(model: Any) -> None:
     settings = getattr(rec, "settings", None)
     if model is None or not getattr(settings, "replay", False):
         return
-    with state.lock():
-        if any(kept.draft is model for kept in state.STATE.replays):
-            return
     from ...hooks.replay_capture import draft_parts, keep_replay
 
-    if draft_parts(model) is None:
-        return
-    capture = keep_replay(model, rows=settings.replay_rows, recorder=rec)
-    with state.lock():
-        state.STATE.replays.append(capture)
+    with state.lock():  # one capture per draft (hooks registered once)
+        if draft_parts(model) is None or any(kept.draft is model for kept in state.STATE.replays):
+            return
+        state.STATE.replays.append(keep_replay(model, rows=settings.replay_rows, recorder=rec))
 
 
 def after_speculators_reader(result: Any, *args: Any, **kwargs: Any) -> None:
