@@ -106,6 +106,14 @@ def _dispatch(argv: list[str]) -> int:
         return USAGE
     try:
         return int(_load(COMMANDS[name][0])(rest) or 0)
+    except ModuleNotFoundError as exc:  # a command whose module needs an optional package
+        from .errors import missing_package_line, say
+
+        line = missing_package_line(exc)
+        if line is None:
+            raise
+        say(f"spectrace {name}: error: {line}")
+        return USAGE
     except SystemExit as exc:  # a command that exits itself: main() returns, as its callers expect
         if exc.code is None or isinstance(exc.code, int):
             return exc.code or 0

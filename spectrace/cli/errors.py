@@ -90,8 +90,40 @@ def run(prog: str, body: Callable[[list[str]], int], argv: list[str], *, interna
     except BrokenPipeError:  # in-process callers, SIGPIPE still ignored: the shell's status, no line
         silence_stdout()
         return CLOSED_PIPE
+    except ModuleNotFoundError as exc:
+        line = missing_package_line(exc)
+        if line is None:  # one of spectrace's own modules: a bug of ours
+            return _internal(prog, exc, internal)
+        say(f"{prog}: error: {line}")
+        return USAGE
     except Exception as exc:  # noqa: BLE001 - the user gets one line, not a traceback
-        if os.environ.get("SPECTRACE_DEBUG"):
-            traceback.print_exc()
-        say(f"{prog}: error: internal error ({type(exc).__name__}: {exc}); SPECTRACE_DEBUG=1 shows the traceback")
-        return internal
+        return _internal(prog, exc, internal)
+
+
+# The optional packages a command may need, and the extra that installs each.
+_EXTRAS = {
+    "transformers": "demo",
+    "prometheus_client": "metrics",
+    "opentelemetry": "otlp",
+    "speculators": "speculators",
+    "specforge": "specforge",
+    "sglang": "sglang",
+    "vllm": "vllm",
+}
+
+
+def missing_package_line(exc: ModuleNotFoundError) -> str | None:
+    """What to install, in one line, for a missing optional package; None for one of ours."""
+    top = (exc.name or "").split(".")[0]
+    if not top or top == "spectrace":
+        return None
+    extra = _EXTRAS.get(top)
+    how = f"pip install 'spectrace[{extra}]'" if extra else f"pip install {top}"
+    return f"this needs the Python package {top!r}, which is not installed here ({how})"
+
+
+def _internal(prog: str, exc: BaseException, status: int) -> int:
+    if os.environ.get("SPECTRACE_DEBUG"):
+        traceback.print_exc()
+    say(f"{prog}: error: internal error ({type(exc).__name__}: {exc}); SPECTRACE_DEBUG=1 shows the traceback")
+    return status

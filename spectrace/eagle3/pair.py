@@ -124,6 +124,9 @@ def target_config_dict() -> dict[str, Any]:
 
 def build_target_model(config: dict[str, Any] | None = None) -> nn.Module:
     """A fresh ``LlamaForCausalLM`` from the tiny config (random weights)."""
+    from .target import require_transformers
+
+    require_transformers()
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = dict(config or target_config_dict())

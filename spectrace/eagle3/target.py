@@ -38,6 +38,18 @@ class TargetOutput:
     hidden_states: torch.Tensor  # (T, width): the aux concat, or the final normed state when none
 
 
+def require_transformers() -> None:
+    """The pair's models are transformers classes: say what to install, not where it broke."""
+    try:
+        import transformers  # noqa: F401
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] != "transformers":
+            raise
+        raise ModuleNotFoundError(
+            "spectrace.eagle3 (the tiny reference pair) needs transformers: pip install 'spectrace[demo]'", name="transformers"
+        ) from None
+
+
 def tiny_llama(
     vocab_size: int = 128,
     hidden_size: int = 64,
@@ -50,6 +62,7 @@ def tiny_llama(
     >>> tiny_llama(num_layers=4).config.num_hidden_layers
     4
     """
+    require_transformers()
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
@@ -74,6 +87,7 @@ def tiny_deepseek_v3(vocab_size: int = 128, hidden_size: int = 64, num_layers: i
     >>> tiny_deepseek_v3().config.model_type
     'deepseek_v3'
     """
+    require_transformers()
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
     torch.manual_seed(seed)
