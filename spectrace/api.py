@@ -13,6 +13,7 @@ an OTLP collector when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set.
 from __future__ import annotations
 
 import atexit
+import sys
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Union
@@ -170,30 +171,7 @@ class Trace:
     def _check_models(self, records: list[Any]) -> list[Finding]:
         """What the traced models hold, checked once; records already there are not repeated."""
         roots = [(name, model) for name, ref in self._roots if (model := ref()) is not None]
-        captured = {r.module for r in records if isinstance(r, Capture)}
-        captures: list[Capture] = []
-        for name, model in roots:
-            capture = model_facts.capture_of(model, name or "model")
-            if capture is not None and capture.module not in captured:
-                captures.append(capture)
-                self.recorder.emit(capture)
-        drafts = [(name, model, cfg) for name, model in roots if (cfg := model_facts.draft_config(model)) is not None]
-        name, draft, config = drafts[0] if drafts else ("draft", None, None)
-        made = findings_from_model_facts(
-            captures,
-            config,
-            engine=model_facts.engine_of(draft) if draft is not None else "sglang",
-            hot_map_loaded=model_facts.hot_map_loaded(draft) if draft is not None else None,
-            draft_name=name or "draft",
-        )
-        have = {(r.code, r.module) for r in records if isinstance(r, Finding)}
-        new = [f for f in made if (f.code, f.module) not in have]
-        for found in new:
-            self.recorder.emit(found)
-        traced_draft = draft is not None or any(role.startswith("draft.") for role in self.tracer.roles.values())
-        if traced_draft and not any(isinstance(r, Weights) for r in records):
-            self.recorder.coverage("not_covered", LOAD_NOT_SEEN)
-        return new
+        return check_models(self.recorder, roots, records, self.tracer.roles.values())
 
     def calls(self, module: str | None = None) -> list[Call]:
         """Calls in order; ``module`` is an exact name or a glob (``**.fc``)."""
@@ -284,6 +262,37 @@ def _named_roots(models: Models) -> list[tuple[str, nn.Module]]:
     return [(f"model{i}" if len(models) > 1 else "", m) for i, m in enumerate(models)]
 
 
+def check_models(recorder: Recorder, roots: Sequence[tuple[str, Any]], records: list[Any], roles: Iterator[str] | Any) -> list[Finding]:
+    """What the models ``roots`` hold (``(name, model)``), checked as a server's start-up is:
+    each target's capture against the draft's config, the flags the engine ignores, a
+    reduced vocabulary without its map. Records already in ``records`` are not repeated.
+    ``trace()`` runs it at its first check, ``SPECTRACE=1`` when a pair first speculates."""
+    captured = {r.module for r in records if isinstance(r, Capture)}
+    captures: list[Capture] = []
+    for name, model in roots:
+        capture = model_facts.capture_of(model, name or "model")
+        if capture is not None and capture.module not in captured:
+            captures.append(capture)
+            recorder.emit(capture)
+    drafts = [(name, model, cfg) for name, model in roots if (cfg := model_facts.draft_config(model)) is not None]
+    name, draft, config = drafts[0] if drafts else ("draft", None, None)
+    made = findings_from_model_facts(
+        captures,
+        config,
+        engine=model_facts.engine_of(draft) if draft is not None else "sglang",
+        hot_map_loaded=model_facts.hot_map_loaded(draft) if draft is not None else None,
+        draft_name=name or "draft",
+    )
+    have = {(r.code, r.module) for r in records if isinstance(r, Finding)}
+    new = [f for f in made if (f.code, f.module) not in have]
+    for found in new:
+        recorder.emit(found)
+    traced_draft = draft is not None or any(role.startswith("draft.") for role in roles)
+    if traced_draft and not any(isinstance(r, Weights) for r in records):
+        recorder.coverage("not_covered", LOAD_NOT_SEEN)
+    return new
+
+
 def trace(
     models: Models,
     modules: ModuleFilter = None,
@@ -311,8 +320,13 @@ def trace(
     result = Trace(recorder, tracer)
     _open.add(result)
     modules = modules if modules is not None else (list(settings.modules) or None)
+    # SPECTRACE=1's runtime, when the bootstrap loaded it (looked up, not imported: the core
+    # never imports what wires the integrations in).
+    runtime = sys.modules.get("spectrace.runtime")
     try:
         for prefix, root in _named_roots(models):
+            if runtime is not None and runtime.is_active():
+                runtime.release(root)  # SPECTRACE=1 adopted it too: this trace holds it now
             result._roots.append((prefix, weakref.ref(root)))
             result.hooked += tracer.attach(root, modules, types=tuple(types), profile=profile or settings.profile or None, prefix=prefix)
     except Exception:

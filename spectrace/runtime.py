@@ -66,8 +66,12 @@ def is_active() -> bool:
     return bool(_state.get("active"))
 
 
-def adopt(model: Any) -> None:
-    """Trace ``model`` from its first outermost forward on (idempotent)."""
+def adopt(model: Any, side: str | None = None) -> None:
+    """Trace ``model`` from its first outermost forward on (idempotent).
+
+    ``side`` (``target`` / ``draft``): the part the model plays in an EAGLE-3 pair, when the
+    integration that built it knows; it names the model as ``trace({side: model})`` does.
+    """
     try:
         with _lock:
             # By the object, not its id: a model built after another was freed may reuse its id.
@@ -76,13 +80,55 @@ def adopt(model: Any) -> None:
                 return
             seen[model] = True
             counts: dict[str, int] = _state.setdefault("names", {})
-            base = type(model).__name__
+            base = side or type(model).__name__
             counts[base] = counts.get(base, 0) + 1
             prefix = base if counts[base] == 1 else f"{base}#{counts[base]}"
+            names: ByIdentity[str] = _state.setdefault("prefixes", ByIdentity())
+            names[model] = prefix
         s = settings()
         tracer().adopt(model, prefix, modules=list(s.modules) or None, profile=s.profile or None)
     except Exception as exc:
         recorder().internal_error(f"adopt: {type(exc).__name__}: {exc}")
+
+
+def release(model: Any) -> None:
+    """An explicit ``trace()`` now holds ``model``: the process tracer leaves it (and the
+    models adopted inside it) to that trace, so no module is hooked twice. Never raises."""
+    try:
+        with _lock:
+            held = _state.get("tracer")
+        if held is not None:
+            held.forget(model)
+    except Exception as exc:
+        recorder().internal_error(f"release: {type(exc).__name__}: {exc}")
+
+
+def name_of(model: Any) -> str | None:
+    """The name an adopted model's modules are recorded under (``draft``, ``draft#2``, ...)."""
+    with _lock:
+        names: ByIdentity[str] | None = _state.get("prefixes")
+        return names.get(model) if names is not None else None
+
+
+def check_pair(target: Any, draft: Any) -> None:
+    """What an adopted target and draft hold, checked once per pair, as ``trace()`` checks the
+    models handed to it (the target's capture against the draft's config, ...). Never raises."""
+    try:
+        with _lock:
+            names: ByIdentity[str] = _state.setdefault("prefixes", ByIdentity())
+            if target not in names or draft not in names:
+                return
+            checked: ByIdentity[bool] = _state.setdefault("pairs_checked", ByIdentity())
+            if draft in checked:
+                return
+            checked[draft] = True
+            roots = [(names.get(target) or "target", target), (names.get(draft) or "draft", draft)]
+        from .api import check_models
+
+        rec = recorder()
+        check_models(rec, roots, rec.records(), tracer().roles.values())
+    except Exception as exc:
+        recorder().internal_error(f"pair check: {type(exc).__name__}: {exc}")
 
 
 def _import_target(spec: str) -> Callable[[ModuleType], None]:
@@ -104,12 +150,35 @@ def shutdown() -> None:
             return
         _state["closed"] = True
     try:
+        _say_if_nothing_known()
         if "tracer" in _state:
             _state["tracer"].finish_step()
         if "recorder" in _state:
             _state["recorder"].close()
     except Exception as exc:
         warn(f"flush at exit failed: {type(exc).__name__}: {exc}")
+
+
+NOTHING_KNOWN = (
+    "SPECTRACE=1 saw no model it knows in this process: it adopts Hugging Face transformers models, "
+    "SGLang's and vLLM's model classes and spectrace's reference pair as they are built; "
+    "trace another model with spectrace.trace(model)"
+)
+
+
+def _say_if_nothing_known() -> None:
+    """A program that ran torch models but none spectrace adopts gets a trace that says so,
+    once, instead of no trace at all. Engines' helper processes (tokenizers, schedulers
+    before their model) and a spawned child are left alone: their models live elsewhere."""
+    if not settings().enabled or _state.get("adopted") or "torch" not in sys.modules:
+        return
+    if any(name in sys.modules for name in ("sglang", "vllm")):
+        return
+    import multiprocessing
+
+    if multiprocessing.parent_process() is not None:
+        return
+    recorder().coverage("not_covered", NOTHING_KNOWN)
 
 
 def _in_forked_child() -> None:

@@ -173,6 +173,18 @@ class Attaching(TracerBase):
         self._adopted[root] = (prefix, modules, profile)
         self.wrap_forward(root)
 
+    def forget(self, root: nn.Module) -> None:
+        """Leave ``root`` and the models adopted inside it untraced here: an explicit
+        ``trace()`` holds them, and one model hooked by two tracers would be traced twice."""
+        for module in root.modules():
+            if self._adopted.pop(module, None) is not None:
+                wrapped = self._wrapped.pop(module, None)
+                if wrapped is not None:
+                    try:
+                        wrapped.remove()
+                    except Exception:
+                        pass
+
     def _attach_adopted(self, root: nn.Module) -> None:
         spec = self._adopted.pop(root, None)
         if spec is None:

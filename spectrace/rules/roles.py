@@ -89,10 +89,12 @@ def is_target_role(role: str | None) -> bool:
 
 
 def side_of_hint(hint: object) -> str | None:
-    """``draft`` or ``target`` when a root's key says so (any case), else None."""
-    if isinstance(hint, str) and hint.lower() in SIDE_HINTS:
-        return hint.lower()
-    return None
+    """``draft`` or ``target`` when a root's key says so (any case), else None. A second
+    pair adopted in one process is ``draft#2``: still the draft."""
+    if not isinstance(hint, str):
+        return None
+    side = hint.lower().split("#", 1)[0]
+    return side if side in SIDE_HINTS else None
 
 
 def draft_role(rel: Sequence[str], body: str) -> str | None:
