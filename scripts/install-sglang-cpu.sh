@@ -93,6 +93,9 @@ PTH
 # pip will then list sglang's unmet pins (torch==2.14.1, uvicorn, xgrammar, ...):
 # expected, those parts of SGLang (server, grammar, CUDA kernels) are not used here.
 
+echo "install-sglang-cpu: pip's resolver may now list 'sglang 0.5.23 requires ...' lines: expected, SGLang is installed" \
+     "without its dependencies on purpose (its CUDA pins cannot sit beside the CPU torch); the tests use its Python source only"
+
 # 3. The light deps its import chain needs (models, layers, logits processor,
 #    speculative workers). Versions held by the constraints file.
 "${PIP[@]}" \

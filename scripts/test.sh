@@ -10,6 +10,9 @@
 # printed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The suite's models are tiny: one intra-op thread per process (pytest, its workers, the
+# processes they start, vLLM's half), or two cores' worth of pools fight over two cores.
+export OMP_NUM_THREADS=1
 logs="$(mktemp -d)"
 pids=()
 # Nothing started here outlives the script: an early failure stops the other parts.
@@ -57,8 +60,8 @@ pids+=("$mypy_pid")
 # with -n 2; every test passing each time).
 # --durations: the slowest tests, so a suite that creeps towards its time limit shows where.
 set +e
-.venv/bin/python -m pytest -q -n 2 --dist loadfile --durations=15 "$@"
-main_status=$?
+.venv/bin/python -m pytest -q -n 2 --dist loadfile --durations=15 "$@" 2>&1 | tee "$logs/main.log"
+main_status=${PIPESTATUS[0]}
 wait "$mypy_pid"
 mypy_status=$?
 wait "$vllm_pid"
@@ -70,8 +73,18 @@ cat "$logs/mypy.log"
 echo
 echo "== vLLM's classes on CPU (.venv-vllm) =="
 cat "$logs/vllm.log"
+# One closing line for every part: the last thing printed says how the whole run went.
+part() {  # NAME STATUS LOG: "NAME ok (pytest's last line)" or "NAME FAILED (exit N: ...)"
+  local last
+  last="$(grep -E '(passed|failed|error|Success|Found [0-9]+ error)' "$3" | tail -n 1 | sed -e 's/=//g' -e 's/^ *//' -e 's/ *$//')"
+  if [ "$2" -eq 0 ]; then echo "$1 ok (${last:-done})"; else echo "$1 FAILED (exit $2${last:+: $last})"; fi
+}
+echo
+echo "test.sh: $(part 'main suite' "$main_status" "$logs/main.log"); $(part mypy "$mypy_status" "$logs/mypy.log"); $(part "vLLM's half" "$vllm_status" "$logs/vllm.log")"
 for status in "$main_status" "$mypy_status" "$vllm_status"; do
   if [ "$status" -ne 0 ]; then
+    echo "test.sh: FAILED"
     exit "$status"
   fi
 done
+echo "test.sh: all parts passed"

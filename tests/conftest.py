@@ -14,13 +14,13 @@ from tests.helpers.demo_cache import DemoCache
 from tests.helpers.models import tiny_deepseek_v3, tiny_llama
 
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")  # DeepSeek routing is torch.compiled; eager is faster for tiny models
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    # Workers sharing two cores: OpenMP pools of two threads each spin against each other
-    # and tiny-model tests crawl. One thread per worker keeps the cores busy, not fighting.
-    # The same for the processes a test starts (the demo in a tmux pane, a bench script):
-    # two demos side by side took 66 s with a pool each, 15 s with one thread each.
-    torch.set_num_threads(1)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Every model here is tiny (64 wide): torch's thread pool costs more than it saves, and two
+# workers on two cores with a pool each spin against each other (tests/eagle3 took 71 s wall
+# and 91 CPU-s with the pool, 39 s and 37 CPU-s with one thread). One thread for the suite,
+# its workers and every process a test starts (the demo in a tmux pane, a server, a bench
+# script), whether or not xdist runs it.
+torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture

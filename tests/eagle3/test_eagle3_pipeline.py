@@ -193,3 +193,20 @@ def test_every_scenario_builds_and_runs(scenarios: dict[str, bugs.Scenario]) -> 
     assert scenarios["d2t_missing"].draft.hot_token_id is None
     assert scenarios["norm_before_residual"].draft_config["norm_before_residual"] is True
     assert scenarios["healthy"].draft.load_report.ignored == []
+
+
+def test_the_pair_runs_on_one_thread_and_gives_the_count_back() -> None:
+    import torch
+
+    from spectrace.eagle3 import build_scenario, demo_prompts, speculate
+
+    pair = build_scenario("healthy")
+    seen: list[int] = []
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        speculate(pair.target, pair.draft, demo_prompts()[0], k=4, max_new_tokens=6, on_step=lambda *_: seen.append(torch.get_num_threads()))
+        assert seen and set(seen) == {1}
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
