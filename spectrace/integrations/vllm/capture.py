@@ -114,6 +114,12 @@ def after_set_layers(result: Any, *args: Any, **kwargs: Any) -> None:
         at_target_capture(model)  # the draft's rotary against this target's
     except Exception as exc:
         state.internal_error("draft rope", exc)
+    try:
+        from .draft import keep_target_choices
+
+        keep_target_choices(model)
+    except Exception as exc:
+        state.internal_error("replay target", exc)
     return None
 
 
