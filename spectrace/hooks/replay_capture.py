@@ -422,6 +422,7 @@ class TargetTap:
         vocab = getattr(getattr(target, "config", None), "vocab_size", None)
         weight = self.head.weight
         self.split = isinstance(vocab, int) and int(weight.shape[0]) < vocab
+        self.vocab = vocab if isinstance(vocab, int) else None
         # As for the draft: SGLang's runner calls the root's forward() directly (no hooks), so
         # the ids are read where the root calls its inner model; vLLM's inner model is called
         # through its own compiled __call__ (no hooks), and its runner calls the root.
@@ -487,8 +488,12 @@ class TargetTap:
             if not isinstance(normed, torch.Tensor) or normed.shape[-2 if normed.dim() == 3 else 0] < n:
                 return
             rows = normed.reshape(-1, normed.shape[-1])[:n]
+            weight = self.head.weight.detach()
+            if self.vocab is not None:
+                weight = weight[: self.vocab]  # rows past the vocabulary are padding
             with torch.no_grad():
-                top1 = (rows.detach().float() @ self.head.weight.detach().float().t()).argmax(-1)
+                # In the head's own dtype: a float copy of a 128k-row head would be gigabytes.
+                top1 = (rows.detach().to(weight.dtype) @ weight.t()).argmax(-1)
             TARGET_ROWS.put({"target_in": ids[:n].detach().clone().long(), "target_next": top1}, self.rotary)
             self.puts += 1
         except Exception as exc:  # a hook never raises into the model

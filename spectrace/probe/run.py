@@ -184,36 +184,52 @@ def _decide(result: ProbeResult) -> None:
 
 
 def _steps(path: str, meta: ReplayMeta, asked: int | None) -> tuple[int, str, float | None]:
-    """(k, where it came from, the trace's mean greedy accept length) from the trace's acceptance records."""
-    trace = os.path.join(os.path.dirname(path), meta.trace) if meta.trace else ""
+    """(k, where it came from, the trace's mean greedy accept length) from the acceptance
+    records of the trace beside the replay file, else of the folder's other traces (vLLM
+    records acceptance in its engine's process, the replay in its worker's)."""
+    folder = os.path.dirname(path) or "."
+    names = [meta.trace] if meta.trace else []
+    try:
+        names += sorted(n for n in os.listdir(folder) if n.endswith(".jsonl") and n != meta.trace)
+    except OSError:
+        pass
     proposed: Counter[int] = Counter()
     lengths: list[int] = []
-    if trace and os.path.isfile(trace) and os.path.getsize(trace) <= MAX_TRACE_BYTES:
-        try:
-            with open(trace, encoding="utf-8", errors="replace") as handle:
-                for line in handle:
-                    if '"acceptance"' not in line:
-                        continue
-                    try:
-                        rec = json.loads(line)
-                    except ValueError:
-                        continue
-                    if not isinstance(rec, dict) or rec.get("type") != "acceptance":
-                        continue
-                    if isinstance(rec.get("draft_tokens"), int):
-                        proposed[rec["draft_tokens"]] += 1
-                    greedy = rec.get("greedy")
-                    for i, n in enumerate(rec.get("accept_lengths") or []):
-                        if isinstance(n, int) and (not isinstance(greedy, list) or i >= len(greedy) or greedy[i]):
-                            lengths.append(n)
-        except OSError:
-            pass
+    for name in names:
+        _acceptance(os.path.join(folder, name), proposed, lengths)
+        if proposed:
+            break
     live = mean_accept_length(lengths) if lengths else None
     if asked is not None:
         return asked, "--steps", live
     if proposed:
         return proposed.most_common(1)[0][0], "the trace's acceptance records", live
     return DEFAULT_STEPS, f"the usual default ({DEFAULT_STEPS}; the trace has no acceptance records: --steps sets it)", live
+
+
+def _acceptance(trace: str, proposed: Counter[int], lengths: list[int]) -> None:
+    """Count one trace file's proposals per verify step and collect its greedy accept lengths."""
+    if not os.path.isfile(trace) or os.path.getsize(trace) > MAX_TRACE_BYTES:
+        return
+    try:
+        with open(trace, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if '"acceptance"' not in line:
+                    continue
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if not isinstance(rec, dict) or rec.get("type") != "acceptance":
+                    continue
+                if isinstance(rec.get("draft_tokens"), int):
+                    proposed[rec["draft_tokens"]] += 1
+                greedy = rec.get("greedy")
+                for i, n in enumerate(rec.get("accept_lengths") or []):
+                    if isinstance(n, int) and (not isinstance(greedy, list) or i >= len(greedy) or greedy[i]):
+                        lengths.append(n)
+    except OSError:
+        return
 
 
 def _save(replay_file: str, result: ProbeResult, warn: Callable[[str], None] | None) -> None:

@@ -102,31 +102,7 @@ def _keep_replay(model: Any) -> None:
         if draft_parts(model) is None or any(kept.draft is model for kept in state.STATE.replays):
             return
         state.STATE.replays.append(keep_replay(model, rows=settings.replay_rows, recorder=rec))
-        _link_taps()
-
-
-def keep_target_choices(model: Any) -> None:
-    """SPECTRACE_REPLAY: the target's top-1 next token at the rows the draft's capture keeps
-    (hooks/replay_capture.py ``TargetTap``), for ``spectrace probe``. Found at the target's
-    capture set-up (set_aux_hidden_state_layers), where vLLM names its EAGLE-3 target."""
-    rec = state.recorder()
-    settings = getattr(rec, "settings", None)
-    if model is None or not getattr(settings, "replay", False):
-        return
-    from ...hooks.replay_capture import keep_target, target_parts
-
-    with state.lock():
-        if target_parts(model) is None or any(tap.root is model for tap in state.STATE.target_taps):
-            return
-        state.STATE.target_taps.append(keep_target(model, rows=settings.replay_rows, recorder=rec))
-        _link_taps()
-
-
-def _link_taps() -> None:
-    """A target's tap stops once the draft's capture is full (under state.lock())."""
-    if state.STATE.replays:
-        for tap in state.STATE.target_taps:
-            tap.capture = state.STATE.replays[0]
+        capture.link_taps()
 
 
 def after_speculators_reader(result: Any, *args: Any, **kwargs: Any) -> None:
