@@ -380,7 +380,8 @@ def target_rotary(target: nn.Module) -> dict[str, Any] | None:
     for module in target.modules():
         if all(hasattr(module, a) for a in ("base", "rotary_dim", "is_neox_style")):
             try:
-                return {"base": float(module.base), "neox": bool(module.is_neox_style), "cls": type(module).__name__}
+                base: Any = module.base
+                return {"base": float(base), "neox": bool(module.is_neox_style), "cls": type(module).__name__}
             except (TypeError, ValueError):
                 continue
     config = getattr(getattr(target, "model", target), "config", None) or getattr(target, "config", None)
@@ -413,15 +414,17 @@ class TargetTap:
         parts = target_parts(target)
         if parts is None:
             raise ValueError(f"{type(target).__name__} has no model.norm / lm_head: not a causal LM")
-        self.root, self.norm, self.head = parts
+        self.root, self.norm = parts[0], parts[1]
+        self.head: Any = parts[2]
         self.rows, self.recorder, self.capture = rows, recorder, capture
         self._n: int | None = None
         self._ids: torch.Tensor | None = None
         self.puts = 0  # bounded even where no draft capture is linked: a few per kept draft forward
         self.rotary = target_rotary(target)
         vocab = getattr(getattr(target, "config", None), "vocab_size", None)
-        weight = self.head.weight
-        self.split = isinstance(vocab, int) and int(weight.shape[0]) < vocab
+        head_weight: Any = self.head.weight
+        head_rows = int(head_weight.shape[0])
+        self.split = isinstance(vocab, int) and head_rows < vocab
         self.vocab = vocab if isinstance(vocab, int) else None
         # As for the draft: SGLang's runner calls the root's forward() directly (no hooks), so
         # the ids are read where the root calls its inner model; vLLM's inner model is called
@@ -429,8 +432,7 @@ class TargetTap:
         inner = getattr(self.root, "model", None)
         if isinstance(inner, nn.Module) and target_parts(inner) is not None:
             inner = getattr(inner, "model", None)  # a wrapper (spectrace's reference target): the decoder is one deeper
-        use_inner = isinstance(inner, nn.Module) and type(inner).__call__ is nn.Module.__call__
-        entry = inner if use_inner else self.root
+        entry: nn.Module = inner if isinstance(inner, nn.Module) and type(inner).__call__ is nn.Module.__call__ else self.root
         self._handles = [
             entry.register_forward_pre_hook(self._begin, with_kwargs=True),
             entry.register_forward_hook(self._end, with_kwargs=True),

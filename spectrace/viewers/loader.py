@@ -116,7 +116,7 @@ class FileReader:
         # Findings the calls imply (checks.from_records), made again when the calls change;
         # kept apart so a later pass replaces them rather than adding to them.
         self._derived: list[Finding] = []
-        self._derived_from: tuple[int, int, str | None] = (-1, -1, None)
+        self._derived_from: tuple[int, int, str | None, tuple[str, ...]] = (-1, -1, None, ())
 
     def _restart(self, why: str) -> None:
         self.budget.release(self.kept_bytes, len(self.file.acceptance.by_step))
@@ -408,7 +408,8 @@ class FileReader:
         self._derived += said
         # The warnings a probe has settled (the served draft won on their axis) are withdrawn.
         kept = withdraw(recorded + self._derived, probe)
-        self._derived = [d for d in self._derived if any(d is k for k in kept)]
+        still = {id(k) for k in kept}
+        self._derived = [d for d in self._derived if id(d) in still]
         f.findings = kept
 
 

@@ -203,7 +203,7 @@ def keep_target_choices(model: Any) -> None:
     (hooks/replay_capture.py ``TargetTap``), for ``spectrace probe``. Found at the target's
     capture set-up (set_aux_hidden_state_layers), where vLLM names its EAGLE-3 target."""
     rec = state.recorder()
-    settings = getattr(rec, "settings", None)
+    settings: Any = getattr(rec, "settings", None)
     if model is None or not getattr(settings, "replay", False):
         return
     from ...hooks.replay_capture import keep_target, target_parts
