@@ -35,6 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("trace", help="a trace file or folder holding a .replay.safetensors file (SPECTRACE_REPLAY=1)")
     p.add_argument("--draft", required=True, help="the draft checkpoint folder (config.json and weights)")
+    p.add_argument(
+        "--target",
+        default=None,
+        help="the target's folder (config.json, safetensors): adds each reading of the capture ids and the target's head",
+    )
     p.add_argument("--steps", type=_steps, default=None, help="draft steps k for the accept estimate (default: the trace's)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     return p
@@ -48,7 +53,7 @@ def main(argv: list[str]) -> int:
 def _probe(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
-        result = probe(args.trace, args.draft, args.steps, warn=lambda line: say(f"{PROG}: warning: {line}"))
+        result = probe(args.trace, args.draft, args.steps, warn=lambda line: say(f"{PROG}: warning: {line}"), target=args.target)
     except ProbeInputError as exc:
         raise UsageError(" ".join(str(exc).split())) from None
     print(json.dumps(result.model_dump(), indent=2) if args.json else render(result))

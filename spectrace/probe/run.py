@@ -13,6 +13,7 @@ import os
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from pydantic import BaseModel, Field
@@ -23,7 +24,7 @@ from ..replay.reference import Reference, ReferenceError
 from ..replay.weights import load_draft
 from ..rules.acceptance import chain_accept_length, mean_accept_length, wilson
 from .rows import ProbeRows, select_rows
-from .variants import Variant, predict, variants
+from .variants import TargetFacts, Variant, predict, variants
 
 PROBE_SUFFIX = ".probe.json"  # beside the trace; spectrace.checks.probe reads it
 HOW_TO_KEEP = "run the server with SPECTRACE=1 SPECTRACE_REPLAY=1 SPECTRACE_DIR=<folder> to keep them"
@@ -37,7 +38,9 @@ class ProbeInputError(Exception):
 
 class VariantResult(BaseModel):
     name: str
-    axis: str = Field(description="what the variant changes: served, config, rope, norm_before_residual, embed, vocabulary map")
+    axis: str = Field(
+        description="what the variant changes: served, config, rope, norm_before_residual, embed, vocabulary map, capture, head"
+    )
     hits: int = Field(description="rows whose top-1 target id is the target's own choice")
     rows: int
     agreement: float
@@ -69,8 +72,11 @@ class ProbeResult(BaseModel):
     notes: list[str] = []
 
 
-def probe(trace: str, draft: str, steps: int | None = None, warn: Callable[[str], None] | None = None) -> ProbeResult:
-    """Probe the latest replay file of ``trace`` that holds the target's choices against ``draft``."""
+def probe(
+    trace: str, draft: str, steps: int | None = None, warn: Callable[[str], None] | None = None, target: str | None = None
+) -> ProbeResult:
+    """Probe the latest replay file of ``trace`` that holds the target's choices against ``draft``
+    (``target``: the target's folder, for the capture-id readings and the target's head)."""
     if not os.path.exists(trace):
         raise ProbeInputError(f"{trace}: no such file or folder")
     files = find_replay_files(trace)
@@ -95,6 +101,7 @@ def probe(trace: str, draft: str, steps: int | None = None, warn: Callable[[str]
             f"{os.path.basename(path)}: no kept forward pairs with its target's choices ({rows.unpaired} unpaired): "
             "the target rows kept are not the ones the draft read"
         )
+    facts = _target_facts(Path(target), rows, raw, meta.engine) if target is not None else None
     k, k_from, live = _steps(path, meta, steps)
     result = ProbeResult(
         trace=meta.trace,
@@ -110,7 +117,7 @@ def probe(trace: str, draft: str, steps: int | None = None, warn: Callable[[str]
         notes=list(ref.notes),
     )
     has_embed = ref.embed(torch.zeros(1, dtype=torch.long)) is not None and any("embeds" in f.tensors for f, _, _ in rows.forwards)
-    for variant in variants(ref, ckpt.maps.t2d, meta.target_rotary, has_embed):
+    for variant in variants(ref, ckpt.maps.t2d, meta.target_rotary, has_embed, facts):
         measured = _measure(variant, rows, k)
         if measured is not None:
             result.variants.append(measured)
@@ -121,6 +128,37 @@ def probe(trace: str, draft: str, steps: int | None = None, warn: Callable[[str]
         result.notes.append("the target's rotary was not kept: rope bases tried are the common ones, not the target's own")
     _save(path, result, warn)
     return result
+
+
+MIN_SAME_CHOICE = 0.9  # the recomputed target must choose as the served one did on this share of rows
+
+
+def _target_facts(folder: Path, rows: ProbeRows, raw: dict[str, Any], engine: str) -> TargetFacts:
+    """Recompute the target's boundaries at every judged forward's rows (into its tensors as
+    ``target_states``), after checking that this target chooses as the served one did."""
+    from .target import TargetModelError, head_weight, load_target, target_rows
+
+    try:
+        model = load_target(folder)
+    except TargetModelError as exc:
+        raise ProbeInputError(str(exc)) from None
+    same = total = 0
+    layers = 0
+    for fwd, _picked, _label in rows.forwards:
+        states, top1 = target_rows(model, fwd.tensors["target_in"])
+        fwd.tensors["target_states"] = states
+        layers = int(states.shape[0])
+        chosen = fwd.tensors["target_next"].long()
+        same += int((top1 == chosen).sum())
+        total += int(chosen.numel())
+    if total and same / total < MIN_SAME_CHOICE:
+        raise ProbeInputError(
+            f"--target {folder}: it chooses the served target's next token on {same} of {total} kept rows: not the served target"
+        )
+    nested = raw.get("eagle_config")
+    ids = (nested if isinstance(nested, dict) else raw).get("eagle_aux_hidden_state_layer_ids")
+    valid = isinstance(ids, list) and all(isinstance(i, int) for i in ids)
+    return TargetFacts(boundaries=layers, ids=list(ids) if valid else None, engine=engine, head=head_weight(model))
 
 
 def _latest_with_target(files: list[str]) -> tuple[str, ReplayMeta, list[ReplayData]] | None:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ..replay.reference import Reference
+from ..rules.conventions import engine_boundaries, trainer_boundaries
 
 # Bases trainers copy from common targets (Llama 2 and most, Llama 3, Qwen 2.5 / 3).
 COMMON_BASES = (10000.0, 500000.0, 1000000.0)
@@ -31,13 +32,25 @@ class Variant:
     fix: str
     ref: Reference | None = None  # None: the served draft's own top-1
     embed: bool = False  # the checkpoint's own embedding, not the one the engine gave
+    fused_from: list[int] | None = None  # the fused input rebuilt from these target boundaries (--target)
+    head: torch.Tensor | None = None  # another head over the whole target vocabulary (the target's; no map)
 
 
 def _base(b: float) -> str:
     return f"{b:g}"
 
 
-def variants(ref: Reference, t2d: list[bool] | None, target_rotary: dict[str, Any] | None, has_embed: bool) -> list[Variant]:
+# How each trainer reads capture ids, in words; the engine's reading is the served draft's.
+READINGS = {"specforge": "SpecForge's output of block k", "speculators": "speculators' and vLLM's boundary k"}
+
+
+def variants(
+    ref: Reference,
+    t2d: list[bool] | None,
+    target_rotary: dict[str, Any] | None,
+    has_embed: bool,
+    target: TargetFacts | None = None,
+) -> list[Variant]:
     """The served draft, the checkpoint as its config says, and each one-setting change."""
     out = [
         Variant("as served", "served", ""),
@@ -111,6 +124,63 @@ def variants(ref: Reference, t2d: list[bool] | None, target_rotary: dict[str, An
                     dataclasses.replace(ref, d2t=rebuilt),
                 )
             )
+    if target is not None:
+        out += _target_variants(ref, target)
+    return out
+
+
+@dataclass
+class TargetFacts:
+    """What ``--target`` adds: how many boundaries were recomputed, the draft's capture ids,
+    the engine (its own reading is the served one), the target's head."""
+
+    boundaries: int
+    ids: list[int] | None
+    engine: str
+    head: torch.Tensor
+
+
+def _engine_reading(engine: str, ids: list[int], layers: int) -> list[int] | None:
+    rule = "sglang_llama" if engine.startswith("sglang.") else "speculators" if engine.startswith("vllm.") else None
+    return engine_boundaries(ids, rule, layers).boundaries if rule is not None else None
+
+
+def _capture_fix(engine: str, bounds: list[int], how: str) -> str:
+    what = f"the draft was trained on the target's boundaries {bounds} ({how}); make the engine capture them: "
+    if engine.startswith("sglang."):
+        return what + f"eagle_aux_hidden_state_layer_ids {[b - 1 for b in bounds]} (SGLang captures id k as boundary k+1)"
+    if engine.startswith("vllm."):
+        return what + f"eagle_aux_hidden_state_layer_ids {bounds} (vLLM captures id k as boundary k)"
+    return what + "set the capture ids the engine's rule reads as these boundaries"
+
+
+def _target_variants(ref: Reference, target: TargetFacts) -> list[Variant]:
+    out = []
+    if target.ids:
+        served = _engine_reading(target.engine, target.ids, target.boundaries)
+        for convention, how in READINGS.items():
+            bounds = trainer_boundaries(target.ids, convention)
+            if bounds == served or not all(0 <= b < target.boundaries for b in bounds):
+                continue
+            out.append(
+                Variant(
+                    f"capture ids {target.ids} read as {how} (boundaries {bounds})",
+                    "capture",
+                    _capture_fix(target.engine, bounds, f"ids {target.ids} read as {how}"),
+                    ref,
+                    fused_from=bounds,
+                )
+            )
+    out.append(
+        Variant(
+            "the target's head",
+            "head",
+            "the draft was trained with its target's head: serve it with the target's lm_head (SGLang: "
+            '"draft_vocab_size": null makes the worker load it) and no vocabulary map',
+            ref,
+            head=target.head,
+        )
+    )
     return out
 
 
@@ -120,10 +190,17 @@ def predict(variant: Variant, t: dict[str, torch.Tensor]) -> torch.Tensor | None
         served = t.get("target_ids")
         return served[:, 0].long() if served is not None and served.dim() == 2 else None
     ref = variant.ref
-    hidden = _fc(ref, t)
+    if variant.fused_from is not None:
+        states = t.get("target_states")
+        if states is None or "fc.weight" not in ref.w:
+            return None
+        n = int(t["input_ids"].numel()) if "input_ids" in t else states.shape[1]
+        hidden: torch.Tensor | None = ref.fc(torch.cat([states[b, :n] for b in variant.fused_from], dim=-1))
+    else:
+        hidden = _fc(ref, t)
     ids = t.get("input_ids")
     embeds = ref.embed(ids) if variant.embed and ids is not None else t.get("embeds")
-    head = ref.head_weight()
+    head = variant.head if variant.head is not None else ref.head_weight()
     if hidden is None or embeds is None or head is None:
         return None
     positions = t.get("positions")
@@ -131,7 +208,8 @@ def predict(variant: Variant, t: dict[str, torch.Tensor]) -> torch.Tensor | None
     n = min(hidden.shape[0], embeds.shape[0], positions.shape[0])
     with torch.no_grad():
         normed = ref.norm(ref.layer(positions[:n], embeds[:n], hidden[:n]))
-        return ref.target_ids((normed @ head.t()).argmax(-1))
+        top = (normed @ head.t()).argmax(-1)
+        return top if variant.head is not None else ref.target_ids(top)
 
 
 def _fc(ref: Reference, t: dict[str, torch.Tensor]) -> torch.Tensor | None:

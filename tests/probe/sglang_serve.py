@@ -33,7 +33,10 @@ def main(root: str, out: str, cases: list[str]) -> None:
     from safetensors.torch import load_file
 
     tstate = {k: v.float() for k, v in load_file(str(DATA_DIR / "target.safetensors")).items()}
-    target = sh.build_sglang_llama_target(hf, tstate, layer_ids=[-1, 1, 3])  # boundaries 0, 2, 4: as trained
+    targets = {}  # by capture ids; [-1, 1, 3] is boundaries 0, 2, 4 under SGLang's +1 rule: as trained
+    os.makedirs(out + "/target", exist_ok=True)  # the target's folder, for spectrace probe --target
+    json.dump(tcfg, open(out + "/target/config.json", "w"))
+    save_file({k: v.contiguous() for k, v in load_file(str(DATA_DIR / "target.safetensors")).items()}, out + "/target/model.safetensors")
     seqs = sample_language(make_language(), 4, 64, torch.Generator().manual_seed(7)).tolist()
     tensors, base = load_draft_checkpoint()
     for case in cases:
@@ -44,6 +47,13 @@ def main(root: str, out: str, cases: list[str]) -> None:
             config["rope_is_neox_style"] = False
         elif case == "vocab":  # d2t saved as arange (draft i -> target 2i); t2d is the trained map
             weights["d2t"] = torch.arange(weights["d2t"].numel(), dtype=weights["d2t"].dtype)
+        elif case == "capture":  # ids written for boundary k (speculators' reading); SGLang captures 1, 3, 5
+            config["eagle_config"] = dict(config["eagle_config"], eagle_aux_hidden_state_layer_ids=[0, 2, 4])
+        ids = config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+        key = tuple(ids)
+        if key not in targets:
+            targets[key] = sh.build_sglang_llama_target(hf, tstate, layer_ids=ids)
+        target = targets[key]
         folder = os.path.join(out, case)
         os.makedirs(folder + "/ckpt")
         os.makedirs(folder + "/trace")

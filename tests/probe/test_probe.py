@@ -33,11 +33,11 @@ from spectrace.rules.catalogue import finding
 from tests.helpers import paths
 
 ROOT = paths.ROOT
-CASES = ("clean", "rope", "style", "vocab")
+CASES = ("clean", "rope", "style", "vocab", "capture")
 
 
-def _probe(trace: Path, draft: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict]:
-    code = probe_main([str(trace), "--draft", str(draft), "--json"])
+def _probe(trace: Path, draft: Path, capsys: pytest.CaptureFixture[str], extra: list[str] | None = None) -> tuple[int, dict]:
+    code = probe_main([str(trace), "--draft", str(draft), "--json", *(extra or [])])
     return code, json.loads(capsys.readouterr().out)
 
 
@@ -64,7 +64,7 @@ def sglang_served(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.slow
 def test_sglang_probe_names_the_setting_the_draft_was_trained_with(sglang_served: Path, capsys: pytest.CaptureFixture[str]) -> None:
     results = {}
-    for case in CASES:
+    for case in ("clean", "rope", "style", "vocab"):
         code, result = _probe(sglang_served / case / "trace", sglang_served / case / "ckpt", capsys)
         results[case] = (code, result["winner"], result)
     # Target-written rows: the token each row reads is the one the target chose the row before.
@@ -95,6 +95,43 @@ def test_sglang_probe_names_the_setting_the_draft_was_trained_with(sglang_served
     assert (found.code, found.severity) == ("probe_better_variant", "error") and "rope_theta" in (found.fix or "")
     (ok,) = probe_findings(json.loads((sglang_served / "clean" / "trace" / "trace-h-1.probe.json").read_text()))
     assert (ok.code, ok.severity) == ("probe_served_as_trained", "info")
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_sglang_capture_id_readings_and_the_targets_head_from_the_target_folder(
+    sglang_served: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = ["--target", str(sglang_served / "target")]
+    code, clean = _probe(sglang_served / "clean" / "trace", sglang_served / "clean" / "ckpt", capsys, target)
+    assert code == 0 and clean["winner"] == "as served"
+    # ids [-1, 1, 3]: SpecForge's reading is what SGLang captured, speculators' has no boundary -1.
+    assert not [v for v in clean["variants"] if v["axis"] == "capture"]
+    assert _variant(clean, "the target's head")["agreement"] < 0.1  # trained with its own head and map
+    # ids [0, 2, 4] in the config: SGLang captures boundaries 1, 3, 5. Read as speculators' boundary k,
+    # the fused input is rebuilt from the target's recomputed boundaries 0, 2, 4: what the draft
+    # was trained on, and the clean run's agreement to the row.
+    code, shifted = _probe(sglang_served / "capture" / "trace", sglang_served / "capture" / "ckpt", capsys, target)
+    reading = _variant(shifted, "capture ids [0, 2, 4] read as speculators' and vLLM's boundary k (boundaries [0, 2, 4])")
+    assert reading["hits"] == _variant(clean, "as served")["hits"] and reading["rows"] == clean["rows"]
+    assert "eagle_aux_hidden_state_layer_ids [-1, 1, 3]" in reading["fix"]
+    # On this pair a capture one block late costs too little to measure (boundary 1 still
+    # carries the embedding the draft's lookup needs): the probe says so rather than guess.
+    served = _variant(shifted, "as served")
+    assert code == 0 and served["agreement"] <= reading["agreement"] and reading["low"] <= served["high"]
+    # A folder that is not the served target is named, not used.
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = json.loads((sglang_served / "target" / "config.json").read_text())
+    torch.manual_seed(1)
+    LlamaForCausalLM(LlamaConfig(**{k: v for k, v in cfg.items() if k != "architectures"})).save_pretrained(tmp_path / "other")
+    assert (
+        probe_main(
+            [str(sglang_served / "clean" / "trace"), "--draft", str(sglang_served / "clean" / "ckpt"), "--target", str(tmp_path / "other")]
+        )
+        == 2
+    )
+    assert "not the served target" in capsys.readouterr().err
 
 
 def _serve_reference(folder: Path, rope_theta: float | None = None) -> None:
