@@ -156,9 +156,9 @@ def _target_facts(folder: Path, rows: ProbeRows, raw: dict[str, Any], engine: st
             f"--target {folder}: it chooses the served target's next token on {same} of {total} kept rows: not the served target"
         )
     nested = raw.get("eagle_config")
-    ids = (nested if isinstance(nested, dict) else raw).get("eagle_aux_hidden_state_layer_ids")
-    valid = isinstance(ids, list) and all(isinstance(i, int) for i in ids)
-    return TargetFacts(boundaries=layers, ids=list(ids) if valid else None, engine=engine, head=head_weight(model))
+    found = (nested if isinstance(nested, dict) else raw).get("eagle_aux_hidden_state_layer_ids")
+    ids = [int(i) for i in found] if isinstance(found, list) and all(isinstance(i, int) for i in found) else None
+    return TargetFacts(boundaries=layers, ids=ids, engine=engine, head=head_weight(model))
 
 
 def _latest_with_target(files: list[str]) -> tuple[str, ReplayMeta, list[ReplayData]] | None:
