@@ -5,7 +5,9 @@ SGLang's set-up patches the process).
     python tests/probe/sglang_serve.py ROOT OUT CASE...
 
 Each case writes OUT/CASE/trace (the replay file) and OUT/CASE/ckpt (the checkpoint as the
-engine read it: config.json and model.safetensors).
+engine read it: config.json and model.safetensors). Under ``SPECTRACE=1 SPECTRACE_REPLAY=1``
+(one case) no spectrace call is made: the process traces itself, as a server does, and
+writes its trace and replay file into ``SPECTRACE_DIR`` at exit.
 """
 
 from __future__ import annotations
@@ -56,21 +58,24 @@ def main(root: str, out: str, cases: list[str]) -> None:
         target = targets[key]
         folder = os.path.join(out, case)
         os.makedirs(folder + "/ckpt")
-        os.makedirs(folder + "/trace")
+        os.makedirs(folder + "/trace", exist_ok=True)
         json.dump(config, open(folder + "/ckpt/config.json", "w"))
         save_file({k: v.contiguous() for k, v in weights.items()}, folder + "/ckpt/model.safetensors")
         draft = sh.build_sglang_eagle3_draft(config, {k: (v.float() if v.is_floating_point() else v) for k, v in weights.items()})
         draft.set_embed(target.model.embed_tokens.weight)  # the EAGLE worker shares the target's embedding
-        capture = keep_replay(draft, rows=64)
-        tap = keep_target(target, rows=64, capture=capture)
+        live = os.environ.get("SPECTRACE") == "1"
+        if not live:
+            capture = keep_replay(draft, rows=64)
+            tap = keep_target(target, rows=64, capture=capture)
         for seq in seqs:
             # SGLang's prefill, then the draft extend on the ids shifted by one plus the target's next token.
             result = sh.run_target(target, torch.tensor(seq))
             nxt = int(result.next_token_logits[-1].argmax())
             sh.run_draft(draft, torch.tensor(seq[1:] + [nxt]), result.hidden_states)
-        tap.remove()
-        capture.remove()
-        capture.write(folder + "/trace", "trace-h-1.jsonl")
+        if not live:
+            tap.remove()
+            capture.remove()
+            capture.write(folder + "/trace", "trace-h-1.jsonl")
 
 
 if __name__ == "__main__":

@@ -57,6 +57,19 @@ def sglang_served(tmp_path_factory: pytest.TempPathFactory) -> Path:
         env={**os.environ, "SPECTRACE": "0", "OMP_NUM_THREADS": "1"},
     )
     assert run.returncode == 0, run.stderr[-3000:]
+    # The same serving with no spectrace call: SPECTRACE=1 SPECTRACE_REPLAY=1 traces the process
+    # as a server is traced, and both captures are wired by the tracer itself.
+    live = {k: v for k, v in os.environ.items() if not k.startswith("SPECTRACE")}
+    live.update(SPECTRACE="1", SPECTRACE_REPLAY="1", SPECTRACE_REPLAY_ROWS="64", SPECTRACE_QUIET="1", OMP_NUM_THREADS="1")
+    live["SPECTRACE_DIR"] = str(out / "live" / "trace")
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "probe" / "sglang_serve.py"), str(ROOT), str(out), "live"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=live,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
     return out
 
 
@@ -132,6 +145,29 @@ def test_sglang_capture_id_readings_and_the_targets_head_from_the_target_folder(
         == 2
     )
     assert "not the served target" in capsys.readouterr().err
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_sglang_traced_by_spectrace_replay_keeps_the_targets_choices_itself(
+    sglang_served: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from spectrace.replay.file import read_replay
+
+    (kept,) = (sglang_served / "live" / "trace").glob("*.replay.safetensors")
+    meta, forwards = read_replay(str(kept))
+    assert meta.target_rotary == {"base": 10000.0, "neox": True, "cls": "RotaryEmbedding"}  # SGLang's own rotary
+    assert all({"target_in", "target_next"} <= set(f.tensors) for f in forwards) and len(forwards) == 4
+    code, result = _probe(sglang_served / "live" / "trace", sglang_served / "live" / "ckpt", capsys)
+    assert (code, result["winner"], result["rows"]) == (0, "as served", 141)
+    out = subprocess.run(
+        [sys.executable, "-m", "spectrace", "view", str(sglang_served / "live" / "trace"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    codes = {(g["code"], g["severity"]) for g in json.loads(out.stdout)["findings"]}
+    assert ("probe_served_as_trained", "info") in codes, codes
 
 
 def _serve_reference(folder: Path, rope_theta: float | None = None) -> None:
