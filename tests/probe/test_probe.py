@@ -49,27 +49,21 @@ def _variant(result: dict, name: str) -> dict:
 def sglang_served(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("sglang", reason="needs scripts/install-sglang-cpu.sh")
     out = tmp_path_factory.mktemp("sglang")
-    run = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "probe" / "sglang_serve.py"), str(ROOT), str(out), *CASES],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={**os.environ, "SPECTRACE": "0", "OMP_NUM_THREADS": "1"},
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    # The same serving with no spectrace call: SPECTRACE=1 SPECTRACE_REPLAY=1 traces the process
-    # as a server is traced, and both captures are wired by the tracer itself.
-    live = {k: v for k, v in os.environ.items() if not k.startswith("SPECTRACE")}
-    live.update(SPECTRACE="1", SPECTRACE_REPLAY="1", SPECTRACE_REPLAY_ROWS="64", SPECTRACE_QUIET="1", OMP_NUM_THREADS="1")
-    live["SPECTRACE_DIR"] = str(out / "live" / "trace")
-    run = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "probe" / "sglang_serve.py"), str(ROOT), str(out), "live"],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=live,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
+    script = [sys.executable, str(ROOT / "tests" / "probe" / "sglang_serve.py"), str(ROOT), str(out)]
+    plain = {k: v for k, v in os.environ.items() if not k.startswith("SPECTRACE")}
+    # The cases with the captures kept in code; and the same serving with no spectrace call,
+    # SPECTRACE=1 SPECTRACE_REPLAY=1 tracing the process as a server is traced. Side by side.
+    live = {"SPECTRACE": "1", "SPECTRACE_REPLAY": "1", "SPECTRACE_REPLAY_ROWS": "64", "SPECTRACE_QUIET": "1"}
+    jobs = {"cases": ([*script, *CASES], {"SPECTRACE": "0"}), "live": ([*script, "live"], live)}
+    runs = []
+    for name, (argv, env) in jobs.items():
+        log = open(out / f"{name}.log", "w")  # a file, not a pipe: neither child can fill a pipe and stall
+        env = {**plain, **env, "OMP_NUM_THREADS": "1", "SPECTRACE_DIR": str(out / "live" / "trace")}
+        runs.append((subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT), log, name))
+    for run, log, name in runs:
+        run.wait(timeout=240)
+        log.close()
+        assert run.returncode == 0, (out / f"{name}.log").read_text()[-3000:]
     return out
 
 
