@@ -37,6 +37,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "spectrace.cli.replay:main",
         "run the served draft's kept inputs through its checkpoint; name the first module that diverges",
     ),
+    "probe": (
+        "spectrace.cli.probe:main",
+        "measure the served draft's agreement with its target under each candidate setting; say which it was trained with",
+    ),
     "settings": ("spectrace.cli.settings:main", "print the SPECTRACE_* settings in effect"),
     "fleet": ("spectrace.cli.fleet:main", "which instances report which root causes, from the Prometheus that scrapes them"),
 }

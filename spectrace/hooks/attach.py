@@ -114,15 +114,21 @@ class Attaching(TracerBase):
 
     def _keep_replay(self, root: nn.Module, prefix: str) -> None:
         """SPECTRACE_REPLAY: a draft's inputs and module outputs of a few forwards, kept beside
-        the trace for ``spectrace replay`` (one draft per tracer)."""
+        the trace for ``spectrace replay`` (one draft per tracer), and the target's own
+        next-token choices at the same rows for ``spectrace probe`` (one target per tracer)."""
         settings = self.recorder.settings
-        if self._replay is not None or not settings.replay:
+        if not settings.replay:
             return
-        from .replay_capture import draft_parts, keep_replay
+        from .replay_capture import draft_parts, keep_replay, keep_target, target_parts
 
         try:
             if root in self._sampler.drafts and draft_parts(root) is not None:
-                self._replay = keep_replay(root, rows=settings.replay_rows, recorder=self.recorder)
+                if self._replay is None:
+                    self._replay = keep_replay(root, rows=settings.replay_rows, recorder=self.recorder)
+            elif self._target_tap is None and target_parts(root) is not None:
+                self._target_tap = keep_target(root, rows=settings.replay_rows, recorder=self.recorder)
+            if self._target_tap is not None and self._replay is not None:
+                self._target_tap.capture = self._replay  # it stops when the draft's capture is full
         except Exception as exc:  # never into the host
             self.recorder.internal_error(f"replay: {type(exc).__name__}: {exc}")
 

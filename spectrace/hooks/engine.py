@@ -130,6 +130,7 @@ class Tracer(Attaching, Stepping, HookMaking, KeptCalls, Noting, RecordBuilding)
     def __init__(self, recorder: Recorder, *, stats: str = "basic", sample: int = 1, budget: float = 0.0) -> None:
         self.recorder = recorder
         self._replay: Any = None  # SPECTRACE_REPLAY's capture of a draft (hooks/replay_capture.py)
+        self._target_tap: Any = None  # ... and the target's next-token choices at the same rows
         self.stats_mode = stats
         # SPECTRACE_SAMPLE, SPECTRACE_BUDGET: which steps are left out (sampling.py).
         self._sampler = StepSampler(recorder, sample, budget)

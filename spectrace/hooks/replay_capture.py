@@ -41,6 +41,10 @@ MAX_FORWARDS = 4
 DEFAULT_ROWS = 8
 TOPK = 8
 MAX_BYTES = 64 * 1024 * 1024  # per process: a forward that would pass it is not kept
+# The target's own rows kept beside a draft forward (``spectrace probe``): its input ids and
+# its top-1 next token, one row more than the draft's (the draft's row t proposes the token
+# the target chose at row t + 1).
+TARGET_KEYS = ("target_in", "target_next")
 ENV = "SPECTRACE_REPLAY"
 ENV_ROWS = "SPECTRACE_REPLAY_ROWS"
 
@@ -110,6 +114,7 @@ class ReplayCapture:
         self._lock = threading.Lock()
         self._full = False
         self._written = False
+        self.target_rotary: dict[str, Any] | None = None  # the target's rotary (TargetTap), for spectrace probe
         self.inputs_only = 0  # forwards whose fc, layer and norm ran in a CUDA graph: not kept
         self._pending_fc: tuple[torch.Tensor, torch.Tensor] | None = None  # vLLM's fc, run before the forward
         self._handles: list[Any] = []
@@ -171,6 +176,10 @@ class ReplayCapture:
             ):
                 return
         tensors: dict[str, torch.Tensor] = {"input_ids": ids[:n].detach().clone().long()}
+        target = TARGET_ROWS.take()  # the target's forward just before this one (paired by ids in spectrace probe)
+        if target is not None:
+            tensors.update(target)
+            self.target_rotary = TARGET_ROWS.rotary
         pending, self._pending_fc = self._pending_fc, None
         if pending is not None and isinstance(hidden, torch.Tensor) and pending[1].shape == hidden.shape:
             # vLLM: fc ran just before this forward (combine_hidden_states, after the input
@@ -314,7 +323,7 @@ class ReplayCapture:
                 rows = int(good.sum())
             if rows <= 0:
                 continue
-            tensors = {k: v[:rows] for k, v in tensors.items()}
+            tensors = {k: v[: rows + 1] if k in TARGET_KEYS else v[:rows] for k, v in tensors.items()}
             meta = ReplayForward(step=-1, draft_call=slot["call"], rows=rows, forward_mode=slot["mode"], keys=sorted(tensors))
             forwards.append(ReplayData(meta, tensors))
         if not forwards:
@@ -328,9 +337,178 @@ class ReplayCapture:
             rows=self.rows,
             topk=TOPK,
             bytes_per_forward=[s["bytes"] for s in kept],
+            target_rotary=self.target_rotary,
             forwards=[f.meta for f in forwards],
         )
         return write_private(directory, replay_name(trace_name), encode(meta_all, forwards))
+
+
+class _LatestTargetRows:
+    """The target rows of the process's latest eligible target forward, until a draft forward takes them."""
+
+    def __init__(self) -> None:
+        self._rows: dict[str, torch.Tensor] | None = None
+        self.rotary: dict[str, Any] | None = None  # the target's rotary, as its tap read it
+
+    def put(self, rows: dict[str, torch.Tensor], rotary: dict[str, Any] | None) -> None:
+        self._rows, self.rotary = rows, rotary
+
+    def take(self) -> dict[str, torch.Tensor] | None:
+        rows, self._rows = self._rows, None
+        return rows
+
+
+TARGET_ROWS = _LatestTargetRows()
+
+
+def target_parts(target: nn.Module) -> tuple[nn.Module, nn.Module, nn.Module] | None:
+    """(the module whose forward reads the ids, its final norm, its head) of a causal LM:
+    SGLang's and vLLM's ``LlamaForCausalLM`` (``model.norm``, ``lm_head``), Hugging Face's,
+    or a wrapper holding one as ``.model`` (spectrace's reference target)."""
+    for outer in (target, getattr(target, "model", None)):
+        inner = getattr(outer, "model", None)
+        norm, head = getattr(inner, "norm", None), getattr(outer, "lm_head", None)
+        if isinstance(norm, nn.Module) and isinstance(getattr(head, "weight", None), torch.Tensor) and not _is_draft(target):
+            return target, norm, head  # type: ignore[return-value]
+    return None
+
+
+def target_rotary(target: nn.Module) -> dict[str, Any] | None:
+    """The rotary the target really rotates with: an engine's rotary module (SGLang's and
+    vLLM's ``base``, ``is_neox_style``, its class for the scaling), else a Hugging Face
+    config's base (its rotary is the half-split, neox style). Read once, at the tap's start."""
+    for module in target.modules():
+        if all(hasattr(module, a) for a in ("base", "rotary_dim", "is_neox_style")):
+            try:
+                base: Any = module.base
+                return {"base": float(base), "neox": bool(module.is_neox_style), "cls": type(module).__name__}
+            except (TypeError, ValueError):
+                continue
+    config = getattr(getattr(target, "model", target), "config", None) or getattr(target, "config", None)
+    params = getattr(config, "rope_parameters", None) or {}
+    base = params.get("rope_theta") if isinstance(params, dict) else None
+    base = base or getattr(config, "rope_theta", None)
+    if isinstance(base, (int, float)):
+        kind = params.get("rope_type", "default") if isinstance(params, dict) else "default"
+        return {"base": float(base), "neox": True, "cls": f"config:{kind}"}
+    return None
+
+
+def _is_draft(model: nn.Module) -> bool:
+    """An EAGLE-3 draft (an fc over the fused input, or a map of its vocabulary), not a target."""
+    inner = getattr(model, "model", None)
+    return any(getattr(x, a, None) is not None for x in (model, inner) for a in ("fc", "hot_token_id", "draft_id_to_target_id", "d2t"))
+
+
+class TargetTap:
+    """Keeps the target's own next-token choice (top-1 of its head over its final norm's rows)
+    at the forwards from position 0, for the draft forward that follows (``spectrace probe``).
+
+    Same rules as the draft's capture: eager forwards only (no Python hook runs in a graph),
+    the first ``rows`` + 1 rows of the first sequence, a clone and one small matmul queued on
+    the device, never waited for; nothing once the draft's capture is full. A head split
+    over tensor-parallel ranks (fewer rows than the vocabulary) is not read: its top-1
+    would be a shard's."""
+
+    def __init__(self, target: nn.Module, rows: int = DEFAULT_ROWS, recorder: Any = None, capture: ReplayCapture | None = None) -> None:
+        parts = target_parts(target)
+        if parts is None:
+            raise ValueError(f"{type(target).__name__} has no model.norm / lm_head: not a causal LM")
+        self.root, self.norm = parts[0], parts[1]
+        self.head: Any = parts[2]
+        self.rows, self.recorder, self.capture = rows, recorder, capture
+        self._n: int | None = None
+        self._ids: torch.Tensor | None = None
+        self.puts = 0  # bounded even where no draft capture is linked: a few per kept draft forward
+        self.rotary = target_rotary(target)
+        vocab = getattr(getattr(target, "config", None), "vocab_size", None)
+        head_weight: Any = self.head.weight
+        head_rows = int(head_weight.shape[0])
+        self.split = isinstance(vocab, int) and head_rows < vocab
+        self.vocab = vocab if isinstance(vocab, int) else None
+        # As for the draft: SGLang's runner calls the root's forward() directly (no hooks), so
+        # the ids are read where the root calls its inner model; vLLM's inner model is called
+        # through its own compiled __call__ (no hooks), and its runner calls the root.
+        inner = getattr(self.root, "model", None)
+        if isinstance(inner, nn.Module) and target_parts(inner) is not None:
+            inner = getattr(inner, "model", None)  # a wrapper (spectrace's reference target): the decoder is one deeper
+        entry: nn.Module = inner if isinstance(inner, nn.Module) and type(inner).__call__ is nn.Module.__call__ else self.root
+        self._handles = [
+            entry.register_forward_pre_hook(self._begin, with_kwargs=True),
+            entry.register_forward_hook(self._end, with_kwargs=True),
+            self.norm.register_forward_hook(self._normed, with_kwargs=True),
+        ]
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _done(self) -> bool:
+        full = self.capture._full if self.capture is not None else self.puts >= 4 * MAX_FORWARDS
+        return self.split or full or _capturing() or torch.compiler.is_compiling()
+
+    def _begin(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self._n = None
+        if self._done():
+            return
+        try:
+            self._start(args, kwargs)
+        except Exception as exc:  # a hook never raises into the model
+            self._n = None
+            if self.recorder is not None:
+                self.recorder.internal_error(f"replay target: {type(exc).__name__}: {exc}")
+
+    def _start(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        ids = _arg(args, kwargs, 0, "input_ids")
+        if isinstance(ids, torch.Tensor) and ids.dim() == 2 and ids.shape[0] == 1:
+            ids = ids[0]  # Hugging Face's (1, T)
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.numel() == 0:
+            return
+        n = min(self.rows + 1, int(ids.shape[0]))
+        batch = kwargs.get("forward_batch", args[2] if len(args) > 2 and hasattr(args[2], "forward_mode") else None)
+        if batch is not None:  # SGLang: the first request's rows from position 0 of an extend
+            mode = getattr(getattr(batch, "forward_mode", None), "name", None)
+            prefix, lens = getattr(batch, "extend_prefix_lens_cpu", None), getattr(batch, "extend_seq_lens_cpu", None)
+            if not mode or "EXTEND" not in mode or "DRAFT" in mode or not prefix or not lens or int(prefix[0]) != 0:
+                return
+            n = min(n, int(lens[0]))
+        else:
+            positions = _arg(args, kwargs, 1, "positions")
+            if isinstance(positions, torch.Tensor) and positions.device.type == "cpu" and positions.numel():
+                if int(positions.reshape(-1)[0]) != 0:
+                    return
+        self._n, self._ids = n, ids
+
+    def _normed(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+        n, ids = self._n, self._ids
+        if n is None or ids is None:
+            return
+        self._n = None  # the first final norm of the forward only
+        try:
+            normed = _first(output)
+            if not isinstance(normed, torch.Tensor) or normed.shape[-2 if normed.dim() == 3 else 0] < n:
+                return
+            rows = normed.reshape(-1, normed.shape[-1])[:n]
+            weight = self.head.weight.detach()
+            if self.vocab is not None:
+                weight = weight[: self.vocab]  # rows past the vocabulary are padding
+            with torch.no_grad():
+                # In the head's own dtype: a float copy of a 128k-row head would be gigabytes.
+                top1 = (rows.detach().to(weight.dtype) @ weight.t()).argmax(-1)
+            TARGET_ROWS.put({"target_in": ids[:n].detach().clone().long(), "target_next": top1}, self.rotary)
+            self.puts += 1
+        except Exception as exc:  # a hook never raises into the model
+            if self.recorder is not None:
+                self.recorder.internal_error(f"replay target: {type(exc).__name__}: {exc}")
+
+    def _end(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+        self._n, self._ids = None, None
+
+
+def keep_target(target: nn.Module, rows: int | None = None, recorder: Any = None, capture: ReplayCapture | None = None) -> TargetTap:
+    """Keep ``target``'s next-token choices beside the draft's replay inputs (rows default: ``SPECTRACE_REPLAY_ROWS`` or 8)."""
+    return TargetTap(target, rows if rows is not None else _rows_setting(), recorder, capture)
 
 
 def keep_replay(draft: nn.Module, rows: int | None = None, max_forwards: int = MAX_FORWARDS, recorder: Any = None) -> ReplayCapture:

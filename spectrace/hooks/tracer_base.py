@@ -48,6 +48,7 @@ class TracerBase:
     budget: Any  # a budget.StepBudget, or None
     _sampler: StepSampler
     _replay: Any
+    _target_tap: Any
     _handles: list[Any]
     _wrapped: ByIdentity[stepwrap.Handle]
     _hooked: ByIdentity[str]

@@ -29,10 +29,12 @@ META_KEY = "spectrace"
 # fused input rows as the draft got them (``hidden_in``), what fc read (``fc_in``, after
 # any input norm), the embeddings and the hidden states the decoder layer read. Outputs:
 # fc, the decoder layer (its output plus residual, what the final norm reads), the final
-# norm, the top-k of the logits over the served head, their target ids after the map.
+# norm, the top-k of the logits over the served head, their target ids after the map. And
+# the target's own forward just before (``spectrace probe``): its input ids and its top-1
+# next token at rows 0 .. rows (one more row than the draft's).
 KEYS = (
     "input_ids", "positions", "hidden_in", "fc_in", "fc_out", "embeds", "layer_in",
-    "layer_out", "norm_out", "topk_values", "topk_ids", "target_ids",
+    "layer_out", "norm_out", "topk_values", "topk_ids", "target_ids", "target_in", "target_next",
 )  # fmt: skip
 
 
@@ -56,6 +58,9 @@ class ReplayMeta(BaseModel):
     rows: int = Field(description="SPECTRACE_REPLAY_ROWS: the most rows kept per forward")
     topk: int = Field(description="logits kept per row (their top k)")
     bytes_per_forward: list[int] = Field(default=[], description="bytes kept for each forward")
+    target_rotary: dict[str, Any] | None = Field(
+        None, description="the target's rotary as served (base, neox style, class), where its choices were kept"
+    )
     forwards: list[ReplayForward] = []
 
 

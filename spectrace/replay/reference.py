@@ -39,6 +39,7 @@ class Reference:
     flags: dict[str, bool] = field(default_factory=dict)
     d2t: list[int] | None = None
     notes: list[str] = field(default_factory=list)
+    rope_neox: bool = True  # half-split (neox) rotary; False: adjacent pairs (gptj, interleaved)
 
     @classmethod
     def build(cls, ckpt: DraftCheckpoint, raw: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Reference:
@@ -77,6 +78,7 @@ class Reference:
             flags={**c.flags, "tie_word_embeddings": c.tie_word_embeddings},
             d2t=ckpt.maps.d2t,
             notes=notes,
+            rope_neox=bool(layer_cfg.get("rope_is_neox_style", True)),
         )
 
     # ------------------------------------------------------------- modules
@@ -111,6 +113,10 @@ class Reference:
         dim = x.shape[-1]
         inv = 1.0 / (self.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
         freqs = positions.float()[:, None] * inv[None, :]
+        if not self.rope_neox:  # gptj: each adjacent pair (x[2i], x[2i+1]) turns by freqs[i]
+            even, odd = x[..., 0::2], x[..., 1::2]
+            c, s = freqs.cos(), freqs.sin()
+            return torch.stack([even * c - odd * s, odd * c + even * s], dim=-1).flatten(-2)
         cos, sin = torch.cat([freqs, freqs], -1).cos(), torch.cat([freqs, freqs], -1).sin()
         x1, x2 = x[..., : dim // 2], x[..., dim // 2 :]
         return x * cos + torch.cat([-x2, x1], dim=-1) * sin

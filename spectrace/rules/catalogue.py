@@ -232,6 +232,25 @@ CATALOGUE: dict[str, Code] = {
             "fix the first diverging module the finding names, with the causes listed for it (docs/replay.md); rerun "
             "spectrace replay until it says the served draft matches its checkpoint",
         ),
+        Code(
+            "probe_better_variant",
+            "error",
+            "spectrace probe measured the served draft's top-1 agreement with its target's own next-token choice, on "
+            "the served draft's kept inputs, as served and under each candidate setting (rotary base and style, "
+            "norm_before_residual, the draft's own embedding, the vocabulary map from t2d): one setting agrees "
+            "measurably better (its Wilson interval lies above the served one), so the draft was trained that way and "
+            "is served otherwise",
+            "serve the draft with the setting that won (the finding's fix says which key to set); rerun spectrace "
+            "probe until it says the draft is served as trained",
+        ),
+        Code(
+            "probe_served_as_trained",
+            "info",
+            "spectrace probe measured the served draft's top-1 agreement with its target's own next-token choice "
+            "under each candidate setting, and none agrees measurably better than the draft as served: on the axes "
+            "it measured, the draft is served as it was trained (the config warnings about those axes are withdrawn)",
+            "nothing to fix on the axes the probe measured",
+        ),
     ]
 }
 

@@ -32,6 +32,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from spectrace.checks.from_records import findings_from_records
+from spectrace.checks.probe import PROBE_SUFFIX, probe_findings, withdraw
 from spectrace.checks.replay import MAX_RESULT_BYTES, RESULT_SUFFIX, result_finding
 from spectrace.records import (
     LEGACY_RECORD_TYPES,
@@ -115,7 +116,7 @@ class FileReader:
         # Findings the calls imply (checks.from_records), made again when the calls change;
         # kept apart so a later pass replaces them rather than adding to them.
         self._derived: list[Finding] = []
-        self._derived_from: tuple[int, int, str | None] = (-1, -1, None)
+        self._derived_from: tuple[int, int, str | None, tuple[str, ...]] = (-1, -1, None, ())
 
     def _restart(self, why: str) -> None:
         self.budget.release(self.kept_bytes, len(self.file.acceptance.by_step))
@@ -395,14 +396,32 @@ class FileReader:
         derived_ids = {id(d) for d in self._derived}
         recorded = [fd for fd in f.findings if id(fd) not in derived_ids]
         replay = _replay_result(f.path)
-        key = (len(f.calls), len(recorded), replay.message if replay is not None else None)
+        probe = _beside(f.path, PROBE_SUFFIX)
+        said = probe_findings(probe)
+        key = (len(f.calls), len(recorded), replay.message if replay is not None else None, tuple(p.message for p in said))
         if key == self._derived_from:
             return
         self._derived_from = key
         self._derived = findings_from_records(f.calls, recorded, f.coverage)
         if replay is not None:
             self._derived.append(replay)
-        f.findings = recorded + self._derived
+        self._derived += said
+        # The warnings a probe has settled (the served draft won on their axis) are withdrawn.
+        kept = withdraw(recorded + self._derived, probe)
+        still = {id(k) for k in kept}
+        self._derived = [d for d in self._derived if id(d) in still]
+        f.findings = kept
+
+
+def _beside(path: str, suffix: str) -> Any:
+    """The JSON result a command wrote beside this trace file (``<stem><suffix>``), parsed; None when absent or unreadable."""
+    stem = path[: -len(".jsonl")] if path.endswith(".jsonl") else None
+    if stem is None or not os.path.exists(stem + suffix):
+        return None
+    try:
+        return json.loads(read_regular(stem + suffix, MAX_RESULT_BYTES).decode("utf-8"))
+    except (SafeFileError, OSError, ValueError):
+        return None
 
 
 def _replay_result(path: str) -> Finding | None:

@@ -114,6 +114,10 @@ def after_set_layers(result: Any, *args: Any, **kwargs: Any) -> None:
         at_target_capture(model)  # the draft's rotary against this target's
     except Exception as exc:
         state.internal_error("draft rope", exc)
+    try:
+        keep_target_choices(model)
+    except Exception as exc:
+        state.internal_error("replay target", exc)
     return None
 
 
@@ -192,3 +196,27 @@ def run() -> None:
             state.emit_finding(found)
     except Exception as exc:
         state.internal_error("capture checks", exc)
+
+
+def keep_target_choices(model: Any) -> None:
+    """SPECTRACE_REPLAY: the target's top-1 next token at the rows the draft's capture keeps
+    (hooks/replay_capture.py ``TargetTap``), for ``spectrace probe``. Found at the target's
+    capture set-up (set_aux_hidden_state_layers), where vLLM names its EAGLE-3 target."""
+    rec = state.recorder()
+    settings: Any = getattr(rec, "settings", None)
+    if model is None or not getattr(settings, "replay", False):
+        return
+    from ...hooks.replay_capture import keep_target, target_parts
+
+    with state.lock():
+        if target_parts(model) is None or any(tap.root is model for tap in state.STATE.target_taps):
+            return
+        state.STATE.target_taps.append(keep_target(model, rows=settings.replay_rows, recorder=rec))
+        link_taps()
+
+
+def link_taps() -> None:
+    """A target's tap stops once the draft's capture is full (under state.lock())."""
+    if state.STATE.replays:
+        for tap in state.STATE.target_taps:
+            tap.capture = state.STATE.replays[0]

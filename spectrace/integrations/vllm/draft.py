@@ -102,6 +102,7 @@ def _keep_replay(model: Any) -> None:
         if draft_parts(model) is None or any(kept.draft is model for kept in state.STATE.replays):
             return
         state.STATE.replays.append(keep_replay(model, rows=settings.replay_rows, recorder=rec))
+        capture.link_taps()
 
 
 def after_speculators_reader(result: Any, *args: Any, **kwargs: Any) -> None:

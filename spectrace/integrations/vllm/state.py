@@ -46,6 +46,8 @@ class State(HookState):
     rope_checked: set[tuple[int, int]] = field(default_factory=set)
     # SPECTRACE_REPLAY's captures, one per draft built in this process.
     replays: list[Any] = field(default_factory=list)
+    # ... and the target's next-token choices at the same rows (spectrace probe), one per target.
+    target_taps: list[Any] = field(default_factory=list)
 
 
 STATE = State()
