@@ -58,7 +58,7 @@ def audit(
     findings += check_short_capture(cfg, engine, target)
     findings += check_capture_support(cfg, engine, target)
     findings += check_flags(cfg, engine)
-    findings += check_rotary(cfg, engine, target)
+    findings += check_rotary(cfg, tensors, engine, target)
     findings += check_maps(cfg, tensors, maps, target)
     for f in findings:
         f.source = "audit"

@@ -14,7 +14,9 @@ from ..rules.conventions import SGLangDraftFlag, first_sglang_implementing, sgla
 from ..rules.engines import Engine, dims_of
 from .engine_capture import engine_capture
 from .facts import DraftConfigFile, TargetConfig, TensorInfo, VocabMaps
-from .rope import check_rope, effective_rotary
+from .rope import effective_rotary
+from .rope_trained import check_trained_rope
+from .trainer import recognition
 from .vocab_map import check_vocab_map
 
 
@@ -176,9 +178,18 @@ def check_flags(cfg: DraftConfigFile, engine: Engine) -> list[Finding]:
     return out
 
 
-def check_rotary(cfg: DraftConfigFile, engine: Engine, target: TargetConfig | None) -> list[Finding]:
-    """The draft's rotary embedding against the target's, each read as the engine reads it."""
-    return check_rope(cfg.rope, target.rope if target else None, engine=engine.name, label=engine.label)
+def check_rotary(cfg: DraftConfigFile, tensors: dict[str, TensorInfo], engine: Engine, target: TargetConfig | None) -> list[Finding]:
+    """The draft's rotary embedding as the engine builds it against the one its trainer trained
+    with (:mod:`.rope_trained`): the trainer known from a record or recognised from the layout."""
+    return check_trained_rope(
+        cfg.rope,
+        target.rope if target else None,
+        recognition(cfg, tensors),
+        trained_base=cfg.trained_rope_theta,
+        trained_base_source=cfg.trained_rope_source,
+        engine=engine.name,
+        label=engine.label,
+    )
 
 
 def check_maps(cfg: DraftConfigFile, tensors: dict[str, TensorInfo], maps: VocabMaps | None, target: TargetConfig | None) -> list[Finding]:

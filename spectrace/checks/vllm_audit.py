@@ -124,7 +124,7 @@ def audit_vllm(
         if cfg.use_aux_hidden_state is not False:
             findings += check_fc_width(cfg, tensors, engine, target)
     # vLLM builds the draft's rotary from the same transformers config and uses d2t as SGLang does.
-    findings += check_rotary(cfg, engine, target)
+    findings += check_rotary(cfg, tensors, engine, target)
     findings += check_maps(cfg, tensors, maps, target)
     for f in findings:
         f.source = "audit"
