@@ -154,7 +154,12 @@ def check_trained_rope(
         ]  # fmt: skip
     # The engine builds what the trainer trained with, from this config. Two things a config alone cannot rule out:
     strays = {p: v for p, v in draft.not_read.items() if p.endswith("rope_theta") and isinstance(v, (int, float)) and v != draft.base}
-    lost = draft.base_from == "default" and target is not None and not any(abs(draft.base - b) <= 1e-6 * b for b in target.bases)
+    lost = (
+        draft.base_from == "default"
+        and any(t.from_config for _, t in agree)
+        and target is not None
+        and not any(abs(draft.base - b) <= 1e-6 * b for b in target.bases)
+    )
     if not strays and not lost:
         return []
     what = []

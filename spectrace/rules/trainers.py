@@ -56,6 +56,8 @@ class TrainedRotary:
     factor: float | None
     partial_rotary_factor: float  # 1.0: the whole head rotated
     why: str  # the trainer's rule, in words, with its source
+    # The base came from the config: a config that lost its key would have trained another one.
+    from_config: bool = True
 
     def same_as(self, base: float, rope_type: str, factor: float | None, partial: float) -> bool:
         def close(a: float | None, b: float | None) -> bool:
@@ -96,14 +98,16 @@ def _reads_config(rope: RopeConfig, *, partial: bool, who: str) -> TrainedRotary
 #
 # specforge/modeling/draft/llama3_eagle.py, LlamaAttention._init_rope (history of
 # github.com/sgl-project/SpecForge). The draft's LlamaRotaryEmbedding always gets head_dim:
-# partial_rotary_factor is never read, the whole head rotates.
-# - v0.1.0 (2025-07-22): no rope_scaling -> LlamaRotaryEmbedding(head_dim) with no base: 10000;
-#   "llama3" -> the same plain 10000 rotary ("for nv type"); linear/dynamic -> 10000 scaled.
-# - 2025-10-30 (#270, "support use the rope_theta parameter"; in v0.1.1 and v0.2.0): no
-#   rope_scaling -> base getattr(config, "rope_theta", 10000); 2025-11-12 (#287) "llama3" ->
-#   base rope_theta with llama3 frequency scaling; linear/dynamic still pass no base (10000).
-# - 2026-07-17 (1712b656, get_rope_config): transformers 5's rope_parameters (its rope_theta,
-#   type "default" -> plain) and every scaling type passes base=rope_theta.
+# partial_rotary_factor is never read, the whole head rotates. Three rules, named here by the
+# release that first shipped them:
+# - "0.1.0" (v0.1.0, 2025-07-22): no rope_scaling -> LlamaRotaryEmbedding(head_dim) with no base:
+#   10000; "llama3" -> the same plain 10000 rotary ("for nv type"); linear/dynamic -> 10000 scaled.
+# - "0.1.1" (#270, 2025-10-30, and #287, 2025-11-12; v0.1.1 and the v0.2.0 tag): no rope_scaling ->
+#   base getattr(config, "rope_theta", 10000); "llama3" -> that base with llama3 frequency scaling;
+#   linear/dynamic still pass no base (10000). It ran on transformers 4.
+# - "0.2.0" (1712b656, 2026-07-17, get_rope_config; the 0.2.0 package on the registry, 2026-08):
+#   transformers 5's rope_parameters (its rope_theta; type "default" -> plain) and every scaling
+#   type passes base=rope_theta: the draft's config as transformers reads it.
 
 SPECFORGE_RELEASES = ("0.1.0", "0.1.1", "0.2.0")
 
@@ -121,11 +125,13 @@ def _specforge(rope: RopeConfig, release: str) -> TrainedRotary | None:
     base = rope.rope_theta if rope.rope_theta is not None else _num(params.get("rope_theta"))
     if release == "0.1.0":
         kind, factor = ("default", None) if kind in ("default", "llama3") else (kind, factor)
-        return TrainedRotary(LLAMA_DEFAULT_BASE, kind, factor, 1.0, f"SpecForge 0.1.0 ({where}): base 10000 whatever the config says")
+        return TrainedRotary(
+            LLAMA_DEFAULT_BASE, kind, factor, 1.0, f"SpecForge 0.1.0 ({where}): base 10000 whatever the config says", False
+        )
     if kind in ("linear", "dynamic"):
-        return TrainedRotary(LLAMA_DEFAULT_BASE, kind, factor, 1.0, f"SpecForge 0.1.1-0.2.0 ({where}): {kind} scaling on base 10000")
+        return TrainedRotary(LLAMA_DEFAULT_BASE, kind, factor, 1.0, f"SpecForge 0.1.1 ({where}): {kind} scaling on base 10000", False)
     got = base if base is not None else LLAMA_DEFAULT_BASE
-    return TrainedRotary(got, kind, factor, 1.0, f"SpecForge 0.1.1-0.2.0 ({where}): base getattr(config, 'rope_theta', 10000) = {got:g}")
+    return TrainedRotary(got, kind, factor, 1.0, f"SpecForge 0.1.1 ({where}): base getattr(config, 'rope_theta', 10000) = {got:g}")
 
 
 # ------------------------------------------------------------------ the trainers
@@ -220,7 +226,14 @@ def trained_rotary(trainer: str, rope: RopeConfig, release: str | None = None, v
         kind, factor = _scaling(rope.rope_scaling) if rope.rope_scaling else ("default", None)
         if kind not in ("linear", "dynamic"):
             kind, factor = "default", None
-        return TrainedRotary(LLAMA_DEFAULT_BASE, kind, factor, 1.0, "the EAGLE reference trainer (cnets.py::_init_rope): base 10000 always")
+        return TrainedRotary(
+            LLAMA_DEFAULT_BASE,
+            kind,
+            factor,
+            1.0,
+            "the EAGLE reference trainer (eagle/traineagle3/cnets.py::_init_rope): base 10000 always",
+            False,
+        )
     if trainer == "speculators":
         got = _reads_config(rope, partial=True, who="speculators (its transformer_layer_config, as transformers reads it)")
         if _transformers_params(rope)[0] is None and verifier_base is not None:
@@ -256,6 +269,9 @@ def trained_rotaries(trainers: Collection[str], rope: RopeConfig, verifier_base:
 # ------------------------------------------------------------------ which trainer wrote it
 
 How = Literal["record", "signature", "unknown"]
+# Keys only speculators' trainer writes; left in an SGLang-format config they say it was converted
+# by hand from a speculators checkpoint (readings.SPECULATORS_FLAGS, kept here torch-free and leaf).
+SPECULATORS_ONLY = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output", "embed_requires_grad")
 
 
 @dataclass(frozen=True)
@@ -265,6 +281,8 @@ class Recognition:
     trainers: tuple[str, ...]  # one: known or recognised; several: any of these; none: unknown
     how: How
     why: str
+    # The layout is the trainer's own (not a conversion): its ids follow that trainer's convention.
+    settles_ids: bool = False
 
     @property
     def known(self) -> bool:
@@ -273,6 +291,12 @@ class Recognition:
     @property
     def label(self) -> str:
         return " or ".join(TRAINERS[t].label for t in self.trainers) or "an unknown trainer"
+
+    @property
+    def convention(self) -> str | None:
+        """The id convention the layout settles (None: not settled, or the trainers disagree)."""
+        found = {TRAINERS[t].convention for t in self.trainers}
+        return found.pop() if self.settles_ids and len(found) == 1 else None
 
 
 def _record_trainer(record: str | None) -> str | None:
@@ -287,37 +311,56 @@ def recognise(
     record_source: str = "",
 ) -> Recognition:
     """The trainer of a checkpoint: from ``record`` (what its folder or the user says) when
-    there is one, else from the layout that signs it."""
+    there is one, else from the layout that signs it. Without ``tensor_names`` (a live engine,
+    which renamed them) the config's keys alone are read, and the reason says so."""
     named = _record_trainer(record)
     if named is not None and not (named == "speculators" and record_source.startswith("config.json")):
-        return Recognition((named,), "record", f"{TRAINERS[named].label}: {record_source or 'the trainer record'}")
+        return Recognition((named,), "record", f"{TRAINERS[named].label}: {record_source or 'the trainer record'}", True)
     if config.get("trainer_convention") and config.get("trained_aux_boundaries") is not None:
         return Recognition(
-            ("spectrace",), "record", "spectrace's reference pipeline: trainer_convention and trained_aux_boundaries in config.json"
+            ("spectrace",), "record", "spectrace's reference pipeline: trainer_convention and trained_aux_boundaries in config.json", True
         )
     eagle = config.get("eagle_config") if isinstance(config.get("eagle_config"), Mapping) else {}
     names = list(tensor_names)
-    midlayer = any(n.startswith("midlayer.") for n in names)
-    layers = any(n.startswith(("layers.", "model.layers.")) for n in names)
+    seen = bool(names)
+    midlayer = any(n.startswith("midlayer.") for n in names) or not seen
+    layers = any(n.startswith(("layers.", "model.layers.")) for n in names) or not seen
+    tensors = "midlayer.* tensors and " if seen else ""
     archs = [str(a) for a in config.get("architectures") or []]
     modelopt = sorted(k for k in TRAINERS["modelopt"].config_keys if k in eagle)
-    if midlayer and modelopt:
-        return Recognition(("modelopt",), "signature", f"ModelOpt: midlayer.* tensors and eagle_config.{', eagle_config.'.join(modelopt)}")
+    flags = [k for k in SPECULATORS_ONLY if k in config]
     if "transformer_layer_config" in config and "speculators_model_type" in config:
-        if layers and not midlayer:
-            return Recognition(("speculators",), "signature", "speculators: its own config (transformer_layer_config) and layers.* tensors")
+        if layers and not (seen and midlayer):
+            # Trained by speculators, or converted into its format (convert/eagle/eagle3_converter.py
+            # writes the source's rope_theta, default 10000, into transformer_layer_config): either way
+            # transformer_layer_config holds the rotary it was trained with.
+            return Recognition(
+                ("speculators",),
+                "signature",
+                "speculators: its own config (transformer_layer_config)" + (" and layers.* tensors" if seen else ""),
+                True,
+            )
         return Recognition(
             (), "unknown", "a speculators-format config over midlayer.* tensors: converted, so the format does not name the trainer"
         )
-    if midlayer and eagle:
-        return Recognition(("specforge",), "signature", "SpecForge: midlayer.* tensors and eagle_config")
+    if midlayer and modelopt:
+        return Recognition(("modelopt",), "signature", f"ModelOpt: {tensors}eagle_config.{', eagle_config.'.join(modelopt)}", True)
+    if midlayer and eagle and flags:
+        # A hand conversion: the weights are speculators', the ids may or may not have been translated.
+        return Recognition(
+            ("speculators",),
+            "signature",
+            f"speculators' training flags ({', '.join(flags)}) in an SGLang-format config: converted from speculators",
+        )
+    if midlayer and eagle and any("Eagle3" in a for a in archs):
+        return Recognition(("specforge",), "signature", f"SpecForge: {tensors}eagle_config", seen)
     if midlayer and any("Eagle3" in a for a in archs):
         # SpecForge's configs/llama3-8B-eagle3.json is the EAGLE template with LlamaForCausalLMEagle3.
         return Recognition(
-            ("specforge", "eagle"),
-            "signature",
-            "SpecForge or the EAGLE trainer: midlayer.* tensors, LlamaForCausalLMEagle3, no eagle_config",
+            ("specforge", "eagle"), "signature", f"SpecForge or the EAGLE trainer: {tensors}LlamaForCausalLMEagle3, no eagle_config", seen
         )
-    if midlayer:
-        return Recognition(("eagle",), "signature", "the EAGLE reference trainer: midlayer.* tensors and its plain LlamaForCausalLM config")
+    if seen and midlayer and not eagle:
+        return Recognition(
+            ("eagle",), "signature", "the EAGLE reference trainer: midlayer.* tensors and its plain LlamaForCausalLM config", True
+        )
     return Recognition((), "unknown", "no trainer record, and the layout signs no trainer spectrace knows")
