@@ -28,7 +28,7 @@ from ..records import Finding
 from ..rules.catalogue import finding
 from ..rules.trainers import PROBE_COMMAND, Recognition, RopeConfig, TrainedRotary, trained_rotaries
 from .facts import RopeKeys
-from .rope import Rotary, check_rope, effective_rotary
+from .rope import LiveRotary, Rotary, check_live_rope, check_rope, effective_rotary
 
 PROBE = f"`{PROBE_COMMAND}` decides it from the draft's own weights"
 
@@ -191,3 +191,135 @@ def _unknown(keys: RopeKeys, target_keys: RopeKeys | None, trainer: Recognition,
         f.evidence["trainer"] = []
         f.evidence["trainer_why"] = trainer.why
     return found
+
+
+# ------------------------------------------------------------------ the rotary the engine built (live)
+
+
+def _live_partial(d: LiveRotary) -> float:
+    return d.rotary_dim / d.head_size if d.head_size else 1.0
+
+
+def _live_matches(t: TrainedRotary, d: LiveRotary) -> bool:
+    # Every trainer known rotates NeoX-style (rotate_half): a GPT-J-style draft was not trained so.
+    return d.neox and t.same_as(d.base, d.rope_type, d.factor, _live_partial(d))
+
+
+def _live_built(d: LiveRotary, label: str) -> str:
+    style = "" if d.neox else ", GPT-J style (rotate interleaved pairs)"
+    scale = "" if d.rope_type == "default" else f", {d.rope_type}" + (f" x{d.factor:g}" if d.factor else "")
+    part = "" if abs(_live_partial(d) - 1.0) < 1e-9 else f", {d.rotary_dim} of {d.head_size} head dims"
+    return f"{label} built the draft's rotary embedding ({d.module}) with base {d.base:g}{scale}{part}{style}"
+
+
+def check_live_trained_rope(
+    drafts: list[LiveRotary],
+    targets: list[LiveRotary],
+    *,
+    draft_keys: RopeKeys | None,
+    target_keys: RopeKeys | None,
+    trainer: Recognition,
+    trained_base: float | None = None,
+    trained_base_source: str = "",
+    label: str = "SGLang",
+    source: str = "",
+) -> list[Finding]:
+    """rope_mismatch from the rotaries the engine built, judged against the trained rotary as
+    :func:`check_trained_rope` judges the config: an error on evidence (a stated trained base, a
+    known or recognised trainer's rule), else a warning naming the probe."""
+    if not targets:
+        return []
+    if trained_base is None and (not trainer.known or draft_keys is None):
+        found = check_live_rope(drafts, targets, draft_keys=draft_keys, target_keys=target_keys, label=label, source=source)
+        why = trainer.why if draft_keys is not None else "the draft's config is not known"
+        for f in found:
+            f.severity = "warning"
+            f.message += f". The trainer is not known ({why}), so which rotary it trained with is not either: {PROBE}"
+            f.fix += f" -- if `{PROBE_COMMAND}` confirms the draft was trained with the target's rotary"
+        return found
+    out: list[Finding] = []
+    config = effective_rotary(draft_keys) if draft_keys is not None else None
+    for d in drafts:
+        evidence: dict[str, Any] = {
+            "observed": "the engine's rotary modules", "draft_rope": d.summary(), "target_rope": [t.summary() for t in targets],
+            "trainer": list(trainer.trainers), "trainer_from": trainer.how, "trainer_why": trainer.why,
+        }  # fmt: skip
+        built = _live_built(d, label)
+        if trained_base is not None:
+            if abs(d.base - trained_base) <= 1e-6 * max(trained_base, 1.0):
+                continue
+            evidence["trained_rope_theta"] = trained_base
+            out.append(
+                finding(
+                    "rope_mismatch",
+                    f"{built}, but {trained_base_source} says the draft was trained with base {trained_base:g}: every position is "
+                    "rotated with another phase than in training; nothing fails, acceptance drops",
+                    module="draft",
+                    evidence=evidence,
+                    source=source,
+                    fix=f'in the draft\'s config.json set the base the engine reads ("{draft_keys.where if draft_keys else ""}rope_parameters".rope_theta) to {trained_base:g}',
+                )  # fmt: skip
+            )
+            continue
+        assert draft_keys is not None and config is not None
+        verifier = targets[0].base
+        candidates = trained_rotaries(trainer.trainers, rope_config(draft_keys), verifier_base=verifier)
+        agree = [(w, t) for w, t in candidates if _live_matches(t, d)]
+        differ = [(w, t) for w, t in candidates if not _live_matches(t, d)]
+        evidence["trained_rope"] = {
+            w: {"rope_theta": t.base, "rope_type": t.rope_type, "factor": t.factor, "rule": t.why} for w, t in candidates
+        }
+        if differ and not agree:
+            trained = sorted({_trained(t) for _, t in differ})
+            rules = "; ".join(dict.fromkeys(t.why for _, t in differ))
+            style = "" if d.neox else " (every trainer known rotates NeoX-style, rotate_half)"
+            out.append(
+                finding(
+                    "rope_mismatch",
+                    f"{built}, but the draft was trained with {' or '.join(trained)}{style} ({trainer.why}; {rules}): every position "
+                    "is rotated with another phase than in training; nothing fails, acceptance drops",
+                    module="draft",
+                    evidence=evidence,
+                    source=source,
+                    fix=(
+                        _fix(config, draft_keys, differ[0][1])
+                        if len(trained) == 1 and d.neox
+                        else f'in the draft\'s config.json set "{draft_keys.where}rope_is_neox_style" to true'
+                        if not d.neox
+                        else PROBE
+                    ),
+                )  # fmt: skip
+            )
+        elif differ:
+            out.append(
+                finding(
+                    "rope_mismatch",
+                    f"{built}; {', '.join(w for w, _ in agree)} trained such a config with the same, but "
+                    + "; ".join(f"{w} trained it with {_trained(t)}" for w, t in differ)
+                    + f" ({trainer.why}). Which release trained this draft is not known; {PROBE}",
+                    severity="warning",
+                    module="draft",
+                    evidence=evidence,
+                    source=source,
+                    fix=f"{PROBE}; keep the config as it is if the draft was trained by {agree[0][0]}",
+                )  # fmt: skip
+            )
+        elif (
+            config.base_from == "default"
+            and any(t.from_config for _, t in agree)
+            and not any(abs(d.base - t.base) <= 1e-6 * t.base for t in targets)
+        ):
+            out.append(
+                finding(
+                    "rope_mismatch",
+                    f"{built} ({label}'s default: the config names no base), as {trainer.label} trained such a config "
+                    f"({trainer.why}); but the target rotates with base {targets[0].base:g}, and a draft trained at its target's "
+                    f"base whose config lost the key looks exactly like this one. The config cannot tell: {PROBE}",
+                    severity="warning",
+                    module="draft",
+                    evidence=evidence,
+                    source=source,
+                    fix=f"{PROBE}; keep the config as it is unless the probe says the draft was trained with another base",
+                )  # fmt: skip
+            )
+    return out

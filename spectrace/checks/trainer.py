@@ -69,3 +69,12 @@ def settled(readings: list[Reading], trainer: Recognition) -> list[Reading]:
 def with_roots(cfg: DraftConfigFile, tensors: Mapping[str, Any]) -> DraftConfigFile:
     """``cfg`` with the checkpoint's layout filled in, for the checks that read its trainer."""
     return cfg if cfg.tensor_roots else cfg.model_copy(update={"tensor_roots": tensor_roots(tensors)})
+
+
+def stated_trained_base(config: Mapping[str, Any] | None) -> tuple[float | None, str]:
+    """The base a draft config states it was trained with (``trained_rope_theta``, which
+    spectrace's pipeline stamps beside its other provenance keys), and what said so."""
+    value = (config or {}).get("trained_rope_theta")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        return float(value), "config.json (trained_rope_theta)"
+    return None, ""
