@@ -2,7 +2,8 @@
 
 Pure functions, no I/O: each check replays what the engine will do with this draft
 (name mapping, id convention, flags it reads) and reports where that differs from what
-the trainer did. Layer positions are reported as canonical boundaries
+the trainer did (the trainer known from a record or recognised from the layout,
+:mod:`.trainer`). Layer positions are reported as canonical boundaries
 (b = Hugging Face ``hidden_states[b]``, 0 = embedding output). The checks are split by
 job: the weight load (:mod:`.load_replay`), the captured layers (:mod:`.engine_capture`),
 the config's widths, flags, rotary and maps (:mod:`.draft_config`); a vLLM release read
@@ -11,7 +12,7 @@ from its source has its own audit (:mod:`.vllm_audit`). The facts come from
 
     >>> ckpt = read_checkpoint(Path("tests/fixtures/specforge_tiny"))
     >>> [f.code for f in audit(ckpt.config, ckpt.tensors, get_engine("sglang"), None).findings]
-    ['aux_layers_mismatch']
+    []
 """
 
 from __future__ import annotations

@@ -320,7 +320,8 @@ def recognise(
         return Recognition(
             ("spectrace",), "record", "spectrace's reference pipeline: trainer_convention and trained_aux_boundaries in config.json", True
         )
-    eagle = config.get("eagle_config") if isinstance(config.get("eagle_config"), Mapping) else {}
+    found = config.get("eagle_config")
+    eagle: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
     names = list(tensor_names)
     seen = bool(names)
     midlayer = any(n.startswith("midlayer.") for n in names) or not seen
