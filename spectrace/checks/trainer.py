@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..rules.readings import SPECULATORS_FLAGS, Reading, trained_with
-from ..rules.trainers import Recognition, recognise
+from ..rules.trainers import TRAINERS, Recognition, recognise
 from .facts import DraftConfigFile
 
 _ROOTS = ("model.layers.", "midlayer.", "layers.")
@@ -78,3 +78,16 @@ def stated_trained_base(config: Mapping[str, Any] | None) -> tuple[float | None,
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
         return float(value), "config.json (trained_rope_theta)"
     return None, ""
+
+
+def last_state_by_config(config: Mapping[str, Any] | None) -> str | None:
+    """Why a served draft is legitimately fed the target's last hidden state, from its config
+    alone (a live engine renamed its tensors): ``use_aux_hidden_state`` false, no aux ids, and a
+    config signed by a trainer that trains such drafts (ModelOpt's default). None otherwise."""
+    eagle = (config or {}).get("eagle_config")
+    if not isinstance(eagle, Mapping) or eagle.get("use_aux_hidden_state") is not False or eagle.get("eagle_aux_hidden_state_layer_ids"):
+        return None
+    trainer = recognition_from_config(config)
+    if not trainer.known or not all(TRAINERS[t].last_state_ok for t in trainer.trainers):
+        return None
+    return f"a last-state draft: {trainer.why}, use_aux_hidden_state false and no aux ids; it was trained on the target's last hidden state"

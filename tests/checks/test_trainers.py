@@ -141,3 +141,39 @@ def test_specforge_builds_what_the_rule_says(specforge_draft, template: str) -> 
     assert (getattr(built, "scaling_factor", None) is not None) == (rule.rope_type == "llama3")
     if rule.rope_type == "llama3":
         assert built.scaling_factor == rule.factor
+
+
+# ------------------------------------------------------------------ a last-state draft at runtime
+
+
+def modelopt_last_state() -> dict[str, Any]:
+    return {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [], "use_aux_hidden_state": False,
+                         "use_input_layernorm_in_first_layer": True, "use_last_layernorm": True, "use_mtp_layernorm": False},
+    }  # fmt: skip
+
+
+def test_a_last_state_draft_is_served_as_trained_at_runtime() -> None:
+    """ModelOpt trains drafts on the target's last hidden state (use_aux_hidden_state false, no
+    aux ids): no aux capture, the final state stored for the draft and fc skipped are what it was
+    trained with. The same config signed by SpecForge (which trains on aux states only) keeps the errors."""
+    from spectrace.checks.capture import check_capture
+    from spectrace.checks.trainer import last_state_by_config
+    from spectrace.checks.widths import check_draft_input_width, check_stored_hidden
+    from spectrace.records import Capture
+
+    off = Capture(module="target", requested_ids=None, boundaries=[], num_layers=0, hidden_size=0, rule="none", enabled=False)
+    last = modelopt_last_state()
+    why = last_state_by_config(last)
+    assert why is not None and "ModelOpt" in why
+    assert [f.code for f in check_capture(off, last, "EAGLE3")] == []
+    assert check_draft_input_width(2880, 3 * 2880, 2880, "EXTEND", last_state=why) == []
+    assert check_stored_hidden(2880, "LAST", last_state=why) == []
+    specforge = {**published("specforge-gpt-oss-20B-eagle3"), "eagle_config": {"use_aux_hidden_state": False}}
+    assert last_state_by_config(specforge) is None
+    assert [f.code for f in check_capture(off, specforge, "EAGLE3")] == ["aux_capture_disabled"]
+    assert [f.code for f in check_draft_input_width(2880, 3 * 2880, 2880, "EXTEND")] == ["fc_bypass"]
+    # With aux ids left in, it was not trained on the last state alone.
+    with_ids = {**last, "eagle_config": {**last["eagle_config"], "eagle_aux_hidden_state_layer_ids": [1, 17, 33]}}
+    assert last_state_by_config(with_ids) is None
