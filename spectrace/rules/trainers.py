@@ -289,6 +289,19 @@ class Recognition:
         return bool(self.trainers)
 
     @property
+    def sure(self) -> str:
+        """How sure: ``certain`` (a record says so), ``likely`` (the trainer's own layout signs it),
+        ``possible`` (a config's keys alone, a conversion, or several candidates), ``unknown``."""
+        if self.how == "record":
+            return "certain"
+        if not self.trainers:
+            return "unknown"
+        return "likely" if self.settles_ids and len(self.trainers) == 1 else "possible"
+
+    def summary(self) -> dict[str, Any]:
+        return {"trainers": list(self.trainers), "how": self.how, "sure": self.sure, "why": self.why}
+
+    @property
     def label(self) -> str:
         return " or ".join(TRAINERS[t].label for t in self.trainers) or "an unknown trainer"
 

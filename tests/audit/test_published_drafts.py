@@ -293,6 +293,21 @@ def test_last_state_twin_with_a_trained_fc(tmp_path: Path, engine: tuple[str, st
     assert found & {"aux_capture_disabled", "fc_bypass"}, found
 
 
+@pytest.mark.parametrize(
+    ("pair", "trainers", "sure"),
+    [
+        ("specforge gpt-oss-20B", ["specforge"], "likely"),
+        ("specforge llama3-8B", ["specforge", "eagle"], "possible"),
+        ("eagle llama3.1-8B", ["eagle"], "likely"),
+        ("speculators llama3.1-8B", ["speculators"], "likely"),
+        ("modelopt last-state gpt-oss-120b", ["modelopt"], "likely"),
+    ],
+)
+def test_the_summary_names_the_trainer_and_why(drafts: dict[str, Path], pair: str, trainers: list[str], sure: str) -> None:
+    trainer = run(drafts[pair], PAIRS[pair][1], "sglang", "0.5.23").summary["trainer"]
+    assert (trainer["trainers"], trainer["how"], trainer["sure"]) == (trainers, "signature", sure) and trainer["why"], trainer
+
+
 def test_sparse_files_are_what_the_audit_reads(drafts: dict[str, Path]) -> None:
     """The sparse checkpoints hold a real header and the full data size (so every offset check runs)."""
     ckpt = read_checkpoint(drafts["specforge llama3-8B"])
