@@ -177,3 +177,22 @@ def test_a_last_state_draft_is_served_as_trained_at_runtime() -> None:
     # With aux ids left in, it was not trained on the last state alone.
     with_ids = {**last, "eagle_config": {**last["eagle_config"], "eagle_aux_hidden_state_layer_ids": [1, 17, 33]}}
     assert last_state_by_config(with_ids) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "base"),
+    [
+        ("rope_theta: 500000.0\n", 500000.0),
+        ("torchrun train.py --rope-theta 1000000 --lr 1e-4\n", 1000000.0),
+        ('{"rope_theta": 150000, "x": 1}', 150000.0),
+        ("--rope_theta=10000\n", 10000.0),
+        ("rope_theta: 10000\nrope_theta: 500000\n", None),  # two that disagree: no statement
+        ("my_rope_thetas: 3\nlr: 1e-4\n", None),
+    ],
+)
+def test_a_run_record_states_the_trained_base(tmp_path, text: str, base: float | None) -> None:
+    from spectrace.audit.trainer_record import read_trainer_record
+
+    (tmp_path / "run.yaml").write_text(text)
+    record = read_trainer_record(tmp_path, {})
+    assert record.rope_theta == base and record.rope_source == ("run.yaml" if base else "")
