@@ -92,6 +92,14 @@ EVIDENCE_KEYS: dict[str, str] = {
     "kind": "which limit: `embedding` (the embedding output cannot be captured) or `short` (fewer layers reached than ids)",
     "missing": "parameter names no checkpoint tensor wrote",
     "nan": "count of NaN values in the first such tensor",
+    "checkpoint_has_fc": "whether the checkpoint holds an fc tensor (a trained fc: the draft was trained on fused aux states)",
+    "same_as_engine_capture": "whether the engine's defaults capture the very boundaries the ignored ids name (nothing lost)",
+    "trainer": "the trainer(s) of the draft: known from a record or recognised from the checkpoint's layout (empty: unknown)",
+    "trainer_from": "how the trainer is known: `record` (--trained-with, the folder's run files, provenance keys) or `signature` (the layout)",
+    "trainer_why": 'what said which trainer it was ("SpecForge: midlayer.* tensors and eagle_config")',
+    "trained_rope": "the rotary each candidate trainer (and release) trained with from this config: `rope_theta`, `rope_type`, `factor`, the rule and its source",
+    "trained_rope_theta": "the base a record states the draft was trained with (run.yaml, train_command.txt, trained_rope_theta)",
+    "trained_from": "the record that stated the trained base",
     "not_read": "rotary values the draft's config.json writes where the engine does not read them (key path -> value)",
     "num_aux": "how many aux layers the target delivers",
     "num_layers": "the target's layer count",
@@ -375,6 +383,8 @@ def findings_markdown() -> str:
             when = SEVERITY_WHEN.get((code, other))
             lines.append(f"Raised as **{other}** {when}." if when else f"Also raised as **{other}**.")
         lines += ["", f"**Cause:** {entry.meaning}.", "", f"**Fix:** {entry.fix}."]
+        if entry.evidence:
+            lines += ["", f"**When it is an error:** {entry.evidence}."]
         keys = evidence[code]
         if keys:
             lines += ["", "**Evidence:**", "", "| key | holds |", "|---|---|"]

@@ -353,6 +353,9 @@ def parse_draft_config(raw: dict[str, Any]) -> DraftConfigFile:
         stated=_stated(raw),
         null_keys=[key for key in NULL_SENSITIVE_KEYS if key in raw and raw[key] is None],
         rope=rope_keys(layer, where, _draft_strays(raw, layer)),
+        eagle_config_keys=sorted(str(k)[:MAX_ROPE_STRING] for k in eagle)[:MAX_ROPE_KEYS],
+        trained_rope_theta=_number(raw, "trained_rope_theta", ""),
+        trained_rope_source="config.json (trained_rope_theta)" if _number(raw, "trained_rope_theta", "") is not None else "",
     )
 
 
@@ -664,7 +667,16 @@ def read_checkpoint(path: Path, trained_with: str | None = None) -> DraftCheckpo
     config = parse_draft_config(raw)
     record = read_trainer_record(path, raw, trained_with or os.environ.get(TRAINED_WITH_ENV))
     bad = [check.file for check in record.sha256 if not check.ok]
-    config = config.model_copy(update={"trained_with": record.trainer, "trained_with_source": record.source, "checksum_mismatches": bad})
+    stated_base = config.trained_rope_theta
+    config = config.model_copy(
+        update={
+            "trained_with": record.trainer,
+            "trained_with_source": record.source,
+            "checksum_mismatches": bad,
+            "trained_rope_theta": stated_base if stated_base is not None else record.rope_theta,
+            "trained_rope_source": config.trained_rope_source if stated_base is not None else record.rope_source,
+        }
+    )
     tensors, files = read_tensors(path)
     maps = read_vocab_maps(path, tensors)
     return DraftCheckpoint(path=str(path), config=config, tensors=tensors, files=files, maps=maps)

@@ -23,6 +23,9 @@ from ..rules.conventions import TRAINER_CONVENTIONS
 PROVENANCE_FILES = ("run.yaml", "train_command.txt", "vllm_command.txt", "checkpoint_sha256.txt")
 _MAX_TEXT = 256 * 1024  # a provenance file larger than this is not a provenance file
 _SHA_LINE = re.compile(r"^([0-9a-fA-F]{64})\s+\*?(\S.*)$")
+# The base a run file or command line says the draft was trained with: ``rope_theta: 500000``
+# (a run.yaml), ``--rope-theta 500000`` / ``--rope_theta=500000`` (a command line).
+_ROPE_THETA = re.compile(r"(?:^|[\s{,\"'-])rope[_-]theta[\"']?\s*[:= ]\s*([0-9][0-9_.eE+]{0,24})", re.MULTILINE)
 
 
 class ShaCheck(BaseModel):
@@ -44,6 +47,8 @@ class TrainerRecord(BaseModel):
     source: str = Field("", description="what said so: --trained-with, a file name, config.json keys")
     files: list[str] = Field(default=[], description="the provenance files present")
     sha256: list[ShaCheck] = []
+    rope_theta: float | None = Field(None, description="the base the record says the draft was trained with")
+    rope_source: str = Field("", description="the file that says so")
 
 
 def _text(path: Path) -> str | None:
@@ -59,6 +64,17 @@ def _named_trainer(text: str) -> str | None:
     """The trainer a command line or run file names, when it names exactly one."""
     low = text.lower()
     found = {t for t in TRAINER_CONVENTIONS if t in low}
+    return found.pop() if len(found) == 1 else None
+
+
+def _stated_base(text: str) -> float | None:
+    """The one rotary base a record names (None: none, or several that disagree)."""
+    found: set[float] = set()
+    for match in _ROPE_THETA.finditer(text):
+        try:
+            found.add(float(match.group(1).replace("_", "")))
+        except ValueError:
+            continue
     return found.pop() if len(found) == 1 else None
 
 
@@ -87,6 +103,12 @@ def read_trainer_record(folder: Path, raw_config: dict, trained_with: str | None
     present = [name for name in PROVENANCE_FILES if (folder / name).is_file()]
     sha = _sha_checks(folder, _text(folder / "checkpoint_sha256.txt") or "") if "checkpoint_sha256.txt" in present else []
     record = TrainerRecord(files=present, sha256=sha)
+    for name in ("run.yaml", "train_command.txt"):
+        text = _text(folder / name) if name in present else None
+        base = _stated_base(text) if text else None
+        if base is not None:
+            record = record.model_copy(update={"rope_theta": base, "rope_source": name})
+            break
     if trained_with:
         value = trained_with.strip().lower()
         if value in TRAINER_CONVENTIONS:

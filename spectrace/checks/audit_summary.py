@@ -17,6 +17,7 @@ from .draft_config import rotary_summary
 from .engine_capture import engine_capture, trained_readings
 from .facts import DraftConfigFile, TargetConfig, TensorInfo, VocabMaps
 from .load_replay import LoadReplay
+from .trainer import recognition
 
 
 @dataclass
@@ -45,6 +46,7 @@ def audit_summary(
             "draft_class": engine.draft_class,
             "assumptions": engine.assumptions_for(cfg),
         },  # fmt: skip
+        "trainer": recognition(cfg, tensors).summary(),
         "trained_readings": [
             {"trainer": r.convention, "ids": r.ids, "boundaries": r.boundaries, "source": r.source} for r in trained_readings(cfg, n)
         ],

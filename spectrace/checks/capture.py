@@ -33,6 +33,7 @@ from ..rules.conventions import (
     sglang_flag_value,
 )
 from ..rules.readings import IDS_KEY, is_eagle3_architecture, readings, trained_with, uses_aux_hidden_state
+from .trainer import last_state_by_config
 
 
 def _name(boundaries: list[int]) -> str:
@@ -99,6 +100,8 @@ def check_capture(
     config = config or {}
     eagle3 = is_eagle3_architecture(config) if config else True
     if not capture.enabled or not capture.boundaries:
+        if config and (algorithm is None or algorithm.upper() == "EAGLE3") and last_state_by_config(config):
+            return findings  # trained on the last hidden state: no aux capture is what it was trained with
         why = []
         if algorithm and algorithm.upper() != "EAGLE3":
             why.append(f"speculative algorithm is {algorithm}, not EAGLE3")

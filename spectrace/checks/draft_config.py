@@ -12,9 +12,12 @@ from ..records import Finding
 from ..rules.catalogue import finding
 from ..rules.conventions import SGLangDraftFlag, first_sglang_implementing, sglang_flag_applies
 from ..rules.engines import Engine, dims_of
+from ..rules.trainers import TRAINERS
 from .engine_capture import engine_capture
 from .facts import DraftConfigFile, TargetConfig, TensorInfo, VocabMaps
-from .rope import check_rope, effective_rotary
+from .rope import effective_rotary
+from .rope_trained import check_trained_rope
+from .trainer import recognition
 from .vocab_map import check_vocab_map
 
 
@@ -88,9 +91,40 @@ def check_null_keys(cfg: DraftConfigFile, engine: Engine) -> list[Finding]:
     ]
 
 
-def check_aux_enabled(cfg: DraftConfigFile, engine: Engine) -> list[Finding]:
+FC_NAMES = ("fc.weight", "model.fc.weight")
+
+
+def last_state_draft(cfg: DraftConfigFile, tensors: dict[str, TensorInfo], target: TargetConfig | None) -> str | None:
+    """Why this draft is legitimately served on the target's last hidden state, or None.
+
+    A draft trained on the last state (``use_aux_hidden_state`` false; ModelOpt's default,
+    eagle/default_config.py) has no fc: nothing fuses aux states. The engine then hands it the
+    last state as trained (SGLang skips fc when the input is as wide as the embedding; vLLM
+    builds none). Not legitimate: a checkpoint with a trained fc (it was trained on fused aux
+    states), a trainer that never trains last-state drafts, a target whose width differs from
+    the draft's (SGLang would then apply its untrained fc)."""
+    if cfg.use_aux_hidden_state is not False or any(name in tensors for name in FC_NAMES):
+        return None
+    trainer = recognition(cfg, tensors)
+    if trainer.known and not any(TRAINERS[t].last_state_ok for t in trainer.trainers):
+        return None
+    if target is not None and target.hidden_size != cfg.hidden_size:
+        return None
+    who = trainer.label if trainer.known else "its trainer"
+    return (
+        f"a last-state draft: use_aux_hidden_state is false and the checkpoint has no fc, so {who} trained it on "
+        "the target's last hidden state, which the engine hands it" + (f" ({trainer.why})" if trainer.known else "")
+    )
+
+
+def check_aux_enabled(
+    cfg: DraftConfigFile, engine: Engine, tensors: dict[str, TensorInfo] | None = None, target: TargetConfig | None = None
+) -> list[Finding]:
     if cfg.use_aux_hidden_state is not False:
         return []
+    if tensors is not None and last_state_draft(cfg, tensors, target) is not None:
+        return []
+    trained_fc = tensors is not None and any(name in tensors for name in FC_NAMES)
     return [
         finding(
             "aux_capture_disabled",
@@ -99,9 +133,10 @@ def check_aux_enabled(cfg: DraftConfigFile, engine: Engine) -> list[Finding]:
                 "the draft gets the final hidden state, fc is skipped (fc bypass)"
                 if engine.name == "sglang"
                 else "vLLM builds the draft without fc"
-            ),
+            )
+            + ("; the checkpoint holds a trained fc, so the draft was trained on fused aux states" if trained_fc else ""),
             module="config.json",
-            evidence={"use_aux_hidden_state": False},
+            evidence={"use_aux_hidden_state": False, "checkpoint_has_fc": trained_fc},
             fix="set eagle_config.use_aux_hidden_state=true (and launch with --speculative-algorithm EAGLE3)",
         )
     ]
@@ -176,9 +211,18 @@ def check_flags(cfg: DraftConfigFile, engine: Engine) -> list[Finding]:
     return out
 
 
-def check_rotary(cfg: DraftConfigFile, engine: Engine, target: TargetConfig | None) -> list[Finding]:
-    """The draft's rotary embedding against the target's, each read as the engine reads it."""
-    return check_rope(cfg.rope, target.rope if target else None, engine=engine.name, label=engine.label)
+def check_rotary(cfg: DraftConfigFile, tensors: dict[str, TensorInfo], engine: Engine, target: TargetConfig | None) -> list[Finding]:
+    """The draft's rotary embedding as the engine builds it against the one its trainer trained
+    with (:mod:`.rope_trained`): the trainer known from a record or recognised from the layout."""
+    return check_trained_rope(
+        cfg.rope,
+        target.rope if target else None,
+        recognition(cfg, tensors),
+        trained_base=cfg.trained_rope_theta,
+        trained_base_source=cfg.trained_rope_source,
+        engine=engine.name,
+        label=engine.label,
+    )
 
 
 def check_maps(cfg: DraftConfigFile, tensors: dict[str, TensorInfo], maps: VocabMaps | None, target: TargetConfig | None) -> list[Finding]:

@@ -18,6 +18,7 @@ from ..rules.readings import IDS_KEY, Reading
 from ..rules.readings import trained_readings as shared_readings
 from .capture import aux_ids_fix, check_engine_support, ids_for_boundaries
 from .facts import DraftConfigFile, TargetConfig
+from .trainer import recognition, settled
 
 # Names the trainers use for the same aux-id list, for messages.
 TRAINER_MEANING = {
@@ -86,7 +87,8 @@ def trained_readings(cfg: DraftConfigFile, n: int | None) -> list[Reading]:
     )
     # A known trainer leaves one reading: the ambiguity warning becomes an error or nothing.
     known = [r for r in found if cfg.trained_with is not None and r.convention == cfg.trained_with]
-    return known[:1] or found
+    # So does a layout that signs its trainer (SpecForge: midlayer.* and eagle_config).
+    return known[:1] or settled(found, recognition(cfg))
 
 
 def _describe(reading: Reading) -> str:
@@ -113,13 +115,21 @@ def check_aux_layers(cfg: DraftConfigFile, engine: Engine, target: TargetConfig 
     )
     if ignored_top:
         fix_ids = ids_for_boundaries(readings[0].boundaries, cap.rule, n or max(readings[0].boundaries) + 2) if readings else None
+        # The engine's defaults may capture the very boundaries the ids name (a conversion that kept the
+        # ids at the top level): ignored, with nothing lost. Said, not an error.
+        same = bool(readings) and cap.boundaries is not None and n is not None and readings[0].boundaries == cap.boundaries
         out.append(
             finding(
                 "unsupported_config_flag",
                 f"top-level {IDS_KEY} {cfg.top_level_ids} is ignored by {label}, which reads eagle_config only"
-                + ("" if n else "; pass --target-config to see which layers the target captures instead"),
+                + (
+                    f"; its defaults capture the same boundaries {cap.boundaries}, so the draft gets the layers it was trained on"
+                    if same
+                    else ("" if n else "; pass --target-config to see which layers the target captures instead")
+                ),
+                severity="info" if same else None,
                 module="config.json",
-                evidence={"top_level_ids": cfg.top_level_ids, "eagle_config_ids": cfg.eagle_config_ids},
+                evidence={"top_level_ids": cfg.top_level_ids, "eagle_config_ids": cfg.eagle_config_ids, "same_as_engine_capture": same},
                 fix=f"put the ids in eagle_config.{IDS_KEY}" + (f" as {fix_ids} ({cap.rule_named})" if fix_ids is not None else ""),
             )
         )

@@ -84,6 +84,14 @@ class DraftConfigFile(BaseModel):
         None, description="the trainer, when something says so for certain (--trained-with, the folder's record)"
     )
     trained_with_source: str = Field("", description="what said which trainer it was")
+    eagle_config_keys: list[str] = Field(default=[], description="the keys eagle_config holds (a trainer's signature)")
+    tensor_roots: list[str] = Field(
+        default=[], description="the checkpoint's tensor name prefixes ('midlayer.', 'layers.', ...): a trainer's signature"
+    )
+    trained_rope_theta: float | None = Field(
+        None, description="the base a record states the draft was trained with (the folder's record, trained_rope_theta)"
+    )
+    trained_rope_source: str = Field("", description="what stated trained_rope_theta")
     checksum_mismatches: list[str] = Field(
         default=[], description="files whose sha256 differs from checkpoint_sha256.txt (or that it names and are absent)"
     )

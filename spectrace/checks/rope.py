@@ -1,8 +1,11 @@
 """RoPE truths: the rotary embedding the engine builds for the draft and for the target.
 
-An EAGLE-3 draft attends over the same positions as its target and is trained with the
-target's rotary embedding (the trainers copy the target's base and scaling into the
-draft's config). Both are read from config.json, and the two files are read alike only
+How the engine builds a rotary from a config.json, for the draft and for the target. Which
+rotary the draft was *trained* with is its trainer's business (SpecForge rotates with the
+base its own config gives, the EAGLE trainer with 10000 always: :mod:`spectrace.rules.trainers`);
+:mod:`.rope_trained` judges the engine's rotary against that one, and uses the comparison
+with the target here (:func:`check_rope`, :func:`check_live_rope`) only where the trainer is
+unknown, or the engine cannot build the draft's rotary at all. The files are read alike only
 when the keys sit where the engine looks:
 
 - transformers 5 moved ``rope_theta`` into ``rope_parameters``; a config class takes
@@ -21,8 +24,8 @@ when the keys sit where the engine looks:
   is not read, the outer base (the default) is;
 - a speculators config builds the layer from ``transformer_layer_config`` alone.
 
-A draft that rotates with another base or scaling than its target scores every
-position with a phase the draft was not trained on; nothing fails, acceptance drops.
+A draft that rotates with another base or scaling than it was trained with scores every
+position with another phase; nothing fails, acceptance drops.
 
     >>> from spectrace.checks.facts import RopeKeys
     >>> effective_rotary(RopeKeys(rope_parameters={"rope_type": "default"})).base
@@ -290,8 +293,8 @@ def check_rope(draft_keys: RopeKeys, target_keys: RopeKeys | None, *, engine: st
 # integrations read each model's rotary modules (integrations/core/rotary.py) and hand
 # them here. A draft rotates like its target when one of the target's rotaries has the
 # same base, scaling, style and rotated width, and the same cos/sin rows at the positions
-# read; the draft was trained with the target's (the trainers copy it), so any other
-# draft rotary is one it was not trained with.
+# read. Whether the draft was trained with the target's is the trainer's business
+# (:mod:`.rope_trained` decides); compared with the target alone, a difference is a lead.
 
 # cos/sin values agree to this much when both rotaries are built alike (bfloat16 caches round).
 COS_SIN_TOLERANCE = 1e-2
@@ -444,7 +447,7 @@ def check_live_rope(
                 from_config += f"; {_not_read_text(config, label)}"
         message = (
             f"{label} built the draft's rotary embedding ({draft.module}) with {'; '.join(differs)}{from_config}: "
-            "every position is rotated with another phase than the target's, which the draft was trained with; "
+            "every position is rotated with another phase than the target's; "
             "nothing fails, acceptance drops"
         )
         out.append(

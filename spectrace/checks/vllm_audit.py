@@ -26,10 +26,11 @@ from ..rules.engines import Engine, dims_of
 from ..rules.vllm import IDS_KEY, default_ids, draft_class_for, ignored_nested_ids, vllm_boundaries, vllm_release
 from .audit_summary import AuditResult, audit_summary
 from .capture import check_capture
-from .draft_config import check_fc_width, check_maps, check_rotary
+from .draft_config import check_fc_width, check_maps, check_rotary, last_state_draft
 from .engine_capture import check_aux_layers, check_short_capture
 from .facts import DraftConfigFile, TargetConfig, TensorInfo, VocabMaps
 from .load_replay import check_dropped, check_missing, check_tensor_shapes, listing, replay_load
+from .trainer import with_roots
 from .vllm import check_vllm_class_flags, check_vllm_fc_bypass, check_vllm_runner_ids
 
 RUNNER = "mrv2"  # what a CUDA server of the releases read runs unless VLLM_USE_V2_MODEL_RUNNER=0
@@ -99,6 +100,7 @@ def _ignored_ids(cfg: DraftConfigFile, view: dict[str, Any], target: TargetConfi
 def audit_vllm(
     cfg: DraftConfigFile, tensors: dict[str, TensorInfo], engine: Engine, target: TargetConfig | None, maps: VocabMaps | None = None
 ) -> AuditResult:
+    cfg = with_roots(cfg, tensors)
     dims = dims_of(cfg)
     replay = replay_load(tensors, engine, dims)
     biases = [n for n in replay.dropped if n.endswith(".bias")]
@@ -113,7 +115,9 @@ def audit_vllm(
         missing = [f for f in missing if "model.fc.weight" not in f.evidence.get("parameters", [])]
     findings += missing
     findings += check_tensor_shapes(replay, engine)
-    findings += check_vllm_fc_bypass(view, module="config.json", version=engine.version, runner=RUNNER)
+    # A last-state draft is served as trained, unless Model Runner V2 (before 0.33.0) still feeds it aux states.
+    if last_state_draft(cfg, tensors, target) is None or not vllm_release(engine.version).mrv2_reads_use_aux:
+        findings += check_vllm_fc_bypass(view, module="config.json", version=engine.version, runner=RUNNER)
     draft_class = draft_class_for(cfg.architectures)
     findings += check_vllm_class_flags(view, draft_class)
     if ignored:
@@ -124,7 +128,7 @@ def audit_vllm(
         if cfg.use_aux_hidden_state is not False:
             findings += check_fc_width(cfg, tensors, engine, target)
     # vLLM builds the draft's rotary from the same transformers config and uses d2t as SGLang does.
-    findings += check_rotary(cfg, engine, target)
+    findings += check_rotary(cfg, tensors, engine, target)
     findings += check_maps(cfg, tensors, maps, target)
     for f in findings:
         f.source = "audit"

@@ -27,9 +27,13 @@ def check_draft_input_width(
     captured_boundaries: Sequence[int] | None = None,
     *,
     source: str = "",
+    last_state: str | None = None,
 ) -> list[Finding]:
-    """The draft got ``seen``-wide hidden states where ``fc`` takes ``expected``."""
-    if expected is None or seen == expected:
+    """The draft got ``seen``-wide hidden states where ``fc`` takes ``expected``.
+
+    ``last_state``: why the draft was trained on the target's last hidden state (its fc is built
+    but was never trained): an input as wide as the embedding is then what it was trained on."""
+    if expected is None or seen == expected or (last_state and seen == hidden):
         return []
     evidence: dict[str, Any] = {
         "seen_width": seen,
@@ -62,8 +66,11 @@ def check_draft_input_width(
     ]
 
 
-def check_stored_hidden(width: int, capture_mode: str, *, source: str = "") -> list[Finding]:
-    """The target stored its final normed hidden state for an EAGLE-3 draft (no aux capture)."""
+def check_stored_hidden(width: int, capture_mode: str, *, source: str = "", last_state: str | None = None) -> list[Finding]:
+    """The target stored its final normed hidden state for an EAGLE-3 draft (no aux capture);
+    nothing for a draft trained on it (``last_state``: why)."""
+    if last_state:
+        return []
     return [
         finding(
             "logits_fallback",

@@ -98,7 +98,16 @@ def test_the_runtime_capture_check_reads_minus_one_the_same_way() -> None:
 
 
 def test_ids_both_trainers_can_mean_stay_ambiguous(tmp_path: Path) -> None:
+    """SpecForge's own layout (midlayer.*, eagle_config) settles its ids' reading; the same ids over
+    layers.0.* tensors (a hand conversion's layout, which no trainer signs) stay ambiguous."""
     out = report(SPECFORGE, "--target-config", TARGET)
+    assert [f for f in out["findings"] if f["code"] == "aux_layers_mismatch"] == []
+    from safetensors.torch import load_file, save_file
+
+    path = draft(tmp_path, lambda c: None)
+    state = load_file(str(path / "model.safetensors"))
+    save_file({k.replace("midlayer.", "layers.0."): v for k, v in state.items()}, str(path / "model.safetensors"))
+    out = report(path, "--target-config", TARGET)
     [warn] = [f for f in out["findings"] if f["code"] == "aux_layers_mismatch"]
     assert warn["severity"] == "warning" and "ambiguous" in warn["message"]
 

@@ -152,9 +152,23 @@ ROPE_CLEAN: dict[str, dict[str, Any]] = {
 }
 
 
+def trained_at(draft: Path, base: float) -> Path:
+    """The folder's own record: SpecForge's command line and a run file stating the trained base."""
+    (draft / "train_command.txt").write_text("torchrun scripts/train_eagle3.py --draft-model-config config.json  # specforge\n")
+    (draft / "run.yaml").write_text(f"trainer: specforge\nrope_theta: {base}\n")
+    return draft
+
+
 @pytest.mark.sglang
 @pytest.mark.parametrize("case", list(ROPE_BUGS) + list(ROPE_CLEAN))
 def test_rope_base_as_sglang_builds_it(sglang_ready, tmp_path: Path, case: str) -> None:
+    """The base SGLang builds, against the one the draft was trained with.
+
+    The checkpoints have SpecForge's layout (midlayer.*, eagle_config), and SpecForge trains with
+    the base its config gives: a config without the target's base is what a healthy SpecForge draft
+    looks like, and also what a draft trained at the target's base looks like once its config lost
+    the key. The config alone cannot tell, so that is a warning naming the probe; with the folder's
+    record saying it was trained at 500000 it is an error, and the fix clears it."""
     buggy = case in ROPE_BUGS
     draft = specforge_draft(tmp_path, rope=(ROPE_BUGS if buggy else ROPE_CLEAN)[case])
     target = target_config(tmp_path)
@@ -175,13 +189,28 @@ def test_rope_base_as_sglang_builds_it(sglang_ready, tmp_path: Path, case: str) 
     result = run_audit(draft, target)
     rope = [f for f in result.findings if f.code == "rope_mismatch"]
     if not buggy:
-        assert rope == [] and result.summary["rotary"]["draft"]["rope_theta"] == 500000.0
+        assert result.summary["rotary"]["draft"]["rope_theta"] == 500000.0
+        if "legacy" in case:
+            # SpecForge 0.1.0 rotated with 10000 whatever rope_theta said; later releases read it.
+            (found,) = rope
+            assert found.severity == "warning" and "SpecForge 0.1.0" in found.message and "spectrace probe" in found.message
+        else:
+            assert rope == []
         return
     (found,) = rope
-    assert found.severity == "error" and "10000" in found.message and "500000" in found.message
     assert ("does not build" in found.message) is ("nested" in case)
     assert found.evidence["draft_rope"]["rope_theta"] == 10000.0 and found.evidence["target_rope"]["rope_theta"] == 500000.0
-    # The fix names the exact key and value; applied, the engine builds the target's base and the audit is clean.
+    if "nested" in case:
+        assert found.severity == "error"  # the engine fails whoever trained it
+    else:
+        # SpecForge recognised from its layout, no record of the trained base: what is unknown, and the probe.
+        assert found.severity == "warning" and "SpecForge" in found.message, found.message
+        assert "spectrace probe TRACE_DIR --draft DRAFT_DIR" in found.message and "spectrace probe" in found.fix
+        assert "500000" in found.message and "rope_theta" not in found.fix.split("probe", 1)[0]
+        # The record says 500000: now the engine provably rotates other than in training.
+        (found,) = [f for f in run_audit(trained_at(draft, 500000.0), target).findings if f.code == "rope_mismatch"]
+        assert found.severity == "error" and "run.yaml" in found.message and "10000" in found.message
+    # The fix names the exact key and value; applied, the engine builds the trained base and the audit is clean.
     key = "rope_scaling" if "rope_scaling" in ROPE_BUGS[case] else "rope_parameters"
     assert f'"{key}" to {{"rope_theta": 500000.0, "rope_type": "default"}}' in found.fix, found.fix
     cfg = json.loads((draft / "config.json").read_text())
@@ -191,56 +220,92 @@ def test_rope_base_as_sglang_builds_it(sglang_ready, tmp_path: Path, case: str) 
     assert "rope_mismatch" not in codes(run_audit(draft, target))
 
 
+def eagle_draft(tmp_path: Path, name: str, rope: dict[str, Any]) -> Path:
+    """The same weights in the EAGLE reference trainer's layout: midlayer.*, its plain
+    LlamaForCausalLM config (eagle/traineagle3/config.json), no eagle_config."""
+    dst = specforge_draft(tmp_path, name, rope=rope)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["architectures"] = ["LlamaForCausalLM"]
+    del cfg["eagle_config"]
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2))
+    return dst
+
+
 @pytest.mark.sglang
 def test_rope_scaling_type_and_factor(sglang_ready, tmp_path: Path) -> None:
-    """A Llama-3.1-style target (llama3 x8): a draft config without the scaling rotates unscaled."""
+    """A Llama-3.1-style target (llama3 x8). A SpecForge draft whose config has no scaling was
+    trained unscaled (SpecForge builds its rotary from the draft's config) and SGLang serves it
+    unscaled: no finding, and no fix asks for the target's scaling. The EAGLE reference trainer
+    rotates with a plain base-10000 rotary whatever the config says: a config carrying the target's
+    llama3 scaling makes SGLang build another rotary than the one trained, an error."""
     target = target_config(tmp_path, rope_parameters={"rope_theta": 500000.0, **LLAMA3})
     draft = specforge_draft(tmp_path, rope={"rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}})
     draft_rope, target_rope = engine_rotary(draft, draft=True), engine_rotary(target.parent, draft=False)
     print(f"SGLang draft rotary {type(draft_rope).__name__}, target {type(target_rope).__name__} x{target_rope.scaling_factor}")
     assert type(draft_rope).__name__ == "RotaryEmbedding" and type(target_rope).__name__ == "Llama3RotaryEmbedding"
-    (found,) = [f for f in run_audit(draft, target).findings if f.code == "rope_mismatch"]
-    assert "scaling default where the target's is llama3 x8" in found.message
-    assert '"rope_type": "llama3"' in found.fix and '"factor": 8.0' in found.fix
+    assert "rope_mismatch" not in codes(run_audit(draft, target))
     twin = specforge_draft(tmp_path, "twin", rope={"rope_parameters": {"rope_theta": 500000.0, **LLAMA3}})
     assert type(engine_rotary(twin, draft=True)).__name__ == "Llama3RotaryEmbedding"
     assert "rope_mismatch" not in codes(run_audit(twin, target))
+    eagle = eagle_draft(tmp_path, "eagle", {"rope_theta": 500000.0, "rope_scaling": LLAMA3})
+    built = engine_rotary(eagle, draft=True)
+    assert type(built).__name__ == "Llama3RotaryEmbedding" and built.base == 500000.0
+    (found,) = [f for f in run_audit(eagle, target).findings if f.code == "rope_mismatch"]
+    assert found.severity == "error" and "cnets.py" in found.message and "base 10000" in found.message, found.message
+    assert '"rope_scaling" to {"rope_theta": 10000.0, "rope_type": "default"}' in found.fix, found.fix
+    fixed = eagle_draft(tmp_path, "eagle_fixed", {"rope_scaling": {"rope_theta": 10000.0, "rope_type": "default"}})
+    assert engine_rotary(fixed, draft=True).base == 10000.0
+    assert "rope_mismatch" not in codes(run_audit(fixed, target))
 
 
 @pytest.mark.sglang
-def test_partial_rotary_factor_inside_the_dict_is_not_read(sglang_ready, tmp_path: Path) -> None:
-    """SGLang's LlamaAttention reads partial_rotary_factor as a config attribute; one written
-    only inside rope_parameters (where transformers' own rotary reads it) leaves the full head rotated."""
+def test_partial_rotary_factor_as_the_trainer_read_it(sglang_ready, tmp_path: Path) -> None:
+    """SGLang's LlamaAttention reads partial_rotary_factor as a config attribute, never inside
+    rope_parameters; SpecForge never reads it at all (its LlamaRotaryEmbedding gets the whole
+    head_dim). A factor inside the dict: both rotate the whole head, no finding. A top-level
+    factor: SGLang rotates half of each head, SpecForge trained on all of it, an error."""
     rope = {"rope_theta": 500000.0, "rope_type": "default"}
     target = target_config(tmp_path)
     draft = specforge_draft(tmp_path, rope={"rope_parameters": {**rope, "partial_rotary_factor": 0.5}})
     built = engine_rotary(draft, draft=True)
     print(f"SGLang draft rotary_dim {built.rotary_dim} of head_size {built.head_size}")
     assert built.rotary_dim == built.head_size == 16
-    (found,) = [f for f in run_audit(draft, target).findings if f.code == "rope_mismatch"]
-    assert "partial_rotary_factor" in found.message and '"partial_rotary_factor" to 0.5' in found.fix
+    assert "rope_mismatch" not in codes(run_audit(draft, target))
     twin = specforge_draft(tmp_path, "twin", rope={"rope_parameters": rope, "partial_rotary_factor": 0.5})
     assert engine_rotary(twin, draft=True).rotary_dim == 8
-    assert "rope_mismatch" not in codes(run_audit(twin, target))
+    (found,) = [f for f in run_audit(twin, target).findings if f.code == "rope_mismatch"]
+    assert found.severity == "error" and "0.5 of each head" in found.message and '"partial_rotary_factor" to 1' in found.fix
+    # The same config from an unknown trainer: the target's rotary is a guess, so a warning naming the probe.
+    unknown = specforge_draft(tmp_path, "unknown", rope={"rope_parameters": {**rope, "partial_rotary_factor": 0.5}})
+    state = load_file(str(unknown / "model.safetensors"))
+    renamed = {k.replace("midlayer.", "layers.0."): v for k, v in state.items()}
+    save_file({k: v.contiguous() for k, v in renamed.items()}, str(unknown / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((unknown / "config.json").read_text())
+    del cfg["eagle_config"]
+    (unknown / "config.json").write_text(json.dumps(cfg))
+    (found,) = [f for f in run_audit(unknown, target).findings if f.code == "rope_mismatch"]
+    assert found.severity == "warning" and "trainer is not known" in found.message and "spectrace probe" in found.message
+
+
+def speculators_lost(cfg: dict[str, Any]) -> None:
+    """speculators#574: the saved transformer_layer_config lost its base; the top level kept it."""
+    cfg["rope_theta"] = 500000.0
+    cfg["transformer_layer_config"]["rope_parameters"] = {"rope_type": "default"}
 
 
 def test_speculators_config_reads_the_nested_layer_config(tmp_path: Path) -> None:
-    """speculators builds the layer from transformer_layer_config: a base left at the top level
+    """speculators trains with its verifier's config (from_training_args) and saves it as
+    transformer_layer_config, which the engine builds the layer from; a base left at the top level
     is not read there (speculators#574: the nested config lost it under transformers 5)."""
-
-    def lost(cfg: dict[str, Any]) -> None:
-        cfg["rope_theta"] = 500000.0
-        cfg["transformer_layer_config"]["rope_parameters"] = {"rope_type": "default"}
-
     target = target_config(tmp_path)
-    result = run_audit(speculators_draft(tmp_path, lost), target)
+    result = run_audit(speculators_draft(tmp_path, speculators_lost), target)
     (found,) = [f for f in result.findings if f.code == "rope_mismatch"]
     assert found.severity == "error" and found.evidence["not_read"] == {"rope_theta": 500000.0}
-    assert found.evidence["draft_rope"]["rope_theta_from"] == "default"
+    assert found.evidence["draft_rope"]["rope_theta_from"] == "default" and "speculators#574" in found.message
     assert '"transformer_layer_config.rope_parameters" to {"rope_theta": 500000.0, "rope_type": "default"}' in found.fix
-    # Without a target the stray base beside the default is still an error.
-    (alone,) = [f for f in run_audit(speculators_draft(tmp_path / "b", lost), None).findings if f.code == "rope_mismatch"]
-    assert alone.severity == "error" and "pass --target-config" in alone.message
+    # Without a target, the trained base is not known (the verifier's), only the stray one: a warning naming the probe.
+    (alone,) = [f for f in run_audit(speculators_draft(tmp_path / "b", speculators_lost), None).findings if f.code == "rope_mismatch"]
+    assert alone.severity == "warning" and "rope_theta = 500000" in alone.message and "spectrace probe" in alone.message
 
     def kept(cfg: dict[str, Any]) -> None:
         cfg["transformer_layer_config"]["rope_parameters"] = {"rope_theta": 500000.0, "rope_type": "default"}
@@ -251,9 +316,14 @@ def test_speculators_config_reads_the_nested_layer_config(tmp_path: Path) -> Non
 
 
 def test_rope_mismatch_under_vllm_too(tmp_path: Path) -> None:
+    """vLLM builds the draft's rotary from the same config: the speculators draft whose nested
+    config lost its base is an error there too; a SpecForge draft without a base, a warning."""
+    target = target_config(tmp_path)
+    spec = run_audit(speculators_draft(tmp_path, speculators_lost), target, "vllm", "0.32.0")
+    assert [f.severity for f in spec.findings if f.code == "rope_mismatch"] == ["error"]
     draft = specforge_draft(tmp_path, rope={"rope_parameters": {"rope_type": "default"}})
-    result = run_audit(draft, target_config(tmp_path), "vllm", "0.32.0")
-    assert "rope_mismatch" in codes(result)
+    result = run_audit(draft, target, "vllm", "0.32.0")
+    assert [f.severity for f in result.findings if f.code == "rope_mismatch"] == ["warning"]
 
 
 # ------------------------------------------------------------------ vocabulary maps
@@ -371,7 +441,8 @@ def test_engine_map_that_differs_from_the_checkpoint() -> None:
 
 def test_cli_rope_and_vocab(tmp_path: Path) -> None:
     target = target_config(tmp_path)
-    bad_rope = specforge_draft(tmp_path, "rope", rope={"rope_parameters": {"rope_type": "default"}})
+    # Its record says it was trained at the target's base; its config lost it.
+    bad_rope = trained_at(specforge_draft(tmp_path, "rope", rope={"rope_parameters": {"rope_type": "default"}}), 500000.0)
     bad_map = specforge_draft(tmp_path, "map", rope={"rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}},
                               maps=trained_maps(torch.arange(DRAFT_VOCAB)))  # fmt: skip
     clean = specforge_draft(

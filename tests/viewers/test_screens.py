@@ -270,12 +270,14 @@ ROPE_INTRO = """## `rope_mismatch`: the draft's config lost its rotary base
 
 A bug real users hit beyond the three above: a converter or a transformers upgrade drops the
 draft's `rope_theta` (or moves it where the engine does not read it), so the engine builds
-the draft's rotary embedding with its default base 10000 beside a Llama-3 target's 500000.
-Nothing fails; every position is rotated with another phase and acceptance drops. Here
-`spectrace audit` names it before launch, from the two configs (the draft is the SpecForge
-fixture with its `rope_parameters` removed; `--trained-with specforge` says which trainer wrote
-its layer ids). A served draft gets the same finding at its load, from the rotary modules the
-engine really built (`SPECTRACE=1` on SGLang or vLLM).
+the draft's rotary embedding with its default base 10000 although the draft was trained at
+its Llama-3 target's 500000. Nothing fails; every position is rotated with another phase and
+acceptance drops. A config without a base is also what a healthy SpecForge draft looks like
+(SpecForge trains with the base its own config gives), so the config alone only earns a
+warning that names `spectrace probe`; here the draft's run record (`run.yaml`, beside the
+SpecForge fixture with its `rope_parameters` removed) says it was trained at 500000, and
+`spectrace audit` names the bug before launch. A served draft gets the same verdict at its
+load, from the rotary modules the engine really built (`SPECTRACE=1` on SGLang or vLLM).
 """
 
 
@@ -287,6 +289,7 @@ def test_walkthrough_shows_a_rope_bug_the_audit_names(tmp_path: Path) -> None:
     cfg = json.loads((draft / "config.json").read_text())
     assert cfg.pop("rope_parameters") == {"rope_theta": 10000.0, "rope_type": "default"}  # the fixture's own base
     (draft / "config.json").write_text(json.dumps(cfg, indent=2))
+    (draft / "run.yaml").write_text("rope_theta: 500000.0\n")  # the training run's own record
     target = json.loads((paths.FIXTURES / "target_llama_config.json").read_text())
     target["rope_parameters"] = {"rope_theta": 500000.0, "rope_type": "default"}
     (tmp_path / "target").mkdir()
@@ -296,7 +299,7 @@ def test_walkthrough_shows_a_rope_bug_the_audit_names(tmp_path: Path) -> None:
         text = pane.run(f"cd {shlex.quote(str(tmp_path))} && " + spectrace_cmd(*args))
     assert text.rstrip().endswith("[exit 1]"), text
     screen = text.rstrip().removesuffix("[exit 1]").rstrip()
-    assert "ERROR  rope_mismatch" in screen and "base 10000" in screen and '"rope_theta":' in screen, screen
+    assert "ERROR  rope_mismatch" in screen and "base 10000" in screen and "run.yaml" in screen, screen
     assert "Traceback" not in screen and all(len(line) <= 80 for line in screen.splitlines())
     section = f"{ROPE_MARK}\n{ROPE_INTRO}\n```console\n$ spectrace {' '.join(args)}\n{screen}\n```\n"
     text = WALKTHROUGH.read_text()

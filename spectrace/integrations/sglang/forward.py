@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...checks.trainer import last_state_by_config
 from ...checks.widths import check_draft_input_width, check_stored_hidden
 from . import server, state
 
@@ -65,6 +66,9 @@ def check_draft_input(model: Any, batch: Any) -> None:
         return  # the common case: no finding to build
     capture = state.STATE.capture
     boundaries = capture.boundaries if capture else None
+    last_state = last_state_by_config(state.STATE.draft_config)
+    if not check_draft_input_width(seen, expected, hidden, mode, boundaries, last_state=last_state):
+        return  # a last-state draft gets the state it was trained on
     # Said once per kind, repeats counted; the finding is built only the first time.
     state.emit_once(
         "fc_bypass" if seen == hidden else "draft_width",
@@ -110,6 +114,8 @@ def after_hidden_to_store(result: Any, *args: Any, **kwargs: Any) -> None:
             return None
         width = int(result.shape[-1])
         name = getattr(mode, "name", str(mode))
+        if last_state_by_config(state.STATE.draft_config):
+            return None  # a last-state draft was trained on this very state
         state.emit_once("logits_fallback", lambda: check_stored_hidden(width, name, source="sglang.forward")[0])
     except Exception as exc:
         state.internal_error("logits processor", exc)

@@ -4,8 +4,9 @@ SGLang builds each decoder layer's rotary from the config it was handed (a draft
 that lost its ``rope_theta`` gets 10000 beside a 500000 target), checks nothing, and the
 draft serves with another phase at every position. At the draft's load both models
 exist in the process (the target's ``ModelRunner`` loads first); in a script that
-builds the draft first, the check runs when the target is built. The configs, when
-known, only make the finding say where the base came from and which key to write.
+builds the draft first, the check runs when the target is built. The draft's config
+names or signs its trainer (:mod:`spectrace.checks.trainer`): the built rotary is judged
+against the one that trainer trained with, as the audit judges the config.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from ...checks.rope import check_live_rope
+from ...checks.rope_trained import check_live_trained_rope
+from ...checks.trainer import recognition_from_config, stated_trained_base
 from ..core.configs import config_to_dict, rope_keys_of
 from ..core.rotary import live_rotaries
 from . import state
@@ -36,9 +38,14 @@ def _targets(draft: Any) -> list[Any]:
 def check_pair(draft: Any, target: Any) -> None:
     """rope_mismatch when the draft's rotary rotates like none of the target's (once per pair of values)."""
     drafts, targets = live_rotaries(draft), live_rotaries(target)
-    draft_keys = rope_keys_of(_draft_config(draft), True)
+    config = _draft_config(draft)
+    draft_keys = rope_keys_of(config, True)
     target_keys = rope_keys_of(config_to_dict(getattr(target, "config", None)), False)
-    for found in check_live_rope(drafts, targets, draft_keys=draft_keys, target_keys=target_keys, source="sglang.rope"):
+    base, said = stated_trained_base(config)
+    for found in check_live_trained_rope(
+        drafts, targets, draft_keys=draft_keys, target_keys=target_keys, trainer=recognition_from_config(config),
+        trained_base=base, trained_base_source=said, source="sglang.rope",
+    ):  # fmt: skip
         key = "rope_mismatch:" + found.message
         state.emit_once(key, lambda found=found: found.model_copy(update={"module": found.module or "draft"}))
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from ...checks.rope import check_live_rope
+from ...checks.rope_trained import check_live_trained_rope
+from ...checks.trainer import recognition_from_config, stated_trained_base
 from ..core.configs import config_to_dict, rope_keys_of
 from ..core.rotary import live_rotaries
 from . import state
@@ -25,11 +26,15 @@ def _compare(draft: Any, target: Any) -> None:
         return
     st.rope_checked.add(pair)
     draft_config = st.draft_config if st.draft_config else config_to_dict(getattr(draft, "config", None))
-    for found in check_live_rope(
+    base, said = stated_trained_base(draft_config)
+    for found in check_live_trained_rope(
         live_rotaries(draft),
         live_rotaries(target),
         draft_keys=rope_keys_of(draft_config, True),
         target_keys=rope_keys_of(config_to_dict(getattr(target, "config", None)), False),
+        trainer=recognition_from_config(draft_config),
+        trained_base=base,
+        trained_base_source=said,
         label="vLLM",
         source="vllm.rope",
     ):

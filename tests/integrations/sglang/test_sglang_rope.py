@@ -52,26 +52,30 @@ def _rope(rec):
 
 
 def test_draft_base_beside_the_target(rec) -> None:
-    # The live variant of #43: the draft's config says rope_theta 500000, the target rotates with 10000.
+    # The draft's config says rope_theta 500000, the target rotates with 10000. The draft's trainer
+    # (SpecForge, signed by eagle_config) trains with the base its config gives, so the target's other
+    # base is no evidence: nothing to say. Its config stating it was trained at 10000 is evidence.
     target = _target()
     draft = _draft(rope_theta=500000.0)
     t, d = _rotary(target), _rotary(draft)
     print(f"SGLang built: target {type(t).__name__}(base={t.base}), draft {type(d).__name__}(base={d.base})")
-    assert (t.base, d.base) == (10000.0, 500000.0)  # the engine's own objects carry the bug
-    # The phases differ from position 1 on: the draft attends with another rotation.
+    assert (t.base, d.base) == (10000.0, 500000.0)  # the engine's own objects differ from the target's
     assert not torch.allclose(t.cos_sin_cache[1], d.cos_sin_cache[1])
+    assert _rope(rec) == []
+    draft = _draft(rope_theta=500000.0, trained_rope_theta=10000.0)
     (one,) = _rope(rec)
     print(one.message, "| fix:", one.fix)
     assert one.severity == "error" and one.module == "draft"
-    assert "base 500000 where the target's is 10000" in one.message
-    assert "(read from rope_parameters.rope_theta)" in one.message
-    assert '"rope_parameters" to {"rope_theta": 10000.0, "rope_type": "default"}' in one.fix
+    assert "base 500000" in one.message and "config.json (trained_rope_theta) says the draft was trained with base 10000" in one.message
+    assert "rope_theta) to 10000" in one.fix
     assert one.evidence["draft_rope"]["rope_theta"] == 500000.0
     assert one.evidence["target_rope"][0]["rope_theta"] == 10000.0
 
 
 def test_draft_config_lost_its_base(rec) -> None:
-    # #43's reports: a 500000 target, a draft config that lost rope_theta -> SGLang's 10000.
+    # #43's reports: a 500000 target, a draft config with no base -> SGLang's 10000. That is also what
+    # a healthy SpecForge draft looks like (SpecForge trained it at 10000 from the same config): the
+    # config cannot tell, so a warning naming the probe, and no fix that copies the target's base.
     # A server reads the draft's raw config.json (transformers fills the default into the parsed
     # object): the file as a converter left it, with no base anywhere.
     from spectrace.integrations.sglang import correlate
@@ -87,9 +91,9 @@ def test_draft_config_lost_its_base(rec) -> None:
     print(f"SGLang built: target base={_rotary(target).base}, draft base={_rotary(draft).base}")
     assert (_rotary(target).base, _rotary(draft).base) == (500000.0, 10000.0)
     (one,) = _rope(rec)
-    assert "base 10000 where the target's is 500000 (SGLang's default" in one.message
     print(one.message, "| fix:", one.fix)
-    assert '"rope_parameters" to {"rope_theta": 500000.0, "rope_type": "default"}' in one.fix
+    assert one.severity == "warning" and "base 10000 (SGLang's default" in one.message and "500000" in one.message
+    assert "spectrace probe TRACE_DIR --draft DRAFT_DIR" in one.message and "500000" not in one.fix
 
 
 def test_gptj_style_draft(rec) -> None:
@@ -99,7 +103,8 @@ def test_gptj_style_draft(rec) -> None:
     print("draft is_neox_style:", _rotary(draft).is_neox_style)
     assert _rotary(draft).is_neox_style is False
     (one,) = _rope(rec)
-    assert "GPT-J (rotate interleaved pairs) style where the target's is NeoX" in one.message
+    # Every trainer known rotates NeoX-style (rotate_half): evidence enough for an error.
+    assert one.severity == "error" and "GPT-J style (rotate interleaved pairs)" in one.message and "NeoX" in one.message
     assert '"rope_is_neox_style" to true' in one.fix and "rope_parameters" not in one.fix
 
 
@@ -113,11 +118,11 @@ def test_draft_loaded_before_the_target_was_built(rec, monkeypatch) -> None:
     fresh: weakref.WeakKeyDictionary[object, str] = weakref.WeakKeyDictionary()
     monkeypatch.setattr(adopted, "_adopted", fresh)
     monkeypatch.setattr(modules, "_adopted", fresh)
-    _draft(rope_theta=500000.0)
+    _draft(rope_theta=500000.0, trained_rope_theta=10000.0)
     assert _rope(rec) == []
     _target()
     (one,) = _rope(rec)
-    assert "base 500000" in one.message
+    assert "base 500000" in one.message and one.severity == "error"
 
 
 def test_clean_twin_says_nothing(rec) -> None:
