@@ -1,0 +1,413 @@
+"""The user's draft and target, shrunk, built and run by SGLang's own code on the CPU.
+
+Each step is the server's, on the engine's objects: ``ModelConfig`` reads each shrunk
+config.json (the draft in draft mode, where SGLang renames some architectures), the
+model loader picks the class and builds it (the target with random weights, SGLang's
+``dummy`` load format; the draft from a tiny checkpoint written under the user's own
+tensor names), ``resolve_spec_aux_hidden_state_config`` and
+``configure_aux_hidden_state_capture`` decide and set the layers the target captures,
+``resolve_target_embed_and_head`` gives the draft the target's embedding (and head), and
+a prefill and decode steps run both. spectrace's SGLang hooks, installed as under
+``SPECTRACE=1``, record and check all of it; :func:`run` returns the records and the
+facts read off the built objects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import types
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import sglang_cpu as cpu
+from .facts import BuiltModel, EngineFacts, Rotary
+from .shrink import shrink_config, width_map
+
+PREFILL_TOKENS = 8
+DECODE_STEPS = 2
+# Fused parameters SGLang's linear layers hold, and the checkpoint's parts of each.
+_FUSED = {
+    "q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
+    "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj",
+    "q_a_proj": "fused_qkv_a_proj_with_mqa", "kv_a_proj_with_mqa": "fused_qkv_a_proj_with_mqa",
+}  # fmt: skip
+
+
+# ------------------------------------------------------------------ the tiny checkpoint
+def _param_shapes(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(p.shape) for name, p in model.named_parameters()}
+
+
+def _part_rows(part: str, cfg: Any, fused_rows: int) -> int:
+    """The rows of one checkpoint part of a fused parameter of ``fused_rows`` rows."""
+    heads, kv = cfg.num_attention_heads, getattr(cfg, "num_key_value_heads", cfg.num_attention_heads)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    rows = {
+        "q_proj": heads * head_dim,
+        "k_proj": kv * head_dim,
+        "v_proj": kv * head_dim,
+        "gate_proj": fused_rows // 2,
+        "up_proj": fused_rows // 2,
+        "q_a_proj": getattr(cfg, "q_lora_rank", None) or 0,
+        "kv_a_proj_with_mqa": (getattr(cfg, "kv_lora_rank", 0) or 0) + (getattr(cfg, "qk_rope_head_dim", 0) or 0),
+    }
+    return rows[part]
+
+
+def _engine_name(name: str) -> list[str]:
+    """The parameter names of SGLang's draft a checkpoint name may land in (shapes only: what the
+    loader really does with the name is the loader's business)."""
+    body = name.replace("midlayer.", "layers.0.")
+    return [body, f"model.{body}", body.removeprefix("model.")]
+
+
+def tiny_shape(
+    name: str, full_shape: Sequence[int], params: Mapping[str, tuple[int, ...]], cfg: Any, widths: Mapping[int, int]
+) -> tuple[int, ...]:
+    """The tiny shape of the checkpoint tensor ``name``: the shape of the engine parameter it
+    fills (its part of a fused one), else its full shape with each width shrunk."""
+    parts = name.split(".")
+    leaf = parts[-2] if len(parts) >= 2 else ""
+    for candidate in _engine_name(name):
+        if candidate in params:
+            return params[candidate]
+        fused = _FUSED.get(leaf)
+        if fused is not None:
+            joined = candidate.replace(f".{leaf}.", f".{fused}.")
+            if joined in params:
+                shape = params[joined]
+                return (_part_rows(leaf, cfg, shape[0]), *shape[1:]) if len(shape) > 1 else (_part_rows(leaf, cfg, shape[0]),)
+    return tuple(widths.get(int(d), int(d)) for d in full_shape)
+
+
+_FLOAT = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
+
+
+def write_tiny_checkpoint(
+    folder: Path, tensors: Mapping[str, Any], maps: Any, probe: torch.nn.Module, cfg: Any, widths: Mapping[int, int]
+) -> None:
+    """``model.safetensors`` in ``folder``: every tensor of the user's checkpoint, named as it
+    names it, at its tiny shape, random; the vocabulary maps with their real values."""
+    from safetensors.torch import save_file
+
+    params = _param_shapes(probe)
+    g = torch.Generator().manual_seed(0)
+    out: dict[str, torch.Tensor] = {}
+    for name, info in tensors.items():
+        which = name.rsplit(".", 1)[-1]
+        if which == "d2t" and maps.d2t is not None:
+            out[name] = torch.tensor(maps.d2t, dtype=torch.int64)
+            continue
+        if which == "t2d" and maps.t2d is not None:
+            out[name] = torch.tensor(maps.t2d, dtype=torch.bool)
+            continue
+        shape = tiny_shape(name, info.shape, params, cfg, widths)
+        if info.dtype in _FLOAT:
+            fill = torch.ones(shape) if "norm" in name else torch.randn(shape, generator=g) * 0.02
+            out[name] = fill.float()
+        elif info.dtype == "BOOL":
+            out[name] = torch.ones(shape, dtype=torch.bool)
+        else:
+            out[name] = torch.zeros(shape, dtype=torch.int64)
+    save_file(out, str(folder / "model.safetensors"))
+
+
+# ------------------------------------------------------------------ what the class reads
+class _ReadLog:
+    """The config keys a class read (attribute, or a key of a dict the config holds)."""
+
+    def __init__(self, watched: set[str]) -> None:
+        self.watched = watched
+        self.read: set[str] = set()
+
+
+class _WatchedDict(dict):  # type: ignore[type-arg]
+    log: _ReadLog
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self._note(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key: Any) -> Any:
+        self._note(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key: object) -> bool:
+        self._note(key)
+        return super().__contains__(key)
+
+    def _note(self, key: object) -> None:
+        if isinstance(key, str) and key in self.log.watched:
+            self.log.read.add(key)
+
+
+def watch_reads(config: Any, watched: set[str]) -> _ReadLog:
+    """Note every read of a ``watched`` key on ``config`` from now on (its class swapped for a
+    subclass that notes, its ``eagle_config`` dict for one that notes)."""
+    log = _ReadLog(watched)
+    base = type(config)
+
+    def __getattribute__(self: Any, key: str) -> Any:
+        if key in watched:
+            log.read.add(key)
+        return base.__getattribute__(self, key)
+
+    config.__class__ = type(base.__name__, (base,), {"__getattribute__": __getattribute__})
+    for key in ("eagle_config",):
+        value = base.__getattribute__(config, key) if hasattr(config, key) else None
+        if isinstance(value, dict):
+            watched_dict = _WatchedDict(value)
+            watched_dict.log = log
+            setattr(config, key, watched_dict)
+    return log
+
+
+# ------------------------------------------------------------------ the run
+@contextlib.contextmanager
+def _quiet() -> Iterator[list[str]]:
+    """The engine's own logging and progress bars go to a file; its last lines are kept for an error."""
+    lines: list[str] = []
+    with tempfile.TemporaryFile(mode="w+") as sink:
+        saved = os.dup(1), os.dup(2)
+        import sys
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(sink.fileno(), 1)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+            sink.seek(0)
+            lines.extend(sink.read().splitlines()[-20:])
+
+
+def _runner(model: Any, config: Any, draft: bool) -> Any:
+    """What spectrace's ``ModelRunner.load_model`` hook reads of the runner that built ``model``."""
+    return types.SimpleNamespace(model=model, model_config=config, is_draft_worker=draft, server_args=None)
+
+
+def _rotaries(model: Any) -> list[Rotary]:
+    from ..integrations.core.rotary import live_rotaries
+
+    return [Rotary(module=r.module, cls=r.cls, base=r.base, rope_type=r.rope_type, factor=r.factor, rotary_dim=r.rotary_dim, neox=r.neox)
+            for r in live_rotaries(model)]  # fmt: skip
+
+
+def _fc_in(draft: Any) -> int | None:
+    for name, module in draft.named_modules():
+        if name.endswith("fc") and hasattr(module, "weight"):
+            return int(module.weight.shape[-1])
+    return None
+
+
+def _init_lm_head(draft: Any, target: Any) -> str | None:
+    """The EAGLE-3 branch of ``EAGLEWorkerV2.init_lm_head``, on the engine's own functions (the
+    worker's module imports the scheduler chain, which a CPU build lacks)."""
+    from sglang.srt.speculative.pp_draft_embedding import resolve_target_embed_and_head
+
+    if not hasattr(draft, "set_embed"):
+        return None
+    embed, head = resolve_target_embed_and_head(target, draft_model=draft)
+    if getattr(draft, "load_lm_head_from_target", False):
+        draft.set_embed_and_head(embed, head)
+        return "set_embed_and_head"
+    draft.set_embed(embed)
+    return "set_embed"
+
+
+def _forward(target: Any, draft: Any, vocab: int) -> tuple[int | None, list[str]]:
+    """A prefill and decode steps of the pair, as the EAGLE-3 worker chains them: the target's
+    captured states feed the draft. Returns the fused width the target handed over."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    notes: list[str] = []
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, vocab, (PREFILL_TOKENS,), generator=g)
+    fb, backend = cpu.make_extend_batch(ids)
+    out = cpu.forward(target, fb, backend)
+    hidden = out.hidden_states
+    width = int(hidden.shape[-1]) if hidden is not None else None
+    shifted = torch.cat([ids[1:], out.next_token_logits.argmax(-1).view(-1)[:1]])
+    dfb, dbackend = cpu.make_extend_batch(shifted, hidden_states=hidden)
+    cpu.forward(draft, dfb, dbackend)
+    seen = ids.tolist()
+    for step in range(DECODE_STEPS):
+        nxt = torch.randint(0, vocab, (1,), generator=g)
+        seen.append(int(nxt))
+        try:
+            fb, backend = cpu.make_extend_batch(nxt, backend=backend, prefix_lens=[len(seen) - 1], forward_mode=ForwardMode.DECODE)
+            out = cpu.forward(target, fb, backend)
+        except Exception as exc:  # noqa: BLE001 - a decode path the CPU backend lacks: the prefill still stands
+            notes.append(f"decode step {step + 1} of the target did not run on the CPU ({type(exc).__name__}: {str(exc)[:120]})")
+            break
+        if out.hidden_states is not None:
+            dfb, dbackend = cpu.make_extend_batch(nxt, backend=dbackend, prefix_lens=[len(seen) - 1], hidden_states=out.hidden_states[-1:])
+            cpu.forward(draft, dfb, dbackend)
+    return width, notes
+
+
+def run(
+    target_config: Mapping[str, Any], draft_config: Mapping[str, Any], tensors: Mapping[str, Any], maps: Any, recorder: Any
+) -> EngineFacts:
+    """Build and run the shrunk pair on SGLang; records go to ``recorder``. The facts returned
+    are read off the engine's objects (the records carry the rest)."""
+    from ..integrations import sglang as st_sglang
+    from ..integrations.sglang import state as st_state
+    from ..rules.readings import SPECULATORS_FLAGS
+
+    with _quiet():
+        cpu.setup()
+    from sglang.srt.server_args import ServerArgs
+
+    text = target_config.get("text_config") if isinstance(target_config.get("text_config"), dict) else target_config
+    tiny_target = shrink_config(target_config)
+    tiny_draft = shrink_config(draft_config, target_hidden=text.get("hidden_size"))
+    with tempfile.TemporaryDirectory(prefix="spectrace-doctor-") as tmp:
+        tdir, ddir = Path(tmp, "target"), Path(tmp, "draft")
+        tdir.mkdir()
+        ddir.mkdir()
+        (tdir / "config.json").write_text(json.dumps(tiny_target))
+        (ddir / "config.json").write_text(json.dumps(tiny_draft))
+        try:
+            with _quiet() as engine_log:
+                server_args = ServerArgs(
+                    model_path=str(tdir), speculative_algorithm="EAGLE3", speculative_draft_model_path=str(ddir),
+                    device="cpu", dtype="float32", tp_size=1,
+                )  # fmt: skip
+                cpu.publish_server(server_args)
+                st_sglang.install(recorder)
+                st_state.reset(recorder)
+                flags = set(SPECULATORS_FLAGS) | {"use_aux_norm"}
+                facts = _build_and_run(tdir, ddir, tensors, maps, draft_config, tiny_draft, server_args, recorder, flags)
+        except Exception as exc:
+            raise EngineRunError(
+                f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}", engine_log
+            ) from exc
+        finally:
+            cpu.publish_server(None)
+    return facts
+
+
+class EngineRunError(Exception):
+    """The engine failed on the shrunk pair (what a server would fail on at start, or a limit of the CPU run)."""
+
+    def __init__(self, message: str, engine_log: list[str]) -> None:
+        super().__init__(message)
+        self.engine_log = engine_log
+
+
+def _build_and_run(
+    tdir: Path,
+    ddir: Path,
+    tensors: Mapping[str, Any],
+    maps: Any,
+    draft_config: Mapping[str, Any],
+    tiny_draft: dict[str, Any],
+    server_args: Any,
+    recorder: Any,
+    flags: set[str],
+) -> EngineFacts:
+    from sglang.srt.configs.device_config import DeviceConfig
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_executor.model_runner_components.attention_backend_setup import configure_aux_hidden_state_capture
+    from sglang.srt.model_executor.model_runner_components.spec_aux_hidden_state import resolve_spec_aux_hidden_state_config
+    from sglang.srt.model_loader import get_model
+    from sglang.srt.model_loader.utils import get_model_architecture
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from ..integrations.sglang import modules as st_modules
+    from ..integrations.sglang import state as st_state
+    from ..recorder import Recorder
+    from ..settings import Settings
+
+    device = DeviceConfig("cpu")
+
+    steps: list[str] = []
+    target_mc = ModelConfig(str(tdir), dtype="float32")
+    target = get_model(model_config=target_mc, load_config=LoadConfig(load_format="dummy"), device_config=device)
+    steps.append(f"target: ModelConfig -> {target_mc.hf_config.architectures} -> {type(target).__name__} (dummy weights)")
+    st_modules.after_load_model(None, _runner(target, target_mc, False))
+
+    algorithm = SpeculativeAlgorithm.from_string("EAGLE3")
+    aux = resolve_spec_aux_hidden_state_config(
+        server_args=server_args, model_config=target_mc, spec_algorithm=algorithm, is_draft_worker=False
+    )
+    configure_aux_hidden_state_capture(
+        model=target, eagle_use_aux_hidden_state=aux.eagle_use_aux_hidden_state,
+        eagle_aux_hidden_state_layer_ids=aux.eagle_aux_hidden_state_layer_ids,
+        dflash_use_aux_hidden_state=False, dflash_target_layer_ids=None, is_dspark=False,
+    )  # fmt: skip
+    steps.append(f"capture: eagle_aux_hidden_state_layer_ids={aux.eagle_aux_hidden_state_layer_ids} -> set_eagle3_layers_to_capture")
+
+    draft_mc = aux.draft_model_config or ModelConfig(str(ddir), is_draft_model=True, dtype="float32")
+    cls, arch = get_model_architecture(draft_mc)
+    # A probe of the class, built where no record is kept, gives each parameter's tiny shape.
+    st_state.reset(Recorder(Settings.from_env({"SPECTRACE_QUIET": "1"}), directory=None))
+    probe = cls(draft_mc.hf_config)
+    write_tiny_checkpoint(ddir, tensors, maps, probe, draft_mc.hf_config, width_map(draft_config, tiny_draft))
+    del probe
+    st_state.reset(recorder)
+
+    draft_mc = ModelConfig(str(ddir), is_draft_model=True, dtype="float32")
+    log = watch_reads(draft_mc.hf_config, flags)
+    draft = get_model(model_config=draft_mc, load_config=LoadConfig(), device_config=device)
+    steps.append(f"draft: ModelConfig(is_draft_model) -> {draft_mc.hf_config.architectures} -> {type(draft).__name__}")
+    st_modules.after_load_model(None, _runner(draft, draft_mc, True))
+    shared = _init_lm_head(draft, target)
+    if shared:
+        steps.append(f"draft: the worker's init_lm_head -> {shared}")
+
+    vocab = int(getattr(target_mc.hf_text_config, "vocab_size", 0) or 0) or 128
+    width, notes = _forward(target, draft, vocab)
+    steps.append(f"forward: prefill {PREFILL_TOKENS} tokens, {DECODE_STEPS} decode steps")
+    hot = getattr(draft, "hot_token_id", None)
+    return EngineFacts(
+        engine="sglang",
+        engine_version=_version(),
+        target=BuiltModel(
+            architectures=list(target_mc.hf_config.architectures or []), cls=type(target).__name__, rotaries=_rotaries(target)
+        ),
+        draft=BuiltModel(
+            architectures=list(draft_mc.hf_config.architectures or []),
+            cls=type(draft).__name__,
+            rotaries=_rotaries(draft),
+            config_architectures=list(tiny_draft.get("architectures") or []),
+        ),  # fmt: skip
+        capture_ids=list(aux.eagle_aux_hidden_state_layer_ids) if aux.eagle_aux_hidden_state_layer_ids is not None else None,
+        fused_width=width,
+        fc_in_features=_fc_in(draft),
+        tiny_hidden=int(target_mc.hf_text_config.hidden_size),
+        flags_set=sorted(k for k in flags if _flag_set(tiny_draft, k)),
+        flags_read=sorted(log.read),
+        hot_token_ids=[int(v) for v in hot.tolist()[:8]] if hot is not None else None,
+        hot_token_count=int(hot.numel()) if hot is not None else None,
+        embed_head=shared,
+        steps=steps,
+        notes=notes,
+    )
+
+
+def _flag_set(config: Mapping[str, Any], key: str) -> bool:
+    eagle = config.get("eagle_config")
+    tlc = config.get("transformer_layer_config")
+    return any(isinstance(d, dict) and key in d for d in (config, eagle, tlc))
+
+
+def _version() -> str:
+    from ..integrations.sglang.server import sglang_version
+
+    return sglang_version() or "unknown"
