@@ -74,6 +74,10 @@ def diagnose(draft_dir: Path, target: Path, engine: str = "sglang") -> DoctorRep
         raise EngineMissing(
             f"{engine} is not installed here; the doctor runs its classes on the CPU: install its CPU build with {ENGINES[engine]} VENV"
         )
+    if engine not in RUNNABLE:
+        raise DoctorInputError(
+            f"--engine {engine}: the doctor runs SGLang's classes only so far (spectrace audit --engine {engine} reads its rules)"
+        )
     from ..recorder import Recorder
     from ..settings import Settings
     from . import sglang_run

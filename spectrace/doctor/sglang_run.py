@@ -337,6 +337,15 @@ def _build_and_run(
     device = DeviceConfig("cpu")
 
     steps: list[str] = []
+    # A probe of the draft's class gives each parameter's tiny shape, for the checkpoint the
+    # loader then reads. Built first, under a state of its own: nothing of it is recorded.
+    st_state.reset(Recorder(Settings.from_env({"SPECTRACE_QUIET": "1"}), directory=None))
+    probe_mc = ModelConfig(str(ddir), is_draft_model=True, dtype="float32")
+    cls, _ = get_model_architecture(probe_mc)
+    probe = cls(probe_mc.hf_config)
+    write_tiny_checkpoint(ddir, tensors, maps, probe, probe_mc.hf_config, width_map(draft_config, tiny_draft))
+    del probe
+    st_state.reset(recorder)
     target_mc = ModelConfig(str(tdir), dtype="float32")
     target = get_model(model_config=target_mc, load_config=LoadConfig(load_format="dummy"), device_config=device)
     steps.append(f"target: ModelConfig -> {target_mc.hf_config.architectures} -> {type(target).__name__} (dummy weights)")
@@ -352,15 +361,6 @@ def _build_and_run(
         dflash_use_aux_hidden_state=False, dflash_target_layer_ids=None, is_dspark=False,
     )  # fmt: skip
     steps.append(f"capture: eagle_aux_hidden_state_layer_ids={aux.eagle_aux_hidden_state_layer_ids} -> set_eagle3_layers_to_capture")
-
-    draft_mc = aux.draft_model_config or ModelConfig(str(ddir), is_draft_model=True, dtype="float32")
-    cls, arch = get_model_architecture(draft_mc)
-    # A probe of the class, built where no record is kept, gives each parameter's tiny shape.
-    st_state.reset(Recorder(Settings.from_env({"SPECTRACE_QUIET": "1"}), directory=None))
-    probe = cls(draft_mc.hf_config)
-    write_tiny_checkpoint(ddir, tensors, maps, probe, draft_mc.hf_config, width_map(draft_config, tiny_draft))
-    del probe
-    st_state.reset(recorder)
 
     draft_mc = ModelConfig(str(ddir), is_draft_model=True, dtype="float32")
     log = watch_reads(draft_mc.hf_config, flags)
