@@ -82,7 +82,9 @@ def diagnose(draft_dir: Path, target: Path, engine: str = "sglang") -> DoctorRep
     from ..settings import Settings
     from . import sglang_run
 
-    recorder = Recorder(Settings.from_env({"SPECTRACE_QUIET": "1"}), directory=None)
+    # Statistics off: the weights are random, so what the value checks (chunk provenance,
+    # feature skew) would compare says nothing of the user's pair.
+    recorder = Recorder(Settings.from_env({"SPECTRACE_QUIET": "1", "SPECTRACE_STATS": "off"}), directory=None)
     failure: str | None = None
     engine_log: list[str] = []
     facts = None

@@ -346,6 +346,9 @@ def _build_and_run(
     write_tiny_checkpoint(ddir, tensors, maps, probe, probe_mc.hf_config, width_map(draft_config, tiny_draft))
     del probe
     st_state.reset(recorder)
+    # The per-module records keep shapes only: statistics of random weights say nothing (the
+    # value checks, chunk provenance and feature skew, need the user's trained weights).
+    st_state.tracer().stats_mode = recorder.settings.stats
     target_mc = ModelConfig(str(tdir), dtype="float32")
     target = get_model(model_config=target_mc, load_config=LoadConfig(load_format="dummy"), device_config=device)
     steps.append(f"target: ModelConfig -> {target_mc.hf_config.architectures} -> {type(target).__name__} (dummy weights)")
