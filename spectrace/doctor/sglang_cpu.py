@@ -232,6 +232,7 @@ class TorchSDPABackend:
             else:
                 req = int(forward_batch.req_pool_indices[i])
                 locs = self.req_to_token[req, :n_all]
+                assert kbuf is not None and vbuf is not None  # a prefix was cached by an earlier forward
                 ki, vi = kbuf[locs], vbuf[locs]
             # (heads, tokens, dim); causal mask offset by the cached prefix
             qh, kh, vh = qi.transpose(0, 1), ki.transpose(0, 1), vi.transpose(0, 1)

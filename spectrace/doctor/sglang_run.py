@@ -151,7 +151,7 @@ def watch_reads(config: Any, watched: set[str]) -> _ReadLog:
     """Note every read of a ``watched`` key on ``config`` from now on (its class swapped for a
     subclass that notes, its ``eagle_config`` dict for one that notes)."""
     log = _ReadLog(watched)
-    base = type(config)
+    base: Any = type(config)
 
     def __getattribute__(self: Any, key: str) -> Any:
         if key in watched:
@@ -272,7 +272,8 @@ def run(
         cpu.setup()
     from sglang.srt.server_args import ServerArgs
 
-    text = target_config.get("text_config") if isinstance(target_config.get("text_config"), dict) else target_config
+    nested = target_config.get("text_config")
+    text: Mapping[str, Any] = nested if isinstance(nested, dict) else target_config
     tiny_target = shrink_config(target_config)
     tiny_draft = shrink_config(draft_config, target_hidden=text.get("hidden_size"))
     with tempfile.TemporaryDirectory(prefix="spectrace-doctor-") as tmp:
