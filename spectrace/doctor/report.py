@@ -128,9 +128,8 @@ def fact_lines(report: DoctorReport) -> list[tuple[str, str]]:
 def lines(report: DoctorReport, width: int) -> list[str]:
     """The text report: header and limits first (the first screen), the facts, then each finding."""
     version = f" {report.facts.engine_version}" if report.facts is not None else ""
-    out = textwrap.wrap(
-        f"spectrace doctor {report.draft} --target {report.target}  engine={report.engine}{version} (its own classes, CPU)", width
-    )
+    head = f"spectrace doctor: draft {report.draft}, target {report.target}, {report.engine}{version}'s own classes on the CPU"
+    out = textwrap.wrap(head, width, break_long_words=False)
     out += textwrap.wrap("cannot show: " + report.limits, width, subsequent_indent="  ")
     out.append("")
     label_w = max((len(label) for label, _ in fact_lines(report)), default=8)
