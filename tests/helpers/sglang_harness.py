@@ -20,16 +20,9 @@ Usage from a test::
         yield from sh.installed("sglang.srt.models.llama_eagle3")
 
 Importing this module does not import sglang; `setup()` (called by every builder) does.
-Facts it relies on (measured on SGLang 0.5.23, CPU only):
-
-- torchvision's compiled ops do not load beside a CPU torch: a stub module for
-  `torchvision._meta_registrations` lets SGLang's import chain through.
-- `sglang.srt.layers.rotary_embedding.base._is_cpu` must be True, else the rotary
-  layer imports `vllm._custom_ops`. With it, every RMSNorm / SiluAndMul / rotary layer
-  runs `forward_native`.
-- `RadixAttention.forward` calls the backend published in
-  `model_executor.forward_context` (not `forward_batch.attn_backend`).
-- Do not set `SGLANG_USE_CPU_ENGINE=1` (needs an unpublished CPU sgl_kernel).
+The process set-up, the attention backend and the ForwardBatch are
+``spectrace.doctor.sglang_cpu``'s (``spectrace doctor`` runs on them too; the facts they
+rely on are listed there); this module adds the tiny pairs the tests build.
 """
 
 from __future__ import annotations
