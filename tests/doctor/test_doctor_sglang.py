@@ -50,6 +50,18 @@ def _deepseek_target(layers: int = 6) -> dict[str, Any]:
     )  # fmt: skip
 
 
+def _gpt_oss_target(layers: int = 6) -> dict[str, Any]:
+    return dict(
+        architectures=["GptOssForCausalLM"], model_type="gpt_oss", vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128,
+        num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=4, head_dim=32, num_local_experts=8,
+        experts_per_token=2, sliding_window=64, layer_types=["sliding_attention", "full_attention"] * (layers // 2),
+        max_position_embeddings=512, rope_theta=150000, rms_norm_eps=1e-5, tie_word_embeddings=False, swiglu_limit=7.0,
+        attention_bias=True, quantization_config={"quant_method": "mxfp4"},
+        rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                      "original_max_position_embeddings": 4096},
+    )  # fmt: skip
+
+
 def _draft_config(ids: list[int], **extra: Any) -> dict[str, Any]:
     """A SpecForge-format EAGLE-3 draft config.json."""
     cfg: dict[str, Any] = dict(
@@ -174,11 +186,12 @@ def test_short_capture_crash_is_reported(tmp_path: Path) -> None:
     ("target", "ids", "rule", "boundaries", "extra"),
     [
         (_llama_target(arch="Qwen3ForCausalLM", model_type="qwen3", head_dim=32), [1, 2, 3], "sglang_llama", [2, 3, 4], {}),
+        (_gpt_oss_target(), [1, 2, 3], "sglang_gpt_oss", [2, 3, 4], {}),
         (_deepseek_target(), [1, 2, 3], "sglang_deepseek", [2, 3, 4], {}),
         # literal when the first id is not 1: speculators' ids (boundaries) read right
         (_deepseek_target(), [2, 3, 4], "sglang_deepseek", [2, 3, 4], {"speculators_model_type": "eagle3"}),
     ],
-    ids=["qwen3", "deepseek-first-id-1", "deepseek-literal"],
+    ids=["qwen3", "gpt-oss", "deepseek-first-id-1", "deepseek-literal"],
 )
 def test_capture_rule_per_family(
     tmp_path: Path, target: dict[str, Any], ids: list[int], rule: str, boundaries: list[int], extra: dict[str, Any]
