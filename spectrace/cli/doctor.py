@@ -3,7 +3,7 @@
     $ spectrace doctor --draft ./my-draft --target ./target/config.json
     $ spectrace doctor --draft ./my-draft --target ./target --json
 
-Before a GPU is rented: SGLang's own config loading, class selection, loaders, capture
+Before a GPU is rented: the engine's own (SGLang's or vLLM's) config loading, class selection, loaders, capture
 set-up and forward run on the user's configs at tiny widths, traced by spectrace as under
 ``SPECTRACE=1``. Exit status: 0 no error finding, 1 an error finding (or the engine failed
 on the pair), 2 bad input or the engine not installed (one line saying how to get its
@@ -33,7 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft", required=True, metavar="DIR", help="the draft checkpoint directory (config.json + safetensors)")
     p.add_argument("--target", required=True, metavar="DIR_OR_CONFIG", help="the target's directory or its config.json")
     p.add_argument(
-        "--engine", default="sglang", choices=("sglang", "vllm"), help="the engine whose CPU build runs the pair (default sglang)"
+        "--engine",
+        default="sglang",
+        choices=("sglang", "vllm"),
+        help="the engine whose CPU build runs the pair: sglang (0.5.23, the default) or vllm (0.32)",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     return p

@@ -1,10 +1,10 @@
 """``spectrace doctor``: the engine's own code builds and runs the user's pair, shrunk, on the CPU.
 
 ``spectrace audit`` predicts from rule tables what an engine will do with a draft; a table
-can be wrong. The doctor asks the engine: SGLang's config loading, class selection,
-loaders, capture set-up and forward run on the user's own configs at tiny widths (every
+can be wrong. The doctor asks the engine: SGLang's (or vLLM's) config loading, class
+selection, loaders, capture set-up and forward run on the user's own configs at tiny widths (every
 structural key kept, :mod:`.shrink`), the draft's weights named exactly as the user's
-checkpoint names them, with spectrace's SGLang integration tracing as under
+checkpoint names them, with spectrace's integration of that engine tracing as under
 ``SPECTRACE=1``. The records and findings are those a live server would give.
 
     >>> from spectrace.doctor import diagnose                      # doctest: +SKIP
@@ -26,7 +26,6 @@ __all__ = ["ENGINES", "LIMITS", "DoctorInputError", "DoctorReport", "EngineMissi
 
 # The engines the doctor runs, and the script that installs each one's CPU build.
 ENGINES = {"sglang": "scripts/install-sglang-cpu.sh", "vllm": "scripts/install-vllm-cpu.sh"}
-RUNNABLE = ("sglang",)
 
 
 class DoctorInputError(Exception):
@@ -70,13 +69,14 @@ def diagnose(draft_dir: Path, target: Path, engine: str = "sglang") -> DoctorRep
         raise EngineMissing(
             f"{engine} is not installed here; the doctor runs its classes on the CPU: install its CPU build with {ENGINES[engine]} VENV"
         )
-    if engine not in RUNNABLE:
-        raise DoctorInputError(
-            f"--engine {engine}: the doctor runs SGLang's classes only so far (spectrace audit --engine {engine} reads its rules)"
-        )
     from ..recorder import Recorder
     from ..settings import Settings
-    from . import sglang_run
+    from .engine_common import EngineRunError
+
+    if engine == "vllm":
+        from . import vllm_run as engine_run
+    else:
+        from . import sglang_run as engine_run  # type: ignore[no-redef]
 
     # Statistics off: the weights are random, so what the value checks (chunk provenance,
     # feature skew) would compare says nothing of the user's pair.
@@ -85,15 +85,19 @@ def diagnose(draft_dir: Path, target: Path, engine: str = "sglang") -> DoctorRep
     engine_log: list[str] = []
     facts = None
     try:
-        facts = sglang_run.run(target_config, draft_config, tensors, maps, recorder)
-    except sglang_run.EngineRunError as err:
+        facts = engine_run.run(target_config, draft_config, tensors, maps, recorder)
+    except EngineRunError as err:
         failure, engine_log = str(err), err.engine_log
+    repacked = set(facts.cpu_repacked) if facts is not None else set()
+    records = [r for r in recorder.records() if not _cpu_repack_only(r, repacked)]
     return DoctorReport.build(
-        draft=str(draft_dir),
-        target=str(target),
-        engine=engine,
-        facts=facts,
-        records=recorder.records(),
-        failure=failure,
-        engine_log=engine_log,
+        draft=str(draft_dir), target=str(target), engine=engine, facts=facts, records=records, failure=failure, engine_log=engine_log
     )
+
+
+def _cpu_repack_only(record: Any, repacked: set[str]) -> bool:
+    """A replaced-weights finding about parameters the CPU build itself repacked (not a server's step)."""
+    if getattr(record, "type", None) != "finding" or record.code != "weights_replaced_after_load" or not repacked:
+        return False
+    parameters = record.evidence.get("parameters") or []
+    return bool(parameters) and set(parameters) <= repacked

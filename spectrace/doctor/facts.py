@@ -46,5 +46,9 @@ class EngineFacts(BaseModel):
     hot_token_ids: list[int] | None = Field(None, description="the first target ids of the vocabulary map the engine built")
     hot_token_count: int | None = None
     embed_head: str | None = Field(None, description="the worker's step giving the draft the target's embedding (and head)")
+    cpu_repacked: list[str] = Field(
+        default=[],
+        description="draft parameters the engine's CPU build repacked after load (its CPU GEMM): no replaced-weights finding for these",
+    )
     steps: list[str] = []
     notes: list[str] = []
