@@ -20,7 +20,7 @@ from .facts import EngineFacts, Rotary
 from .shrink import HEADS, HIDDEN
 
 LIMITS = (
-    f"shrunk to hidden {HIDDEN} and {HEADS} heads, random weights, float32 on the CPU: it shows what the engine builds and "
+    f"shrunk to hidden {HIDDEN} and {HEADS} heads, random weights, on the CPU: it shows what the engine builds and "
     "wires from these configs, not numerics at full width, the GPU kernels, CUDA graphs, tensor or expert parallelism, "
     "quantization, or acceptance on real text"
 )

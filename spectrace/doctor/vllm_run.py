@@ -28,8 +28,17 @@ from .shrink import shrink_config, width_map
 
 PREFILL_TOKENS = 8
 _READY: list[bool] = []
-# vLLM's CPU attention has no kernel for a head size of 16: the shrunk heads are 32 wide.
+# vLLM's CPU kernels have no head size of 16 and no GEMM over 8 input features: the shrunk
+# heads, MLA parts and expert widths are wider there.
 HEAD_DIM = 32
+_WIDER = {
+    "q_lora_rank": 64,
+    "kv_lora_rank": 64,
+    "qk_rope_head_dim": 32,
+    "qk_nope_head_dim": 32,
+    "v_head_dim": 32,
+    "moe_intermediate_size": 64,
+}
 
 
 def _free_port() -> int:
@@ -53,11 +62,25 @@ def _setup(vc: Any) -> None:
     _READY.append(True)
 
 
+def tiny_target_of(folder: Path) -> dict[str, Any]:
+    return dict(json.loads((folder / "config.json").read_text()))
+
+
+def _dtype(config: Mapping[str, Any]) -> str:
+    """float32, except for a mixture-of-experts target: vLLM's CPU MoE kernel takes 16-bit weights only."""
+    levels = [config, config.get("text_config") or {}]
+    moe = any(
+        isinstance(level, dict) and any(k in level for k in ("n_routed_experts", "num_experts", "num_local_experts")) for level in levels
+    )
+    return "bfloat16" if moe else "float32"
+
+
 def _widen_heads(config: dict[str, Any]) -> dict[str, Any]:
     """The shrunk config with heads of :data:`HEAD_DIM` (vLLM's CPU attention kernels)."""
     for level in (config, config.get("text_config"), config.get("transformer_layer_config")):
         if isinstance(level, dict) and isinstance(level.get("num_attention_heads"), int) and isinstance(level.get("hidden_size"), int):
             level["head_dim"] = HEAD_DIM
+            level.update({k: v for k, v in _WIDER.items() if isinstance(level.get(k), int)})
     return config
 
 
@@ -102,7 +125,7 @@ def _build_and_run(
 
     steps: list[str] = []
     args = EngineArgs(
-        model=str(tdir), skip_tokenizer_init=True, dtype="float32", max_model_len=256, enforce_eager=True, load_format="dummy",
+        model=str(tdir), skip_tokenizer_init=True, dtype=_dtype(tiny_target_of(tdir)), max_model_len=256, enforce_eager=True, load_format="dummy",
         speculative_config={"method": "eagle3", "model": str(ddir), "num_speculative_tokens": 3},
     )  # fmt: skip
     vc = args.create_engine_config()
