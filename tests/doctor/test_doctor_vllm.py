@@ -58,3 +58,11 @@ def test_d2t_arange(tmp_path: Path) -> None:
     report = dp.doctor(tmp_path, dp.llama_target(), _speculators_style([1, 3, 5]), ckpt, engine="vllm")
     assert report.facts is not None and report.facts.hot_token_ids == [0, 2, 4, 6, 8, 10, 12, 14]
     assert "vocab_map_invalid" in dp.codes(report, None)
+
+
+def test_deepseek_v3_target(tmp_path: Path) -> None:
+    # MLA and MoE through vLLM's own DeepseekV3ForCausalLM (bfloat16: its CPU MoE kernel's dtype).
+    report = dp.doctor(tmp_path, dp.deepseek_target(), _speculators_style([1, 3, 5]), engine="vllm")
+    assert report.facts is not None and report.facts.target.cls == "DeepseekV3ForCausalLM"
+    assert report.captures[0].boundaries == [1, 3, 5] and report.facts.fused_width == 192
+    assert "aux_layers_mismatch" not in dp.codes(report)
