@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("spectrace.cli.export:main", "write a trace as Chrome / Perfetto trace JSON (ui.perfetto.dev)"),
     "diff": ("spectrace.cli.diff:main", "compare two traces (train vs serve, good vs bad)"),
     "audit": ("spectrace.cli.audit:main", "check a draft checkpoint against the serving engine before launch"),
+    "doctor": ("spectrace.cli.doctor:main", "run the engine's own classes on the draft and target, shrunk, on the CPU, traced"),
     "fingerprint": ("spectrace.cli.fingerprint:main", "record the per-chunk statistics of the fused draft input"),
     "compare-train": ("spectrace.cli.compare_train:main", "say by value which target boundary each served fused-input chunk is"),
     "replay": (
