@@ -205,7 +205,9 @@ def test_the_pair_runs_on_one_thread_and_gives_the_count_back() -> None:
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        speculate(pair.target, pair.draft, demo_prompts()[0], k=4, max_new_tokens=6, on_step=lambda *_: seen.append(torch.get_num_threads()))
+        speculate(
+            pair.target, pair.draft, demo_prompts()[0], k=4, max_new_tokens=6, on_step=lambda *_: seen.append(torch.get_num_threads())
+        )
         assert seen and set(seen) == {1}
         assert torch.get_num_threads() == 2
     finally:
