@@ -144,7 +144,7 @@ class LiveScreen:
         start = 0 if self._fed_through is None else bisect.bisect_right(acc.steps, self._fed_through)
         k = acc.draft_tokens or 0
         for i in range(start, end):
-            self.live.observe(VerifyStep(acc.steps[i], acc.mean_accept[i], k))
+            self.live.observe(VerifyStep(acc.steps[i], acc.mean_accept[i], k, requests=acc.batch[i] if i < len(acc.batch) else 0))
         if end > start:
             self._fed_through = acc.steps[end - 1]
 

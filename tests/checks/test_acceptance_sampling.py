@@ -1,4 +1,4 @@
-"""Sampling-aware acceptance, simulated acceptance and drift.
+"""Sampling-aware acceptance, simulated acceptance, drift and the drain.
 
 The checks first (records in, findings out), then the reference pipeline's speculative
 sampling, then SGLang 0.5.23's own request objects: a real ``ScheduleBatch`` of real
@@ -271,3 +271,54 @@ def test_sglang_steady_run_has_no_drift(sg) -> None:
     for i in range(12 * DRIFT_STEPS):
         _verify(_batch([0.0, 0.0]), [3, 2] if i % 2 else [2, 3])
     assert [f.code for f in sg.findings()] == []
+
+
+# ------------------------------------------------------------------------------ the drain
+# A load's clients stop: no request arrives, and the steps that verify the stragglers
+# accept little while the running batch empties. Those steps are not a collapse; the same
+# steps at a steady batch are.
+def _draining(batches: list[int], low: int = 1) -> list[Acceptance]:
+    healthy = [Acceptance(step=i, accept_lengths=[4] * 8, draft_tokens=3) for i in range(COLLAPSE_WINDOW)]
+    tail = [Acceptance(step=COLLAPSE_WINDOW + i, accept_lengths=[low] * n, draft_tokens=3) for i, n in enumerate(batches)]
+    return healthy + tail
+
+
+_EMPTYING = [7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1]
+
+
+def test_the_window_where_the_batch_empties_is_no_collapse() -> None:
+    assert check_acceptance(_draining(_EMPTYING)) == []
+    live = LiveAcceptance()
+    assert [f for r in _draining(_EMPTYING) for f in live.observe(r)] == [] and live.peak_batch == 8
+
+
+def test_a_collapse_at_a_steady_batch_is_still_said_after_a_drain() -> None:
+    steady = [3] * COLLAPSE_WINDOW  # the load came back, three requests, and accepts nothing
+    (one,) = check_acceptance(_draining(_EMPTYING + steady))
+    assert one.code == "acceptance_collapse"
+    live = LiveAcceptance()
+    assert [f.code for r in _draining(_EMPTYING + steady) for f in live.observe(r)] == ["acceptance_collapse"]
+    # One request alone, all along: a steady batch of one is judged.
+    (alone,) = check_acceptance([Acceptance(step=i, accept_lengths=[1], draft_tokens=3) for i in range(COLLAPSE_WINDOW)])
+    assert alone.code == "acceptance_collapse"
+
+
+def test_a_batch_that_shrinks_and_grows_is_judged() -> None:
+    (one,) = check_acceptance(_draining([7, 5, 3, 1, 3, 5, 7, 8]))
+    assert one.code == "acceptance_collapse"
+
+
+def test_sglang_the_drain_of_a_load_is_no_collapse(sg) -> None:
+    for _ in range(2 * COLLAPSE_WINDOW):
+        _verify(_batch([0.0] * 8), [3] * 8)
+    for n in _EMPTYING:
+        _verify(_batch([0.0] * n), [0] * n)
+    assert [f.code for f in sg.findings()] == []
+
+
+def test_sglang_the_same_steps_at_a_steady_batch_collapse(sg) -> None:
+    for _ in range(2 * COLLAPSE_WINDOW):
+        _verify(_batch([0.0] * 8), [3] * 8)
+    for _ in _EMPTYING:
+        _verify(_batch([0.0] * 8), [0] * 8)
+    assert [f.code for f in sg.findings()] == ["acceptance_collapse"]

@@ -260,9 +260,14 @@ def _build(st: state.State, held: list[Any], rec: Any, as_lines: bool = False) -
                         rec.emit_lines(lines)  # the steps go before the finding they show
                         lines = []
                         records = [r if isinstance(r, Acceptance) else make(r[0], r[1], r[2], [], r[3]) for r, _ in window]
-                        for found in check_acceptance(records, run_mean=(st.accept_sum / st.accept_steps, st.accept_steps)):
+                        run_mean = (st.accept_sum / st.accept_steps, st.accept_steps)
+                        for found in check_acceptance(records, run_mean=run_mean, run_peak=extras.peak_batch):
                             state.emit_once(found.code, lambda found=found: found)
                         check = not rec.said("acceptance_collapse")
+                # The run's largest batch, for the drain (a window where the batch empties).
+                extras.peak_batch = max(
+                    [extras.peak_batch, *(len(r.accept_lengths if isinstance(r, Acceptance) else r[1]) for r, _ in window)]
+                )
                 window.clear()
     finally:
         st.accept_step = step
@@ -395,6 +400,7 @@ class _Extras:
         self.sampling: deque[Sampling | None] = deque(maxlen=4)  # overlap scheduling keeps at most 2 in flight
         self.drift = DriftTracker()
         self.synthetic_checked = False
+        self.peak_batch = 0  # the largest batch of the windows already judged
 
 
 def _extras(st: state.State) -> _Extras:
