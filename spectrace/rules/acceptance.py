@@ -56,3 +56,32 @@ def batch_emptying(batches: Sequence[int], run_peak: int = 0) -> bool:
         return False
     peak = max(run_peak, batches[0])
     return batches[-1] <= peak * DRAIN_SHARE and all(b <= a for a, b in zip(batches, batches[1:]))
+
+
+# later_positions_rejected: the first draft position is accepted by at least FIRST_HEALTHY of
+# the requests, and of those, at most LATER_DEAD accept the second. A healthy draft accepts
+# each later position given the one before at a rate near the first's (0.5-0.9); a draft
+# whose later steps get stale or wrong inputs (a graph replayed with the first step's
+# buffers) is accepted at its first position alone. MIN_FIRST_ACCEPTED requests must have
+# accepted the first position before the second's rate is judged.
+FIRST_HEALTHY = 0.3
+LATER_DEAD = 0.05
+MIN_FIRST_ACCEPTED = 32
+
+# What confirms it on each engine, and the knob that changes how the draft's later steps run.
+LATER_POSITIONS_CONFIRM: dict[str, str] = {
+    "vllm": (
+        "rerun with --enforce-eager (no CUDA graphs, no torch.compile): if positions 2 and later are then accepted, the "
+        "graph replay of the draft's later steps is at fault; serve with compilation_config cudagraph_mode PIECEWISE "
+        "(or NONE) until the engine is fixed, and report it to vLLM"
+    ),
+    "sglang": (
+        "rerun with --disable-cuda-graph: if positions 2 and later are then accepted, the draft's CUDA graph "
+        "(EAGLEDraftCudaGraphRunner) replays its later steps on stale inputs; serve without it until the engine is "
+        "fixed, and report it to SGLang"
+    ),
+}
+LATER_POSITIONS_EAGER = (
+    "if eager serving shows the same, the draft's own later steps are wrong: the hidden state it feeds back to "
+    "itself (the engine's handoff between draft steps), or a draft trained for one step only (SpecForge ttt_length 1)"
+)

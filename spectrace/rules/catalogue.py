@@ -224,6 +224,16 @@ CATALOGUE: dict[str, Code] = {
             "--no-enable-prefix-caching); if acceptance then holds, report the cache bug to the engine",
         ),
         Code(
+            "later_positions_rejected",
+            "warning",
+            "the target accepts draft position i only after positions 1..i-1: a draft accepted at its first position and "
+            "almost never at the second runs its later steps on other inputs than its first (a CUDA graph replaying the "
+            "draft's later steps with stale buffers, a wrong hidden-state handoff between draft steps), while the mean "
+            "accept length stays above the collapse floor",
+            "rerun without CUDA graphs (vLLM --enforce-eager, SGLang --disable-cuda-graph): if the later positions are then "
+            "accepted the graph replay is at fault; if not, check the hidden state the draft feeds back to its later steps",
+        ),
+        Code(
             "replay_divergence",
             "error",
             "spectrace replay fed the served draft's kept inputs to a reference draft loaded from its checkpoint, module "

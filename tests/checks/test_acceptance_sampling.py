@@ -1,4 +1,4 @@
-"""Sampling-aware acceptance, simulated acceptance, drift and the drain.
+"""Sampling-aware acceptance, simulated acceptance, drift, the drain and acceptance per position.
 
 The checks first (records in, findings out), then the reference pipeline's speculative
 sampling, then SGLang 0.5.23's own request objects: a real ``ScheduleBatch`` of real
@@ -322,3 +322,37 @@ def test_sglang_the_same_steps_at_a_steady_batch_collapse(sg) -> None:
     for _ in _EMPTYING:
         _verify(_batch([0.0] * 8), [0] * 8)
     assert [f.code for f in sg.findings()] == ["acceptance_collapse"]
+
+
+# ------------------------------------------------------------------------------ per position
+def test_later_positions_need_evidence_and_a_healthy_first() -> None:
+    from spectrace.checks.acceptance_positions import PositionTally, check_later_positions
+
+    few = PositionTally()
+    few.add_counts(0, 20, [12, 0, 0])  # 12 accepted position 1: too few to judge position 2
+    assert check_later_positions(few) == []
+    weak = PositionTally()
+    weak.add_counts(0, 400, [40, 0, 0])  # 10% at position 1: a weak draft, not a dead second step
+    assert check_later_positions(weak) == []
+    dead = PositionTally()
+    dead.add_counts(0, 100, [60, 1, 0])
+    (one,) = check_later_positions(dead)
+    assert one.code == "later_positions_rejected" and "--enforce-eager" in (one.fix or "") and "--disable-cuda-graph" in (one.fix or "")
+    assert check_later_positions(dead, engine="sglang")[0].fix.startswith("rerun with --disable-cuda-graph")
+    one_token = PositionTally()
+    one_token.add_counts(0, 100, [60])  # k = 1: no later position
+    assert check_later_positions(one_token) == []
+
+
+def test_sglang_later_positions_dead_behind_a_healthy_first(sg) -> None:
+    for _ in range(2 * COLLAPSE_WINDOW):
+        _verify(_batch([0.0] * 4), [1, 1, 0, 1])  # position 1 accepted by 3 of 4, never position 2
+    found = sg.findings()
+    assert [f.code for f in found] == ["later_positions_rejected"]
+    assert found[0].evidence["engine"] == "sglang" and "--disable-cuda-graph" in (found[0].fix or "")
+
+
+def test_sglang_a_draft_accepted_at_every_position_says_nothing(sg) -> None:
+    for _ in range(2 * COLLAPSE_WINDOW):
+        _verify(_batch([0.0] * 4), [3, 1, 0, 2])
+    assert [f.code for f in sg.findings()] == []

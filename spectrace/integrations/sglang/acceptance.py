@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ...checks.acceptance_positions import PositionTally
 from ...checks.acceptance_sampling import check_synthetic_acceptance
 from ...checks.calls import check_acceptance
 from ...checks.drift import DriftTracker
@@ -236,6 +237,7 @@ def _build(st: state.State, held: list[Any], rec: Any, as_lines: bool = False) -
             # counts toward the window but has no mean).
             step_mean = mean_from_sums(total + n, n)
             window.append((kept, step_mean))
+            extras.positions.add_counts(step - 1, n, per_position)
             if step_mean is not None:
                 st.accept_sum += step_mean
                 st.accept_steps += 1
@@ -251,6 +253,14 @@ def _build(st: state.State, held: list[Any], rec: Any, as_lines: bool = False) -
             # Checked once per full window of verify steps, not on every step's sliding
             # window: a collapse lasts far longer than one window.
             if len(window) >= COLLAPSE_WINDOW:
+                # Later positions dead behind a healthy first: judged on the run's sums, once per window.
+                if not extras.positions.said:
+                    found_positions = extras.positions.check(engine="sglang", source="sglang.acceptance")
+                    if found_positions:
+                        rec.emit_lines(lines)  # the steps go before the finding they show
+                        lines = []
+                        for found in found_positions:
+                            state.emit_once(found.code, lambda found=found: found)
                 if check:
                     means = [m for _, m in window if m is not None]
                     # check_acceptance decides and words the finding; the window's mean, the
@@ -401,6 +411,7 @@ class _Extras:
         self.drift = DriftTracker()
         self.synthetic_checked = False
         self.peak_batch = 0  # the largest batch of the windows already judged
+        self.positions = PositionTally()
 
 
 def _extras(st: state.State) -> _Extras:

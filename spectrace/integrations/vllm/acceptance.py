@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...checks.acceptance_positions import PositionTally
 from ...checks.calls import check_acceptance
 from ...checks.drift import DriftTracker
 from ...records import Acceptance
@@ -93,7 +94,14 @@ def _build_step() -> None:
     if drift.add_record(record) is not None and not drift.said:
         for found in drift.check(source="vllm.acceptance"):
             rec.once(found.code, lambda found=found: found)
+    positions = st.__dict__.get("_spectrace_positions")
+    if positions is None:
+        positions = st.__dict__["_spectrace_positions"] = PositionTally()
+    positions.add(record)
     if len(st.accept_window) >= COLLAPSE_WINDOW:
+        # Later positions dead behind a healthy first: judged on the run's sums, once per window.
+        for found in positions.check(engine="vllm", source="vllm.acceptance"):
+            rec.once(found.code, lambda found=found: found)
         if not rec.said("acceptance_collapse"):
             for found in check_acceptance(
                 st.accept_window, run_mean=(st.accept_sum / st.accept_steps, st.accept_steps), run_peak=st.accept_peak_batch

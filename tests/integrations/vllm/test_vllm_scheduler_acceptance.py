@@ -110,3 +110,26 @@ def test_the_same_steps_at_a_steady_batch_collapse(config, rec) -> None:
     _draining_load(config, lambda i: 200)  # nobody ends: the batch stays 8
     assert {len(s.accept_lengths) for s in _steps(rec)} == {8}
     assert _codes(rec) == ["acceptance_collapse"]
+
+
+# ------------------------------------------------------------------------------ per position
+# The later draft steps dead behind a healthy first (graph replay of the draft's later
+# steps, vllm#37639): six requests of eight accept exactly position 1, never more. The mean
+# accept length, 1.75, is no collapse; the positions say it.
+_FIRST_ONLY = [[1, 1, 1, 0, 1, 1, 0, 1]] * 16
+_HEALTHY = [[3, 2, 1, 0, 3, 1, 2, 0]] * 16
+
+
+def test_later_positions_dead_behind_a_healthy_first(config, rec) -> None:
+    _serve(config, [_params(0.0)] * 8, _FIRST_ONLY)
+    assert all(s.accepted_per_position == [6, 0, 0] for s in _steps(rec))
+    (found,) = [r for r in rec.records() if isinstance(r, Finding)]
+    assert found.code == "later_positions_rejected" and found.evidence["second_given_first"] == 0.0
+    assert found.evidence["position_rates"] == [0.75, 0.0, 0.0] and "--enforce-eager" in (found.fix or "")
+    assert "cudagraph_mode" in (found.fix or "")
+
+
+def test_a_draft_that_accepts_at_every_position_says_nothing(config, rec) -> None:
+    _serve(config, [_params(0.0)] * 8, _HEALTHY)
+    assert _steps(rec)[0].accepted_per_position == [6, 4, 2]
+    assert _codes(rec) == []
