@@ -72,7 +72,8 @@ CATALOGUE: dict[str, Code] = {
             "draft_class_mismatch",
             "error",
             "the engine picks the draft class from the checkpoint's architectures (renaming some target names to their "
-            "NextN/MTP head): an EAGLE-3 checkpoint mapped to a NextN, MTP or EAGLE-1 class loads and runs as that class",
+            "NextN/MTP head): an EAGLE-3 checkpoint mapped to a NextN, MTP or EAGLE-1 class loads and runs as that class, "
+            "and a draft whose target class is not renamed builds the full target model as the draft",
             "set architectures to an EAGLE-3 draft class (SGLang: LlamaForCausalLMEagle3) and launch with --speculative-algorithm EAGLE3",
         ),
         Code(
