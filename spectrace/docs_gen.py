@@ -164,6 +164,8 @@ EVIDENCE_KEYS: dict[str, str] = {
     "baseline_steps": "the verify steps of the baseline windows `[first, last]`",
     "recent_steps": "the verify steps of the latest comparable windows `[first, last]`",
     "fell_in_steps": "the window where it fell `[first, last]`: the first one below the line that the run stays below",
+    "baseline_prompt_len": "mean prompt length in tokens of the requests in the baseline windows",
+    "recent_prompt_len": "mean prompt length in tokens of the requests in the latest comparable windows",
     "draft_layers": "decoder layers of the model the draft worker built (null: not found)",
     "draft_params": "parameters of the model the draft worker built",
     "target_params": "parameters of the target model the target worker built",

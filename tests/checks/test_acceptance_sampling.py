@@ -258,6 +258,18 @@ def test_sglang_simulated_acceptance_is_said_loudly(sg, monkeypatch) -> None:
     assert "SGLANG_SIMULATE_ACC_LEN=3.2" in one.message
 
 
+def test_drift_compares_windows_of_like_prompts() -> None:
+    like = [DriftWindow(i * 32, i * 32 + 31, 3.5 if i < 6 else 2.0, 256, 8.0, 1.0, 200.0) for i in range(12)]
+    (one,) = check_acceptance_drift(like)
+    assert one.evidence["baseline_prompt_len"] == one.evidence["recent_prompt_len"] == 200.0
+    longer = [w._replace(prompt_len=2000.0) if i >= 6 else w for i, w in enumerate(like)]
+    assert check_acceptance_drift(longer) == []  # ten times longer prompts: another load, not drift
+    tracker = DriftTracker(steps=2)
+    tracker.add(0, [2, 3], [True, True], [10, 30])
+    (window,) = [w for w in [tracker.add(1, [2], [True], [20])] if w is not None]
+    assert window.prompt_len == 20.0 and window.requests == 3
+
+
 def test_sglang_drift(sg) -> None:
     steps = 12 * DRIFT_STEPS
     for i in range(steps):

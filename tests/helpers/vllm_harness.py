@@ -226,7 +226,7 @@ def scheduler(vc: Any) -> Any:
     )
 
 
-def serve_steps(sched: Any, sampling: Sequence[Any], accepted: Sequence[Sequence[int]], k: int = 3) -> None:
+def serve_steps(sched: Any, sampling: Sequence[Any], accepted: Sequence[Sequence[int]], k: int = 3, prompt_len: int = 4) -> None:
     """Requests with these ``SamplingParams`` through ``sched``: a prefill, then one verify step
     per row of ``accepted`` (the drafts the model runner accepted, per request; a request
     that has finished, at its max_tokens, is no longer scheduled and its entry is unused),
@@ -237,7 +237,9 @@ def serve_steps(sched: Any, sampling: Sequence[Any], accepted: Sequence[Sequence
 
     start = len(sched.requests)
     reqs = [
-        Request(request_id=f"r{start + i}", prompt_token_ids=[1, 2, 3, 4], sampling_params=p, pooling_params=None)
+        Request(
+            request_id=f"r{start + i}", prompt_token_ids=[1 + j % 50 for j in range(prompt_len)], sampling_params=p, pooling_params=None
+        )
         for i, p in enumerate(sampling)
     ]
     for r in reqs:

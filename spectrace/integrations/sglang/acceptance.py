@@ -81,6 +81,7 @@ def _record_maker() -> Callable[..., Acceptance]:
             "temperatures": None,
             "top_ps": None,
             "top_ks": None,
+            "prompt_tokens": None,
         }
         fields = {"step", "accept_lengths", "draft_tokens", "accepted_per_position"}
         if sampling is not None:

@@ -25,14 +25,16 @@ from ...records import Acceptance
 from ...rules.acceptance import COLLAPSE_WINDOW, mean_accept_length
 from . import state
 
-# One request's sampling: (greedy, temperature, top_p, top_k); top_k -1 for none.
-RequestSampling = tuple[bool, float, float, int]
+# One request's sampling: (greedy, temperature, top_p, top_k, prompt tokens); top_k -1 for
+# none, prompt tokens -1 when not known.
+RequestSampling = tuple[bool, float, float, int, int]
 # vLLM's own threshold (sampling_params._SAMPLING_EPS): a lower temperature samples greedily.
 _SAMPLING_EPS = 1e-5
 
 
 def request_sampling(request: Any) -> RequestSampling | None:
-    """A vLLM ``Request``'s sampling, from its host ``SamplingParams``; None when it has none.
+    """A vLLM ``Request``'s sampling, from its host ``SamplingParams``, and its prompt's length;
+    None when it has no sampling parameters.
 
     Greedy is vLLM's rule (temperature below 1e-5) or top_k 1: the rejection sampler applies
     top-k to the target's distribution, so a top_k of 1 accepts exactly the target's argmax,
@@ -44,21 +46,25 @@ def request_sampling(request: Any) -> RequestSampling | None:
     top_k = int(params.top_k or 0)
     top_k = top_k if top_k > 0 else -1
     greedy = temp < _SAMPLING_EPS or top_k == 1
-    return (greedy, 0.0 if greedy else temp, float(params.top_p), top_k)
+    prompt = getattr(request, "num_prompt_tokens", None)
+    return (greedy, 0.0 if greedy else temp, float(params.top_p), top_k, int(prompt) if prompt is not None else -1)
 
 
 def step_sampling(
     held: list[RequestSampling | None],
-) -> tuple[list[bool] | None, list[float] | None, list[float] | None, list[int] | None]:
-    """The record's (greedy, temperatures, top_ps, top_ks) for a step's requests: all absent
-    when any request's is unknown, the last three absent for an all-greedy step."""
+) -> tuple[list[bool] | None, list[float] | None, list[float] | None, list[int] | None, list[int] | None]:
+    """The record's (greedy, temperatures, top_ps, top_ks, prompt_tokens) for a step's requests:
+    all absent when any request's is unknown, temperatures to top_ks absent for an all-greedy
+    step, prompt_tokens absent when a prompt's length is not known."""
     if not held or any(s is None for s in held):
-        return None, None, None, None
+        return None, None, None, None, None
     known = [s for s in held if s is not None]
     greedy = [s[0] for s in known]
+    prompts = [s[4] for s in known]
+    prompt_tokens = prompts if all(p >= 0 for p in prompts) else None
     if all(greedy):
-        return greedy, None, None, None
-    return greedy, [s[1] for s in known], [s[2] for s in known], [s[3] for s in known]
+        return greedy, None, None, None, prompt_tokens
+    return greedy, [s[1] for s in known], [s[2] for s in known], [s[3] for s in known], prompt_tokens
 
 
 def _build_step() -> None:
@@ -70,7 +76,7 @@ def _build_step() -> None:
         return
     clamped = [min(max(int(c), 0), k) for c in counts]
     per_position = [sum(1 for c in clamped if c > i) for i in range(k)]
-    greedy, temps, top_ps, top_ks = step_sampling(sampling if len(sampling) == len(counts) else [])
+    greedy, temps, top_ps, top_ks, prompts = step_sampling(sampling if len(sampling) == len(counts) else [])
     record = Acceptance(
         step=st.accept_step,
         accept_lengths=[c + 1 for c in clamped],
@@ -80,6 +86,7 @@ def _build_step() -> None:
         temperatures=temps,
         top_ps=top_ps,
         top_ks=top_ks,
+        prompt_tokens=prompts,
     )
     st.accept_step += 1
     rec = state.recorder()

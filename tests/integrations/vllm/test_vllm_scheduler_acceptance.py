@@ -133,3 +133,29 @@ def test_a_draft_that_accepts_at_every_position_says_nothing(config, rec) -> Non
     _serve(config, [_params(0.0)] * 8, _HEALTHY)
     assert _steps(rec)[0].accepted_per_position == [6, 4, 2]
     assert _codes(rec) == []
+
+
+# ------------------------------------------------------------------------------ drift at like traffic
+def _phases(config, phases: list[tuple[int, int]]) -> None:
+    """Four greedy requests per 32 verify steps, one phase after another on one scheduler:
+    (prompt length, drafts accepted per step); each request ends with its phase."""
+    from spectrace.checks.drift import DRIFT_STEPS
+
+    sched = vh.scheduler(config)
+    for prompt_len, accepted in phases:
+        params = _params(0.0, max_tokens=1 + DRIFT_STEPS * (accepted + 1))
+        vh.serve_steps(sched, [params] * 4, [[accepted] * 4] * DRIFT_STEPS, prompt_len=prompt_len)
+
+
+def test_drift_at_like_prompts_is_said(config, rec) -> None:
+    _phases(config, [(4, 3)] * 6 + [(4, 1)] * 6)
+    assert {p for s in _steps(rec) for p in s.prompt_tokens or []} == {4}
+    (one,) = [r for r in rec.records() if isinstance(r, Finding)]
+    assert one.code == "acceptance_drift" and one.evidence["recent_prompt_len"] == one.evidence["baseline_prompt_len"] == 4.0
+
+
+def test_a_fall_with_prompts_thirty_times_longer_is_no_drift(config, rec) -> None:
+    # The load changed (long prompts after short ones): the windows are not comparable.
+    _phases(config, [(4, 3)] * 6 + [(120, 1)] * 6)
+    assert {p for s in _steps(rec) for p in s.prompt_tokens or []} == {4, 120}
+    assert _codes(rec) == []
