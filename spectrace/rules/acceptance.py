@@ -85,3 +85,39 @@ LATER_POSITIONS_EAGER = (
     "if eager serving shows the same, the draft's own later steps are wrong: the hidden state it feeds back to "
     "itself (the engine's handoff between draft steps), or a draft trained for one step only (SpecForge ttt_length 1)"
 )
+
+
+# acceptance_workload: output that loops is easy to draft (the draft has seen the n-grams
+# in the context), so a workload whose requests loop makes acceptance say more about the
+# text than about the draft. A request loops when over LOOP_RATE of its LOOP_NGRAM-grams
+# repeat one earlier in its output; a workload does when LOOP_SHARE of at least
+# MIN_FINISHED finished requests loop. At most LOOP_TOKENS output tokens of a request are
+# read (its last ones), and past LOOP_EVERY_AFTER finished requests one in LOOP_EVERY: a
+# workload is judged on a sample, at a bounded cost to the engine's scheduler.
+LOOP_NGRAM = 4
+LOOP_RATE = 0.5
+LOOP_SHARE = 0.3
+MIN_FINISHED = 16
+LOOP_TOKENS = 1024
+LOOP_EVERY_AFTER = 256
+LOOP_EVERY = 16
+
+
+def repeated_ngram_rate(tokens: Sequence[int], n: int = LOOP_NGRAM) -> float:
+    """The share of the n-grams of ``tokens`` that repeat one earlier in them (0.0 for fewer than n + 1 tokens).
+
+    >>> repeated_ngram_rate([1, 2, 3, 4] * 4), repeated_ngram_rate(list(range(16)))
+    (0.6923076923076923, 0.0)
+    """
+    count = len(tokens) - n + 1
+    if count < 2:
+        return 0.0
+    seen: set[tuple[int, ...]] = set()
+    repeated = 0
+    for i in range(count):
+        gram = tuple(tokens[i : i + n])
+        if gram in seen:
+            repeated += 1
+        else:
+            seen.add(gram)
+    return repeated / count

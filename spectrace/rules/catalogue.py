@@ -225,6 +225,14 @@ CATALOGUE: dict[str, Code] = {
             "--no-enable-prefix-caching); if acceptance then holds, report the cache bug to the engine",
         ),
         Code(
+            "acceptance_workload",
+            "warning",
+            "a draft proposes what it has seen in the context: output that loops (the same n-grams again, typical of a "
+            "prompt sent without the chat template) is easy to draft, so the accept length measures the text, not the "
+            "draft or its wiring",
+            "judge the draft on requests that do not loop: prompts through the model's chat template, or a repetition penalty",
+        ),
+        Code(
             "later_positions_rejected",
             "warning",
             "the target accepts draft position i only after positions 1..i-1: a draft accepted at its first position and "

@@ -226,12 +226,17 @@ def scheduler(vc: Any) -> Any:
     )
 
 
-def serve_steps(sched: Any, sampling: Sequence[Any], accepted: Sequence[Sequence[int]], k: int = 3, prompt_len: int = 4) -> None:
+def serve_steps(
+    sched: Any, sampling: Sequence[Any], accepted: Sequence[Sequence[int]], k: int = 3, prompt_len: int = 4, loop: bool = False
+) -> None:
     """Requests with these ``SamplingParams`` through ``sched``: a prefill, then one verify step
     per row of ``accepted`` (the drafts the model runner accepted, per request; a request
     that has finished, at its max_tokens, is no longer scheduled and its entry is unused),
     as vLLM's engine core drives it (schedule, the runner's output, update_from_output, the
-    next drafts)."""
+    next drafts). The tokens are drawn at random (text that does not repeat itself), or
+    with ``loop`` the same k + 1 tokens every step (output that loops)."""
+    import random
+
     from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
     from vllm.v1.request import Request
 
@@ -245,7 +250,12 @@ def serve_steps(sched: Any, sampling: Sequence[Any], accepted: Sequence[Sequence
     for r in reqs:
         sched.add_request(r)
     order = {r.request_id: i for i, r in enumerate(reqs)}
-    drafts = list(range(7, 7 + k))
+    rng = random.Random(start)
+
+    def tokens(n: int) -> list[int]:
+        return list(range(7, 7 + n)) if loop else [rng.randrange(VOCAB) for _ in range(n)]
+
+    proposed: dict[str, list[int]] = {}
 
     def step(row: Sequence[int] | None) -> None:
         out = sched.schedule()
@@ -253,7 +263,7 @@ def serve_steps(sched: Any, sampling: Sequence[Any], accepted: Sequence[Sequence
         if not ids:
             return
         # The prefill samples one token each; a verify step, the accepted drafts and the bonus.
-        sampled = [[5] if row is None else drafts[: row[order[rid]]] + [VOCAB - 1] for rid in ids]
+        sampled = [tokens(1) if row is None else proposed[rid][: row[order[rid]]] + [VOCAB - 1 if loop else tokens(1)[0]] for rid in ids]
         result = ModelRunnerOutput(
             req_ids=ids,
             req_id_to_index={rid: i for i, rid in enumerate(ids)},
@@ -263,7 +273,9 @@ def serve_steps(sched: Any, sampling: Sequence[Any], accepted: Sequence[Sequence
         )
         sched.update_from_output(out, result)
         running = [rid for rid in ids if rid in sched.requests and not sched.requests[rid].is_finished()]
-        sched.update_draft_token_ids(DraftTokenIds(req_ids=running, draft_token_ids=[drafts] * len(running)))
+        for rid in running:
+            proposed[rid] = tokens(k)
+        sched.update_draft_token_ids(DraftTokenIds(req_ids=running, draft_token_ids=[proposed[rid] for rid in running]))
 
     step(None)
     for row in accepted:

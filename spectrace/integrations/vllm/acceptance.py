@@ -21,8 +21,9 @@ from typing import Any
 from ...checks.acceptance_positions import PositionTally
 from ...checks.calls import check_acceptance
 from ...checks.drift import DriftTracker
+from ...checks.workload import WorkloadTally
 from ...records import Acceptance
-from ...rules.acceptance import COLLAPSE_WINDOW, mean_accept_length
+from ...rules.acceptance import COLLAPSE_WINDOW, LOOP_EVERY, LOOP_EVERY_AFTER, LOOP_TOKENS, mean_accept_length, repeated_ngram_rate
 from . import state
 
 # One request's sampling: (greedy, temperature, top_p, top_k, prompt tokens); top_k -1 for
@@ -30,6 +31,8 @@ from . import state
 RequestSampling = tuple[bool, float, float, int, int]
 # vLLM's own threshold (sampling_params._SAMPLING_EPS): a lower temperature samples greedily.
 _SAMPLING_EPS = 1e-5
+# Running requests whose accepted drafts are counted at once (the scheduler's own bound is lower).
+_MAX_TRACKED = 1 << 16
 
 
 def request_sampling(request: Any) -> RequestSampling | None:
@@ -162,9 +165,42 @@ def before_spec_stats(*args: Any, **kwargs: Any) -> None:
         request_id = args[5] if len(args) > 5 else kwargs.get("request_id")
         requests = getattr(scheduler, "requests", None)
         request = requests.get(request_id) if isinstance(requests, dict) else None
-        state.STATE.accept_next_sampling = request_sampling(request) if request is not None else None
+        st = state.STATE
+        st.accept_next_sampling = request_sampling(request) if request is not None else None
+        accepted = kwargs.get("num_accepted_tokens", args[3] if len(args) > 3 else None)
+        if request_id is not None and accepted is not None and len(st.accept_requests) < _MAX_TRACKED:
+            sums = st.accept_requests.setdefault(request_id, [0, 0])
+            sums[0] += int(accepted)
+            sums[1] += 1
     except Exception as exc:
         state.internal_error("request sampling", exc)
+    return None
+
+
+def before_free_request(*args: Any, **kwargs: Any) -> None:
+    """HookRegistry BEFORE on ``Scheduler._free_request(self, request, ...)``: a finished
+    request's repeated n-gram rate beside the drafts it accepted (acceptance_workload)."""
+    try:
+        request: Any = args[1] if len(args) > 1 else kwargs.get("request")
+        st = state.STATE
+        sums = st.accept_requests.pop(str(getattr(request, "request_id", "")), None)
+        if request is None or sums is None or not sums[1]:
+            return None  # never verified: nothing of its acceptance to judge
+        tally = st.__dict__.get("_spectrace_workload")
+        if tally is None:
+            tally = st.__dict__["_spectrace_workload"] = WorkloadTally()
+        st.freed_requests += 1
+        if tally.said or (st.freed_requests > LOOP_EVERY_AFTER and st.freed_requests % LOOP_EVERY):
+            return None
+        tokens = list(request.output_token_ids[-LOOP_TOKENS:])
+        with state.lock():
+            tally.add(repeated_ngram_rate(tokens), accepted=sums[0], steps=sums[1], draft_tokens=st.accept_k)
+            found = tally.check(source="vllm.acceptance")
+        rec = state.recorder()
+        for one in found:
+            rec.once(one.code, lambda one=one: one)
+    except Exception as exc:
+        state.internal_error("finished request", exc)
     return None
 
 

@@ -159,3 +159,34 @@ def test_a_fall_with_prompts_thirty_times_longer_is_no_drift(config, rec) -> Non
     _phases(config, [(4, 3)] * 6 + [(120, 1)] * 6)
     assert {p for s in _steps(rec) for p in s.prompt_tokens or []} == {4, 120}
     assert _codes(rec) == []
+
+
+# ------------------------------------------------------------------------------ the workload
+def _finished_load(config, loop: bool, accepted: int) -> None:
+    """Twenty greedy requests of 24 verify steps each, to their max_tokens."""
+    params = _params(0.0, max_tokens=1 + 24 * (accepted + 1))
+    vh.serve_steps(vh.scheduler(config), [params] * 20, [[accepted] * 20] * 24, loop=loop)
+
+
+def test_a_looping_workload_is_said_as_the_workload(config, rec) -> None:
+    _finished_load(config, loop=True, accepted=3)
+    findings = [r for r in rec.records() if isinstance(r, Finding)]
+    assert [f.code for f in findings] == ["acceptance_workload"]
+    (one,) = findings
+    assert one.severity == "warning" and one.evidence["looping_requests"] >= 16
+    assert "set by the workload" in one.message and "chat template" in (one.fix or "")
+
+
+def test_text_that_does_not_repeat_says_nothing(config, rec) -> None:
+    _finished_load(config, loop=False, accepted=3)
+    assert len(_steps(rec)) == 24 and _codes(rec) == []
+
+
+def test_looping_requests_that_accept_more_inflate_acceptance(config, rec) -> None:
+    sched = vh.scheduler(config)
+    for loop, accepted in ((True, 3), (False, 1)):
+        params = _params(0.0, max_tokens=1 + 24 * (accepted + 1))
+        vh.serve_steps(sched, [params] * 10, [[accepted] * 10] * 24, loop=loop)
+    (one,) = [r for r in rec.records() if isinstance(r, Finding)]
+    assert one.code == "acceptance_workload" and "inflated by the workload" in one.message
+    assert (one.evidence["looping_accept_length"], one.evidence["other_accept_length"]) == (4.0, 2.0)
