@@ -53,3 +53,6 @@ def test_a_live_vllm_eagle3_server(tmp_path: Path) -> None:
     assert all(len(r["greedy"]) == len(r["accept_lengths"]) for r in steps)
     assert {g for r in steps for g in r["greedy"]} == {True, False}
     assert {t for r in steps for t in r.get("temperatures") or []} == {1.0}
+    assert all(r["prompt_tokens"] == [5] * len(r["accept_lengths"]) for r in steps)
+    # Every hook on the scheduler (sampling, per-request sums, the finished requests) ran clean.
+    assert [r["detail"] for r in records if r.get("type") == "coverage" and r.get("kind") == "internal_error"] == []
