@@ -191,7 +191,7 @@ def sg(sglang_installed, monkeypatch):
     state.reset(_recorder())
 
 
-def _batch(temperatures: list[float]):
+def _batch(temperatures: list[float], prompt_len: int = 3):
     """A real ScheduleBatch of real Reqs, their SamplingParams normalised as the tokenizer manager does."""
     from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
     from sglang.srt.sampling.sampling_params import SamplingParams
@@ -200,7 +200,7 @@ def _batch(temperatures: list[float]):
     for i, temp in enumerate(temperatures):
         params = SamplingParams(temperature=temp, top_p=0.95 if temp else 1.0)
         params.normalize(None)
-        reqs.append(Req(f"r{i}", "", [1, 2, 3], params))
+        reqs.append(Req(f"r{i}", "", [1 + j % 50 for j in range(prompt_len)], params))
     return ScheduleBatch(reqs=reqs)
 
 
@@ -223,7 +223,8 @@ def test_sglang_batch_sampling_is_recorded(sg) -> None:
 
     batch = _batch([0.0, 1.0])
     print("SGLang's normalised params:", [(r.sampling_params.temperature, r.sampling_params.top_k) for r in batch.reqs])
-    assert acceptance.sampling_of(batch) == ([True, False], [0.0, 1.0], [1.0, 0.95], [1, 1 << 30])
+    assert acceptance.sampling_of(batch) == ([True, False], [0.0, 1.0], [1.0, 0.95], [1, 1 << 30], None)
+    assert acceptance.sampling_of(batch, prompts=True)[4] == [3, 3]
     _verify(batch, [3, 0])
     (record,) = _records(sg)
     assert record.accept_lengths == [4, 1] and record.greedy == [True, False] and record.temperatures == [0.0, 1.0]
@@ -277,6 +278,15 @@ def test_sglang_drift(sg) -> None:
     (one,) = [f for f in sg.findings() if f.code == "acceptance_drift"]
     assert one.evidence["fell_in_steps"][0] == steps // 2
     print(one.message)
+
+
+def test_sglang_drift_with_prompts_ten_times_longer_is_no_drift(sg) -> None:
+    steps = 12 * DRIFT_STEPS
+    for i in range(steps):
+        late = i >= steps // 2
+        _verify(_batch([0.0] * 4, prompt_len=40 if late else 4), [1, 1, 2, 1] if late else [3, 3, 3, 2])
+    assert [f.code for f in sg.findings()] == []
+    assert {p for r in _records(sg) for p in r.prompt_tokens or []} == {4, 40}  # read on one step in eight
 
 
 def test_sglang_steady_run_has_no_drift(sg) -> None:

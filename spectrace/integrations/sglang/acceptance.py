@@ -26,10 +26,14 @@ from ...records import Acceptance
 from ...rules.acceptance import COLLAPSE_MEAN, COLLAPSE_WINDOW, mean_from_sums
 from . import state
 
-# A step's sampling: (greedy, temperatures, top_ps, top_ks) per request; the last three are
-# None for an all-greedy batch (SGLang's own is_all_greedy, no per-request read).
-Sampling = tuple[list[bool], list[float] | None, list[float] | None, list[int] | None]
-_SAMPLING_KEYS = ("greedy", "temperatures", "top_ps", "top_ks")
+# A step's sampling: (greedy, temperatures, top_ps, top_ks) per request, and their prompt
+# lengths; temperatures to top_ks are None for an all-greedy batch (SGLang's own
+# is_all_greedy, no per-request read), the prompt lengths None but on one step in
+# PROMPT_EVERY (drift compares like prompts per window; a read on every step would cost the
+# engine's thread a pass over the batch).
+Sampling = tuple[list[bool], list[float] | None, list[float] | None, list[int] | None, list[int] | None]
+_SAMPLING_KEYS = ("greedy", "temperatures", "top_ps", "top_ks", "prompt_tokens")
+PROMPT_EVERY = 8
 
 ACCEPT_BATCH = 16  # verify steps held before their records are built (two collapse windows)
 HELD_MAX = 64 * ACCEPT_BATCH  # past this the engine's thread builds them itself (bounded memory)
@@ -108,8 +112,8 @@ def _record_maker() -> Callable[..., Acceptance]:
     try:
         a, b = inline(3, [2, 1], 2, [1, 0]), construct(3, [2, 1], 2, [1, 0])
         c, d = (
-            inline(3, [2, 1], 2, [1, 0], ([True, False], [0.0, 1.0], [1.0, 0.9], [1, 20])),
-            construct(3, [2, 1], 2, [1, 0], ([True, False], [0.0, 1.0], [1.0, 0.9], [1, 20])),
+            inline(3, [2, 1], 2, [1, 0], ([True, False], [0.0, 1.0], [1.0, 0.9], [1, 20], [4, 9])),
+            construct(3, [2, 1], 2, [1, 0], ([True, False], [0.0, 1.0], [1.0, 0.9], [1, 20], [4, 9])),
         )
         slots = {"__dict__", *(name for cls in Acceptance.__mro__ for name in getattr(cls, "__slots__", ()))}
         same = (
@@ -244,7 +248,9 @@ def _build(st: state.State, held: list[Any], rec: Any, as_lines: bool = False) -
                 st.accept_steps += 1
                 # Drift: a window of verify steps closes every DRIFT_STEPS; checked then, said once.
                 greedy_n = sum(sampling[0]) if sampling is not None else None
-                if drift.add_sums(step - 1, total + n, n, greedy_n) is not None and not drift.said:
+                prompts = sampling[4] if sampling is not None and len(sampling) > 4 else None
+                prompt_sum = sum(prompts) if prompts is not None and len(prompts) == n else None
+                if drift.add_sums(step - 1, total + n, n, greedy_n, prompt_sum) is not None and not drift.said:
                     found_drift = drift.check(source="sglang.acceptance")
                     if found_drift:
                         rec.emit_lines(lines)  # the steps go before the finding they show
@@ -413,6 +419,7 @@ class _Extras:
         self.synthetic_checked = False
         self.peak_batch = 0  # the largest batch of the windows already judged
         self.positions = PositionTally()
+        self.verified = 0  # verify calls seen (the prompt lengths are read on one in PROMPT_EVERY)
 
 
 def _extras(st: state.State) -> _Extras:
@@ -433,17 +440,19 @@ def _say_if_synthetic() -> None:
         state.emit_once(found.code, lambda found=found: found)
 
 
-def sampling_of(batch: Any) -> Sampling | None:
+def sampling_of(batch: Any, prompts: bool = False) -> Sampling | None:
     """The batch's per-request sampling, from the host values SGLang keeps (no device read):
     its ``is_all_greedy`` flag, else each request's ``sampling_params``. Greedy is SGLang's
-    own rule: top_k <= 1 (a temperature of 0 becomes top_k 1 when the request is made)."""
+    own rule: top_k <= 1 (a temperature of 0 becomes top_k 1 when the request is made).
+    With ``prompts``, each request's prompt length too (``origin_input_ids``)."""
     reqs = getattr(batch, "reqs", None)
     if not reqs:
         return None
     n = len(reqs)
+    lengths = [len(r.origin_input_ids) for r in reqs] if prompts else None
     info = getattr(batch, "sampling_info", None)
     if info is not None and getattr(info, "is_all_greedy", None) is True:
-        return ([True] * n, None, None, None)
+        return ([True] * n, None, None, None, lengths)
     greedy: list[bool] = []
     temps: list[float] = []
     top_ps: list[float] = []
@@ -458,7 +467,7 @@ def sampling_of(batch: Any) -> Sampling | None:
         temps.append(0.0 if is_greedy else temp)
         top_ps.append(float(params.top_p))
         top_ks.append(top_k)
-    return (greedy, temps, top_ps, top_ks)
+    return (greedy, temps, top_ps, top_ks, lengths)
 
 
 def before_verify(*args: Any, **kwargs: Any) -> None:
@@ -466,7 +475,9 @@ def before_verify(*args: Any, **kwargs: Any) -> None:
     paired in order with the accept counts ``on_verify_complete_cpu`` gets for it."""
     try:
         batch = args[1] if len(args) > 1 else kwargs.get("batch")
-        _extras(state.STATE).sampling.append(sampling_of(batch))
+        extras = _extras(state.STATE)
+        extras.verified += 1
+        extras.sampling.append(sampling_of(batch, prompts=extras.verified % PROMPT_EVERY == 1))
     except Exception as exc:
         state.internal_error("verify sampling", exc)
     return None
