@@ -95,7 +95,7 @@ LATER_POSITIONS_EAGER = (
 # read (its last ones), and past LOOP_EVERY_AFTER finished requests one in LOOP_EVERY: a
 # workload is judged on a sample, at a bounded cost to the engine's scheduler.
 LOOP_NGRAM = 4
-LOOP_RATE = 0.5
+LOOP_RATE = 0.75  # a loop repeats nearly every n-gram once it has gone round; high, so repetitive code is no loop
 LOOP_SHARE = 0.3
 MIN_FINISHED = 16
 LOOP_TOKENS = 1024
