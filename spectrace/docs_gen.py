@@ -181,6 +181,20 @@ EVIDENCE_KEYS: dict[str, str] = {
     "baseline_steps": "the verify steps of the baseline windows `[first, last]`",
     "recent_steps": "the verify steps of the latest comparable windows `[first, last]`",
     "fell_in_steps": "the window where it fell `[first, last]`: the first one below the line that the run stays below",
+    "baseline_prompt_len": "mean prompt length in tokens of the requests in the baseline windows",
+    "recent_prompt_len": "mean prompt length in tokens of the requests in the latest comparable windows",
+    "finished_requests": "finished requests judged (every one up to 256, then one in 16)",
+    "looping_requests": "those whose output loops: over `loop_rate` of their n-grams repeat an earlier one",
+    "loop_rate": "the share of repeated n-grams above which a request's output loops",
+    "ngram": "the n of the n-grams counted",
+    "looping_accept_length": "mean accept length per verify step of the looping requests",
+    "other_accept_length": "mean accept length per verify step of the requests that do not loop",
+    "draft_layers": "decoder layers of the model the draft worker built (null: not found)",
+    "draft_params": "parameters of the model the draft worker built",
+    "target_params": "parameters of the target model the target worker built",
+    "position_rates": "per draft position 1..k: the share of the verified requests that accepted it",
+    "second_given_first": "the share of the requests that accepted draft position 1 that accepted position 2 too",
+    "requests": "requests verified (one per request per verify step) over the steps judged",
     "baseline_batch": "mean requests per verify step in the baseline",
     "recent_batch": "mean requests per verify step in the latest windows",
     "windows": "windows of verify steps the run was cut into so far",
@@ -417,8 +431,10 @@ RUNTIME_BLIND: tuple[tuple[str, str, str], ...] = (
     ),
     (
         "prompts sent without the chat template, the output looping on two tokens",
-        "`acceptance_collapse` or nothing (a looping output can even accept well): spectrace keeps no prompt text or token ids by default",
-        "a per-request flag from the engine's chat layer saying whether a template was applied, or each request's repeated n-gram rate",
+        "on vLLM, `acceptance_workload` (each finished request's repeated 4-gram rate, read from the scheduler); on SGLang "
+        "`acceptance_collapse` or nothing (a looping output can even accept well)",
+        "on SGLang, each finished request's output ids (or its repeated n-gram rate) where its scheduler frees it; on both, "
+        "a per-request flag from the engine's chat layer saying whether a template was applied",
     ),
     (
         "which state-carrying cause made acceptance drift (prefix-cache blocks committed before their KV was "

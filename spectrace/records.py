@@ -132,6 +132,9 @@ class Acceptance(_Record):
     temperatures: list[float] | None = Field(None, description="per request: the sampling temperature (absent for an all-greedy step)")
     top_ps: list[float] | None = Field(None, description="per request: top_p (absent for an all-greedy step)")
     top_ks: list[int] | None = Field(None, description="per request: top_k, -1 for none (absent for an all-greedy step)")
+    prompt_tokens: list[int] | None = Field(
+        None, description="per request: its prompt's length in tokens (drift compares like traffic); absent when the engine did not say"
+    )
 
     @model_serializer(mode="wrap")
     def _drop_absent_sampling(self, handler: Any) -> Any:
@@ -144,7 +147,7 @@ class Acceptance(_Record):
         return data
 
 
-_SAMPLING_KEYS = ("greedy", "temperatures", "top_ps", "top_ks")
+_SAMPLING_KEYS = ("greedy", "temperatures", "top_ps", "top_ks", "prompt_tokens")
 
 
 class Coverage(_Record):

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from ..records import Acceptance, Finding
-from ..rules.acceptance import COLLAPSE_MEAN, COLLAPSE_WINDOW, mean_accept_length
+from ..rules.acceptance import COLLAPSE_MEAN, COLLAPSE_WINDOW, batch_emptying, mean_accept_length
 from ..rules.catalogue import finding
 from .acceptance_sampling import SamplingTally, judge_low_window
 
@@ -35,12 +35,13 @@ SOURCE = "checks.acceptance_live"
 class VerifyStep(NamedTuple):
     """One verify step: its number, its mean accept length, and the tokens proposed (k);
     ``sampling`` its requests' accept lengths apart for greedy and sampled, when the
-    engine said how they were sampled."""
+    engine said how they were sampled; ``requests`` how many it verified (0: not known)."""
 
     step: int
     mean: float
     draft_tokens: int
     sampling: SamplingTally | None = None
+    requests: int = 0
 
 
 def verify_step(record: Acceptance) -> VerifyStep | None:
@@ -51,7 +52,7 @@ def verify_step(record: Acceptance) -> VerifyStep | None:
     if record.greedy is not None:
         sampling = SamplingTally()
         sampling.add(record)
-    return VerifyStep(record.step, mean_accept_length(record.accept_lengths), record.draft_tokens, sampling)
+    return VerifyStep(record.step, mean_accept_length(record.accept_lengths), record.draft_tokens, sampling, len(record.accept_lengths))
 
 
 def _window_sampling(steps: Sequence[VerifyStep]) -> SamplingTally:
@@ -75,14 +76,19 @@ def check_collapse_window(
     run_mean: float | None = None,
     size: int = COLLAPSE_WINDOW,
     floor: float = COLLAPSE_MEAN,
+    run_peak: int = 0,
 ) -> list[Finding]:
     """``acceptance_collapse`` when the last ``size`` steps of ``window`` average at most ``floor``.
 
     ``run_mean`` is the mean over every step so far, for the message; fewer than ``size``
-    steps say nothing (one bad step is no collapse).
+    steps say nothing (one bad step is no collapse), nor does the window where the running
+    batch empties (:func:`~spectrace.rules.acceptance.batch_emptying`; ``run_peak``: the run's
+    largest batch so far).
     """
     recent = list(window)[-size:] if size > 0 else []
     if size <= 0 or len(recent) < size:
+        return []
+    if all(s.requests > 0 for s in recent) and batch_emptying([s.requests for s in recent], run_peak):
         return []
     mean = sum(s.mean for s in recent) / size
     # The same sum check_acceptance compares; the epsilon keeps an exact floor a collapse.
@@ -128,6 +134,7 @@ class LiveAcceptance:
         self.last_step: int | None = None
         self.out_of_order = 0
         self.finding: Finding | None = None
+        self.peak_batch = 0  # the largest batch of the run (the drain is judged against it)
         self._sum = 0.0
 
     @property
@@ -152,9 +159,10 @@ class LiveAcceptance:
         self.window.append(step)
         self.steps += 1
         self._sum += step.mean
+        self.peak_batch = max(self.peak_batch, step.requests)
         if self.finding is not None or len(self.window) < self.size:
             return []
-        found = check_collapse_window(self.window, run_mean=self.run_mean, size=self.size, floor=self.floor)
+        found = check_collapse_window(self.window, run_mean=self.run_mean, size=self.size, floor=self.floor, run_peak=self.peak_batch)
         if found:
             self.finding = found[0]
         return found

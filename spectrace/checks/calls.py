@@ -10,7 +10,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
 from ..records import Acceptance, Call, Finding, Fingerprint, TensorStats
-from ..rules.acceptance import COLLAPSE_MEAN, COLLAPSE_WINDOW, mean_accept_length
+from ..rules.acceptance import COLLAPSE_MEAN, COLLAPSE_WINDOW, batch_emptying, mean_accept_length
 from ..rules.catalogue import finding
 from ..rules.globs import glob_match
 from ..rules.roles import DRAFT_FC, DRAFT_LAYER
@@ -123,6 +123,7 @@ def check_acceptance(
     floor: float = COLLAPSE_MEAN,
     *,
     run_mean: tuple[float, int] | None = None,
+    run_peak: int = 0,
 ) -> list[Finding]:
     """``acceptance_collapse`` for the first ``window`` verify steps in a row whose mean accept
     length is at most ``floor``. ``records`` is the whole run, or (live) only the latest
@@ -130,15 +131,18 @@ def check_acceptance(
 
     Where the records carry the requests' sampling, only greedy requests judge the draft:
     a low window of sampled requests beside healthy greedy ones, or of sampled requests
-    alone, is ``acceptance_sampled`` (checks/acceptance_sampling.py), never a collapse."""
+    alone, is ``acceptance_sampled`` (checks/acceptance_sampling.py), never a collapse.
+    The window where the running batch empties (the load's clients stopping) is not judged;
+    ``run_peak`` is the run's largest batch before ``records`` (live: the steps already gone)."""
     steps = [r for r in records if r.accept_lengths]
     if len(steps) < window:
         return []
     means = [mean_accept_length(r.accept_lengths) for r in steps]
+    batches = [len(r.accept_lengths) for r in steps]
     for start in range(0, len(means) - window + 1):
         chunk = means[start : start + window]
         mean = sum(chunk) / window
-        if mean <= floor:
+        if mean <= floor and not batch_emptying(batches[start : start + window], max([run_peak, *batches[:start]])):
             shown = steps[start : start + window]
             counts = tally(shown)
             k = steps[0].draft_tokens

@@ -59,7 +59,14 @@ def audit(
     findings += check_aux_enabled(cfg, engine, tensors, target)
     if engine.name == "sglang":
         has_ids = bool(cfg.top_level_ids or cfg.eagle_config_ids)
-        findings += check_draft_class(cfg.architectures, tensors, has_ids)
+        findings += check_draft_class(
+            cfg.architectures,
+            tensors,
+            has_ids,
+            target_architectures=target.architectures if target else None,
+            layers=cfg.num_hidden_layers,
+            target_layers=target.num_hidden_layers if target else None,
+        )
     findings += check_aux_layers(cfg, engine, target)
     findings += check_short_capture(cfg, engine, target)
     findings += check_capture_support(cfg, engine, target)

@@ -1,8 +1,8 @@
 """``acceptance_drift``: the accept length falling over a run, beyond its noise, at a comparable batch.
 
 A draft's weights do not change while it serves, so a draft that accepted well early in
-a run and worse later, at the same batch size and the same share of greedy requests,
-is being fed something else: state carried between requests (prefix- or radix-cache
+a run and worse later, at the same batch size, the same share of greedy requests and
+prompts of a like length, is being fed something else: state carried between requests (prefix- or radix-cache
 blocks reused, or committed before their KV was written; KV reused across requests).
 
 The run is cut into windows of verify steps (:class:`DriftWindow`, summed by
@@ -33,11 +33,13 @@ MIN_DROP_FRACTION = 0.15  # ... and this share of the baseline ...
 NOISE_SIGMAS = 3.0  # ... and this many of the baseline windows' spread
 BATCH_RATIO = 2.0  # comparable: mean batch within this factor of the baseline's
 GREEDY_SHARE_DELTA = 0.2  # comparable: greedy share within this of the baseline's
+PROMPT_RATIO = 2.0  # comparable: mean prompt length within this factor of the baseline's
 
 
 class DriftWindow(NamedTuple):
     """Verify steps ``first_step..last_step``: their mean accept length per request, the
-    requests verified, the mean batch size, and the share of greedy requests (None: unknown)."""
+    requests verified, the mean batch size, the share of greedy requests and the mean
+    prompt length of the requests verified (None: unknown)."""
 
     first_step: int
     last_step: int
@@ -45,11 +47,14 @@ class DriftWindow(NamedTuple):
     requests: int
     batch: float
     greedy_share: float | None = None
+    prompt_len: float | None = None
 
 
-def _comparable(w: DriftWindow, batch: float, share: float | None) -> bool:
+def _comparable(w: DriftWindow, batch: float, share: float | None, prompt_len: float | None = None) -> bool:
     if batch > 0 and not (batch / BATCH_RATIO <= w.batch <= batch * BATCH_RATIO):
         return False
+    if prompt_len and w.prompt_len and not (prompt_len / PROMPT_RATIO <= w.prompt_len <= prompt_len * PROMPT_RATIO):
+        return False  # other prompts (a RAG load after a chat one) accept otherwise, with nothing carried between them
     return share is None or w.greedy_share is None or abs(w.greedy_share - share) <= GREEDY_SHARE_DELTA
 
 
@@ -65,8 +70,10 @@ def check_acceptance_drift(windows: Sequence[DriftWindow], *, source: str = SOUR
     shares = [w.greedy_share for w in base if w.greedy_share is not None]
     base_share = statistics.fmean(shares) if shares else None
     spread = statistics.pstdev(w.mean for w in base)
+    prompts = [w.prompt_len for w in base if w.prompt_len is not None]
+    base_prompt = statistics.fmean(prompts) if prompts else None
     threshold = max(MIN_DROP, MIN_DROP_FRACTION * base_mean, NOISE_SIGMAS * spread)
-    later = [w for w in ws[part:] if _comparable(w, base_batch, base_share)]
+    later = [w for w in ws[part:] if _comparable(w, base_batch, base_share, base_prompt)]
     recent = later[-part:]
     if len(recent) < 2:
         return []
@@ -99,6 +106,10 @@ def check_acceptance_drift(windows: Sequence[DriftWindow], *, source: str = SOUR
         "recent_batch": round(statistics.fmean(w.batch for w in recent), 2),
         "windows": len(ws),
     }
+    recent_prompts = [w.prompt_len for w in recent if w.prompt_len is not None]
+    if base_prompt is not None and recent_prompts:
+        evidence["baseline_prompt_len"] = round(base_prompt, 1)
+        evidence["recent_prompt_len"] = round(statistics.fmean(recent_prompts), 1)
     return [finding("acceptance_drift", message, evidence=evidence, step=fell.first_step, source=source)]
 
 
@@ -122,17 +133,27 @@ class DriftTracker:
         self._requests = 0
         self._greedy = 0
         self._known = 0
+        self._prompt_sum = 0
+        self._prompt_n = 0
 
-    def add(self, step: int, accept_lengths: Sequence[int], greedy: Sequence[bool] | None = None) -> DriftWindow | None:
+    def add(
+        self, step: int, accept_lengths: Sequence[int], greedy: Sequence[bool] | None = None, prompt_tokens: Sequence[int] | None = None
+    ) -> DriftWindow | None:
         """Take one verify step; the window it completed, if any."""
         if not accept_lengths:
             return None
         known = greedy is not None and len(greedy) == len(accept_lengths)
-        return self.add_sums(step, sum(accept_lengths), len(accept_lengths), sum(1 for g in greedy if g) if known and greedy else None)
+        prompts = sum(prompt_tokens) if prompt_tokens is not None and len(prompt_tokens) == len(accept_lengths) else None
+        return self.add_sums(
+            step, sum(accept_lengths), len(accept_lengths), sum(1 for g in greedy if g) if known and greedy else None, prompts
+        )
 
-    def add_sums(self, step: int, lengths_sum: int, requests: int, greedy: int | None = None) -> DriftWindow | None:
+    def add_sums(
+        self, step: int, lengths_sum: int, requests: int, greedy: int | None = None, prompt_tokens: int | None = None
+    ) -> DriftWindow | None:
         """:meth:`add` from a step's sums (an engine hook has them already): the accept lengths'
-        sum, the requests, and how many of them were greedy (None: unknown)."""
+        sum, the requests, how many of them were greedy and their prompts' tokens summed
+        (None: unknown)."""
         if requests <= 0:
             return None
         if self._first is None:
@@ -144,6 +165,9 @@ class DriftTracker:
         if greedy is not None:
             self._known += requests
             self._greedy += greedy
+        if prompt_tokens is not None:
+            self._prompt_n += requests
+            self._prompt_sum += prompt_tokens
         if self._n_steps < self.steps:
             return None
         window = DriftWindow(
@@ -153,13 +177,14 @@ class DriftTracker:
             self._requests,
             self._requests / self._n_steps,
             self._greedy / self._known if self._known else None,
+            self._prompt_sum / self._prompt_n if self._prompt_n else None,
         )
         (self.head if len(self.head) < self.head_size else self.tail).append(window)
         self._reset()
         return window
 
     def add_record(self, record: Acceptance) -> DriftWindow | None:
-        return self.add(record.step, record.accept_lengths, record.greedy)
+        return self.add(record.step, record.accept_lengths, record.greedy, record.prompt_tokens)
 
     @property
     def windows(self) -> list[DriftWindow]:

@@ -70,13 +70,36 @@ def _a_width_check(consequence: Judged, root: Judged) -> bool:
     return "seen_width" in consequence.evidence or "seen_chunks" in consequence.evidence
 
 
-# What makes the draft run on inputs or weights it was not trained with: each of these, as
-# an error, explains a collapsed acceptance. The most direct symptom first, so a collapse
-# reads as following from the fc bypass, and the bypass from the capture.
+# The causes each stage of a replayed draft diverges for (spectrace.replay.compare.CAUSES),
+# as the findings that name them: a diverging stage follows from one of these, present.
+REPLAY_STAGE_ROOTS: dict[str, tuple[str, ...]] = {
+    "embed": ("weights_replaced_after_load",),
+    "fc": ("weights_missing", "weights_dropped", "unsupported_config_flag"),
+    "decoder layer": ("rope_mismatch", "unsupported_config_flag", "weights_missing", "weights_dropped"),
+    "final norm": ("unsupported_config_flag", "weights_missing", "weights_dropped"),
+    "lm_head": ("weights_replaced_after_load", "weights_missing", "weights_dropped"),
+    "vocabulary map": ("vocab_map_invalid",),
+}
+
+
+def _explains_the_stage(consequence: Judged, root: Judged) -> bool:
+    """The replayed stage that diverged is one this root makes diverge."""
+    stages = [getattr(consequence, "module", None), *(getattr(consequence, "modules", None) or [])]
+    return any(root.code in REPLAY_STAGE_ROOTS.get(str(stage), ()) for stage in stages if stage)
+
+
+# What makes the draft run on inputs or weights it was not trained with, or as another
+# model: each of these, as an error, explains a collapsed acceptance. The most direct
+# symptom first, so a collapse reads as following from the fc bypass, and the bypass from
+# the capture; a replay that saw the draft compute otherwise than its checkpoint is the
+# most direct of all.
 DRAFT_INPUT_OR_WEIGHTS: tuple[str, ...] = (
+    "replay_divergence",
     "fc_bypass",
     "shape_mismatch",
     "feature_skew",
+    "values_boundary_mismatch",
+    "values_chunk_unmatched",
     "chunk_provenance",
     "chunk_unmatched",
     "nonfinite",
@@ -86,6 +109,8 @@ DRAFT_INPUT_OR_WEIGHTS: tuple[str, ...] = (
     "aux_capture_disabled",
     "algorithm_mismatch",
     "capture_unsupported",
+    "draft_class_mismatch",
+    "weights_replaced_after_load",
     "weights_missing",
     "weights_dropped",
     "unsupported_config_flag",
@@ -138,9 +163,15 @@ RULES: tuple[FollowsFrom, ...] = (
         _same_rename,
     ),
     FollowsFrom(
+        "replay_divergence",
+        tuple(dict.fromkeys(code for roots in REPLAY_STAGE_ROOTS.values() for code in roots)),
+        "the replayed stage diverges where this cause changes what the draft computes",
+        _explains_the_stage,
+    ),
+    FollowsFrom(
         "acceptance_collapse",
         DRAFT_INPUT_OR_WEIGHTS,
-        "a draft fed other inputs or weights than it was trained with proposes tokens the target rejects",
+        "a draft fed other inputs or weights than it was trained with, or built as another model, proposes tokens the target rejects",
     ),
 )
 RULE_BY_CODE: dict[str, FollowsFrom] = {r.consequence: r for r in RULES}

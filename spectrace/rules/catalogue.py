@@ -102,7 +102,8 @@ CATALOGUE: dict[str, Code] = {
             "draft_class_mismatch",
             "error",
             "the engine picks the draft class from the checkpoint's architectures (renaming some target names to their "
-            "NextN/MTP head): an EAGLE-3 checkpoint mapped to a NextN, MTP or EAGLE-1 class loads and runs as that class",
+            "NextN/MTP head): an EAGLE-3 checkpoint mapped to a NextN, MTP or EAGLE-1 class loads and runs as that class, "
+            "and a draft whose target class is not renamed builds the full target model as the draft",
             "set architectures to an EAGLE-3 draft class (SGLang: LlamaForCausalLMEagle3) and launch with --speculative-algorithm EAGLE3",
             evidence=(
                 "an error when the class the engine's registry builds for the checkpoint's architectures is not an EAGLE-3 draft class"
@@ -297,6 +298,24 @@ CATALOGUE: dict[str, Code] = {
             "rerun the window where it fell with the prefix/radix cache off (SGLang --disable-radix-cache, vLLM "
             "--no-enable-prefix-caching); if acceptance then holds, report the cache bug to the engine",
             evidence=("a warning: a fall at a comparable batch, pointing at state carried between requests"),
+        ),
+        Code(
+            "acceptance_workload",
+            "warning",
+            "a draft proposes what it has seen in the context: output that loops (the same n-grams again, typical of a "
+            "prompt sent without the chat template) is easy to draft, so the accept length measures the text, not the "
+            "draft or its wiring",
+            "judge the draft on requests that do not loop: prompts through the model's chat template, or a repetition penalty",
+        ),
+        Code(
+            "later_positions_rejected",
+            "warning",
+            "the target accepts draft position i only after positions 1..i-1: a draft accepted at its first position and "
+            "almost never at the second runs its later steps on other inputs than its first (a CUDA graph replaying the "
+            "draft's later steps with stale buffers, a wrong hidden-state handoff between draft steps), while the mean "
+            "accept length stays above the collapse floor",
+            "rerun without CUDA graphs (vLLM --enforce-eager, SGLang --disable-cuda-graph): if the later positions are then "
+            "accepted the graph replay is at fault; if not, check the hidden state the draft feeds back to its later steps",
         ),
         Code(
             "replay_divergence",

@@ -19,7 +19,7 @@ aux states under it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, NamedTuple
 
 Kind = Literal["eagle3", "eagle", "nextn", "unknown"]
 SGLANG_CLASSES_READ = "0.5.23"
@@ -70,3 +70,30 @@ def built_class(architectures: Sequence[str]) -> tuple[str, Kind]:
     if first in NEXTN_CLASSES:
         return first, "nextn"
     return first, "unknown"
+
+
+class ModelSize(NamedTuple):
+    """A built model's decoder layers (None: not found) and parameter count."""
+
+    layers: int | None
+    params: int
+
+
+# A draft is one decoder layer (EAGLE-3) or one MTP layer over the target's states: a draft
+# model this large against its target is the full model, built from a class SGLang did not
+# rename to its NextN/MTP head.
+TARGET_SIZE_SHARE = 0.5
+# Algorithms whose draft is a whole (small) model of its own, often of the target's class.
+WHOLE_MODEL_DRAFTS = frozenset({"STANDALONE"})
+
+
+def target_sized(draft: ModelSize, target: ModelSize) -> bool:
+    """Is the draft as large as a target: its parameters at least TARGET_SIZE_SHARE of the
+    target's, or as many decoder layers (more than one)?
+
+    >>> target_sized(ModelSize(4, 900), ModelSize(4, 1000)), target_sized(ModelSize(1, 120), ModelSize(4, 1000))
+    (True, False)
+    """
+    if target.params > 0 and draft.params >= TARGET_SIZE_SHARE * target.params:
+        return True
+    return draft.layers is not None and target.layers is not None and target.layers > 1 and draft.layers >= target.layers

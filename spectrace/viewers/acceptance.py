@@ -43,6 +43,7 @@ def build_acceptance(files: list[TraceFile], flt: ViewFilter) -> AcceptanceView:
     # A step whose records name no request (accept_lengths: []) has no accept length to show.
     view.steps = sorted(s for s, row in per_step.items() if row[2])
     view.mean_accept = [round(mean_from_sums(per_step[s][1], per_step[s][2]) or 0.0, 4) for s in view.steps]  # each row[2] > 0
+    view.batch = [per_step[s][2] for s in view.steps]
     view.requests = total[2]
     overall = mean_from_sums(total[1], total[2])
     view.overall_mean = None if overall is None else round(overall, 4)

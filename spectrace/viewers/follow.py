@@ -54,6 +54,8 @@ ACCEPT_SETTLE_S = 10.0  # changes this close together are one change (the window
 STAGES = ("aux", "fc", "layer", "norm", "lm_head", "target_lm_head", "d2t")
 STAGE_NAMES = {"aux": "aux concat", "layer": "decoder layer", "target_lm_head": "target lm_head"}
 LIVE_NOTE = "from the acceptance records as they arrive; the writer has not said it"
+# What the writer says instead of a collapse over the same steps: the live one then goes.
+_INSTEAD_OF_COLLAPSE = ("acceptance_sampled", "acceptance_synthetic")
 
 
 class NewItem:
@@ -144,7 +146,7 @@ class LiveScreen:
         start = 0 if self._fed_through is None else bisect.bisect_right(acc.steps, self._fed_through)
         k = acc.draft_tokens or 0
         for i in range(start, end):
-            self.live.observe(VerifyStep(acc.steps[i], acc.mean_accept[i], k))
+            self.live.observe(VerifyStep(acc.steps[i], acc.mean_accept[i], k, requests=acc.batch[i] if i < len(acc.batch) else 0))
         if end > start:
             self._fed_through = acc.steps[end - 1]
 
@@ -228,12 +230,15 @@ class LiveScreen:
     # ------------------------------------------------------------------------ reading
     def live_finding(self, view: TraceView | None = None) -> Finding | None:
         """The live check's finding, unless the writer has said that code itself (its own
-        finding then stands), or the filters hide it."""
+        finding then stands) or a finding that judges the same low acceptance otherwise
+        (sampling or simulation explains it: the writer read the requests' sampling, which
+        the folded steps here do not hold), or the filters hide it."""
         view = view or self.view
         found = self.live.finding
         if found is None or view is None:
             return None
-        if any(g.code == found.code for g in view.findings):
+        said = {found.code, *(_INSTEAD_OF_COLLAPSE if found.code == "acceptance_collapse" else ())}
+        if any(g.code in said for g in view.findings):
             return None
         flt = self.flt
         if (flt.finding and flt.finding != found.code) or not flt.finding_ok(found):

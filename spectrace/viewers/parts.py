@@ -290,6 +290,7 @@ class DataPath(BaseModel):
 class AcceptanceView(BaseModel):
     steps: list[int] = []
     mean_accept: list[float] = []
+    batch: list[int] = []  # requests verified in each of those steps
     overall_mean: float | None = None
     draft_tokens: int | None = None
     requests: int = 0

@@ -62,3 +62,25 @@ def test_rules_equal_sglang_own_registry_and_renames() -> None:
     for original, renamed in DRAFT_RENAMES.items():
         assert f'"{original}"' in source and f'"{renamed}"' in source, original
     assert built_class(["DeepseekV32ForCausalLM"]) == ("DeepseekV3ForCausalLMNextN", "nextn")
+
+
+def _as_target_class(tmp_path: Path, layers: int) -> Path:
+    dst = _variant(tmp_path, ["LlamaForCausalLM"])  # the target's own class, not renamed by SGLang
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["num_hidden_layers"] = layers
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def test_a_draft_that_builds_the_full_target_class(tmp_path: Path) -> None:
+    target_layers = read_target_config(TARGET).num_hidden_layers
+    ckpt = read_checkpoint(_as_target_class(tmp_path, target_layers))
+    found = [
+        f
+        for f in audit(ckpt.config, ckpt.tensors, get_engine("sglang"), read_target_config(TARGET)).findings
+        if f.code == "draft_class_mismatch"
+    ]
+    (one,) = found
+    assert one.evidence["class_kind"] == "target" and "the target's own class" in one.message
+    # One layer of the target's class is no full target (a standalone draft is built so).
+    assert "draft_class_mismatch" not in _codes(_as_target_class(tmp_path / "one", 1))

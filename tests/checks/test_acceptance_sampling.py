@@ -1,4 +1,4 @@
-"""Sampling-aware acceptance, simulated acceptance and drift.
+"""Sampling-aware acceptance, simulated acceptance, drift, the drain and acceptance per position.
 
 The checks first (records in, findings out), then the reference pipeline's speculative
 sampling, then SGLang 0.5.23's own request objects: a real ``ScheduleBatch`` of real
@@ -191,7 +191,7 @@ def sg(sglang_installed, monkeypatch):
     state.reset(_recorder())
 
 
-def _batch(temperatures: list[float]):
+def _batch(temperatures: list[float], prompt_len: int = 3):
     """A real ScheduleBatch of real Reqs, their SamplingParams normalised as the tokenizer manager does."""
     from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
     from sglang.srt.sampling.sampling_params import SamplingParams
@@ -200,7 +200,7 @@ def _batch(temperatures: list[float]):
     for i, temp in enumerate(temperatures):
         params = SamplingParams(temperature=temp, top_p=0.95 if temp else 1.0)
         params.normalize(None)
-        reqs.append(Req(f"r{i}", "", [1, 2, 3], params))
+        reqs.append(Req(f"r{i}", "", [1 + j % 50 for j in range(prompt_len)], params))
     return ScheduleBatch(reqs=reqs)
 
 
@@ -223,7 +223,8 @@ def test_sglang_batch_sampling_is_recorded(sg) -> None:
 
     batch = _batch([0.0, 1.0])
     print("SGLang's normalised params:", [(r.sampling_params.temperature, r.sampling_params.top_k) for r in batch.reqs])
-    assert acceptance.sampling_of(batch) == ([True, False], [0.0, 1.0], [1.0, 0.95], [1, 1 << 30])
+    assert acceptance.sampling_of(batch) == ([True, False], [0.0, 1.0], [1.0, 0.95], [1, 1 << 30], None)
+    assert acceptance.sampling_of(batch, prompts=True)[4] == [3, 3]
     _verify(batch, [3, 0])
     (record,) = _records(sg)
     assert record.accept_lengths == [4, 1] and record.greedy == [True, False] and record.temperatures == [0.0, 1.0]
@@ -258,6 +259,18 @@ def test_sglang_simulated_acceptance_is_said_loudly(sg, monkeypatch) -> None:
     assert "SGLANG_SIMULATE_ACC_LEN=3.2" in one.message
 
 
+def test_drift_compares_windows_of_like_prompts() -> None:
+    like = [DriftWindow(i * 32, i * 32 + 31, 3.5 if i < 6 else 2.0, 256, 8.0, 1.0, 200.0) for i in range(12)]
+    (one,) = check_acceptance_drift(like)
+    assert one.evidence["baseline_prompt_len"] == one.evidence["recent_prompt_len"] == 200.0
+    longer = [w._replace(prompt_len=2000.0) if i >= 6 else w for i, w in enumerate(like)]
+    assert check_acceptance_drift(longer) == []  # ten times longer prompts: another load, not drift
+    tracker = DriftTracker(steps=2)
+    tracker.add(0, [2, 3], [True, True], [10, 30])
+    (window,) = [w for w in [tracker.add(1, [2], [True], [20])] if w is not None]
+    assert window.prompt_len == 20.0 and window.requests == 3
+
+
 def test_sglang_drift(sg) -> None:
     steps = 12 * DRIFT_STEPS
     for i in range(steps):
@@ -267,7 +280,101 @@ def test_sglang_drift(sg) -> None:
     print(one.message)
 
 
+def test_sglang_drift_with_prompts_ten_times_longer_is_no_drift(sg) -> None:
+    steps = 12 * DRIFT_STEPS
+    for i in range(steps):
+        late = i >= steps // 2
+        _verify(_batch([0.0] * 4, prompt_len=40 if late else 4), [1, 1, 2, 1] if late else [3, 3, 3, 2])
+    assert [f.code for f in sg.findings()] == []
+    assert {p for r in _records(sg) for p in r.prompt_tokens or []} == {4, 40}  # read on one step in eight
+
+
 def test_sglang_steady_run_has_no_drift(sg) -> None:
     for i in range(12 * DRIFT_STEPS):
         _verify(_batch([0.0, 0.0]), [3, 2] if i % 2 else [2, 3])
+    assert [f.code for f in sg.findings()] == []
+
+
+# ------------------------------------------------------------------------------ the drain
+# A load's clients stop: no request arrives, and the steps that verify the stragglers
+# accept little while the running batch empties. Those steps are not a collapse; the same
+# steps at a steady batch are.
+def _draining(batches: list[int], low: int = 1) -> list[Acceptance]:
+    healthy = [Acceptance(step=i, accept_lengths=[4] * 8, draft_tokens=3) for i in range(COLLAPSE_WINDOW)]
+    tail = [Acceptance(step=COLLAPSE_WINDOW + i, accept_lengths=[low] * n, draft_tokens=3) for i, n in enumerate(batches)]
+    return healthy + tail
+
+
+_EMPTYING = [7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1]
+
+
+def test_the_window_where_the_batch_empties_is_no_collapse() -> None:
+    assert check_acceptance(_draining(_EMPTYING)) == []
+    live = LiveAcceptance()
+    assert [f for r in _draining(_EMPTYING) for f in live.observe(r)] == [] and live.peak_batch == 8
+
+
+def test_a_collapse_at_a_steady_batch_is_still_said_after_a_drain() -> None:
+    steady = [3] * COLLAPSE_WINDOW  # the load came back, three requests, and accepts nothing
+    (one,) = check_acceptance(_draining(_EMPTYING + steady))
+    assert one.code == "acceptance_collapse"
+    live = LiveAcceptance()
+    assert [f.code for r in _draining(_EMPTYING + steady) for f in live.observe(r)] == ["acceptance_collapse"]
+    # One request alone, all along: a steady batch of one is judged.
+    (alone,) = check_acceptance([Acceptance(step=i, accept_lengths=[1], draft_tokens=3) for i in range(COLLAPSE_WINDOW)])
+    assert alone.code == "acceptance_collapse"
+
+
+def test_a_batch_that_shrinks_and_grows_is_judged() -> None:
+    (one,) = check_acceptance(_draining([7, 5, 3, 1, 3, 5, 7, 8]))
+    assert one.code == "acceptance_collapse"
+
+
+def test_sglang_the_drain_of_a_load_is_no_collapse(sg) -> None:
+    for _ in range(2 * COLLAPSE_WINDOW):
+        _verify(_batch([0.0] * 8), [3] * 8)
+    for n in _EMPTYING:
+        _verify(_batch([0.0] * n), [0] * n)
+    assert [f.code for f in sg.findings()] == []
+
+
+def test_sglang_the_same_steps_at_a_steady_batch_collapse(sg) -> None:
+    for _ in range(2 * COLLAPSE_WINDOW):
+        _verify(_batch([0.0] * 8), [3] * 8)
+    for _ in _EMPTYING:
+        _verify(_batch([0.0] * 8), [0] * 8)
+    assert [f.code for f in sg.findings()] == ["acceptance_collapse"]
+
+
+# ------------------------------------------------------------------------------ per position
+def test_later_positions_need_evidence_and_a_healthy_first() -> None:
+    from spectrace.checks.acceptance_positions import PositionTally, check_later_positions
+
+    few = PositionTally()
+    few.add_counts(0, 20, [12, 0, 0])  # 12 accepted position 1: too few to judge position 2
+    assert check_later_positions(few) == []
+    weak = PositionTally()
+    weak.add_counts(0, 400, [40, 0, 0])  # 10% at position 1: a weak draft, not a dead second step
+    assert check_later_positions(weak) == []
+    dead = PositionTally()
+    dead.add_counts(0, 100, [60, 1, 0])
+    (one,) = check_later_positions(dead)
+    assert one.code == "later_positions_rejected" and "--enforce-eager" in (one.fix or "") and "--disable-cuda-graph" in (one.fix or "")
+    assert check_later_positions(dead, engine="sglang")[0].fix.startswith("rerun with --disable-cuda-graph")
+    one_token = PositionTally()
+    one_token.add_counts(0, 100, [60])  # k = 1: no later position
+    assert check_later_positions(one_token) == []
+
+
+def test_sglang_later_positions_dead_behind_a_healthy_first(sg) -> None:
+    for _ in range(2 * COLLAPSE_WINDOW):
+        _verify(_batch([0.0] * 4), [1, 1, 0, 1])  # position 1 accepted by 3 of 4, never position 2
+    found = sg.findings()
+    assert [f.code for f in found] == ["later_positions_rejected"]
+    assert found[0].evidence["engine"] == "sglang" and "--disable-cuda-graph" in (found[0].fix or "")
+
+
+def test_sglang_a_draft_accepted_at_every_position_says_nothing(sg) -> None:
+    for _ in range(2 * COLLAPSE_WINDOW):
+        _verify(_batch([0.0] * 4), [3, 1, 0, 2])
     assert [f.code for f in sg.findings()] == []

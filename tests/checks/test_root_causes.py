@@ -161,6 +161,49 @@ def test_a_warning_is_no_root():
     assert [j.root for j in root_causes(found)] == [None, None]
 
 
+def test_every_error_explains_a_collapse():
+    """Each error finding is a draft fed, weighted or built otherwise than trained: a collapse beside it follows from it."""
+    from spectrace.checks.root_causes import DRAFT_INPUT_OR_WEIGHTS
+
+    errors = {c.code for c in CATALOGUE.values() if c.severity == "error"}
+    assert errors - set(DRAFT_INPUT_OR_WEIGHTS) == set()
+
+
+def test_a_replaced_head_replayed_and_collapsed_is_one_cause():
+    """The replay saw the head diverge, the weights check saw it replaced, acceptance collapsed: one root."""
+    from spectrace.checks.calls import check_acceptance
+    from spectrace.checks.replay import replay_divergence
+    from spectrace.records import Acceptance
+    from spectrace.rules.catalogue import finding
+
+    replaced = finding("weights_replaced_after_load", "lm_head.weight replaced", evidence={"parameters": ["lm_head.weight"]})
+    head = replay_divergence("lm_head", "[0.1]", "[0.3]", ["the trained lm_head was replaced"], 0.5, 2e-3, "t.replay")
+    collapse = check_acceptance([Acceptance(step=i, accept_lengths=[1, 1], draft_tokens=4) for i in range(8)])
+    judged = {j.code: j for j in root_causes([replaced, head, *collapse])}
+    assert judged["replay_divergence"].root == "weights_replaced_after_load"
+    assert (judged["acceptance_collapse"].follows_from, judged["acceptance_collapse"].root) == (
+        "replay_divergence",
+        "weights_replaced_after_load",
+    )
+    # A divergence at a stage the cause does not touch stands on its own (and roots the collapse).
+    layer = replay_divergence("decoder layer", "[0.1]", "[0.3]", ["the rotary embedding differs"], 0.5, 2e-3, "t.replay")
+    judged = {j.code: j for j in root_causes([replaced, layer, *collapse])}
+    assert judged["replay_divergence"].root is None and judged["acceptance_collapse"].root == "replay_divergence"
+    assert judged["acceptance_collapse"].also == ("weights_replaced_after_load",)
+
+
+def test_a_draft_built_as_another_class_roots_the_collapse():
+    from spectrace.checks.calls import check_acceptance
+    from spectrace.records import Acceptance
+    from spectrace.rules.catalogue import finding
+
+    found = [
+        finding("draft_class_mismatch", "built DeepseekV32ForCausalLM"),
+        *check_acceptance([Acceptance(step=i, accept_lengths=[1], draft_tokens=3) for i in range(8)]),
+    ]
+    assert [j.root for j in root_causes(found)] == [None, "draft_class_mismatch"]
+
+
 def test_rules_name_catalogued_codes_only():
     for rule in RULES:
         assert rule.consequence in CATALOGUE and all(r in CATALOGUE for r in rule.roots), rule

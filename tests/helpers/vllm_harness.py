@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -207,3 +207,76 @@ def v1_runner(vc: Any, target: Any) -> Any:
         runner = CPUModelRunner(vc, torch.device("cpu"))
     runner.model = target
     return runner
+
+
+def scheduler(vc: Any) -> Any:
+    """vLLM's own v1 ``Scheduler`` for ``vc``, logging stats (vLLM's default) over a small KV cache."""
+    import torch
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    block = 16
+    spec = FullAttentionSpec(block_size=block, num_kv_heads=KV_HEADS, head_size=HIDDEN // HEADS, dtype=torch.float32)
+    kv = KVCacheConfig(num_blocks=256, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
+    vc.cache_config.num_gpu_blocks = 256
+    vc.cache_config.enable_prefix_caching = False  # the requests here carry no block hasher
+    return Scheduler(
+        vllm_config=vc, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(vc), block_size=block, log_stats=True
+    )
+
+
+def serve_steps(
+    sched: Any, sampling: Sequence[Any], accepted: Sequence[Sequence[int]], k: int = 3, prompt_len: int = 4, loop: bool = False
+) -> None:
+    """Requests with these ``SamplingParams`` through ``sched``: a prefill, then one verify step
+    per row of ``accepted`` (the drafts the model runner accepted, per request; a request
+    that has finished, at its max_tokens, is no longer scheduled and its entry is unused),
+    as vLLM's engine core drives it (schedule, the runner's output, update_from_output, the
+    next drafts). The tokens are drawn at random (text that does not repeat itself), or
+    with ``loop`` the same k + 1 tokens every step (output that loops)."""
+    import random
+
+    from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
+    from vllm.v1.request import Request
+
+    start = len(sched.requests)
+    reqs = [
+        Request(
+            request_id=f"r{start + i}", prompt_token_ids=[1 + j % 50 for j in range(prompt_len)], sampling_params=p, pooling_params=None
+        )
+        for i, p in enumerate(sampling)
+    ]
+    for r in reqs:
+        sched.add_request(r)
+    order = {r.request_id: i for i, r in enumerate(reqs)}
+    rng = random.Random(start)
+
+    def tokens(n: int) -> list[int]:
+        return list(range(7, 7 + n)) if loop else [rng.randrange(VOCAB) for _ in range(n)]
+
+    proposed: dict[str, list[int]] = {}
+
+    def step(row: Sequence[int] | None) -> None:
+        out = sched.schedule()
+        ids = [rid for rid in order if rid in out.num_scheduled_tokens]
+        if not ids:
+            return
+        # The prefill samples one token each; a verify step, the accepted drafts and the bonus.
+        sampled = [tokens(1) if row is None else proposed[rid][: row[order[rid]]] + [VOCAB - 1 if loop else tokens(1)[0]] for rid in ids]
+        result = ModelRunnerOutput(
+            req_ids=ids,
+            req_id_to_index={rid: i for i, rid in enumerate(ids)},
+            sampled_token_ids=sampled,
+            logprobs=None,
+            prompt_logprobs_dict={},
+        )
+        sched.update_from_output(out, result)
+        running = [rid for rid in ids if rid in sched.requests and not sched.requests[rid].is_finished()]
+        for rid in running:
+            proposed[rid] = tokens(k)
+        sched.update_draft_token_ids(DraftTokenIds(req_ids=running, draft_token_ids=[proposed[rid] for rid in running]))
+
+    step(None)
+    for row in accepted:
+        step(row)

@@ -153,9 +153,9 @@ def served(root: Path, target: Path, draft: Path, env: Mapping[str, str], drop: 
         log.close()
 
 
-def complete(port: int, target: Path, prompt: Sequence[int], max_tokens: int) -> int:
-    """One greedy completion request; its HTTP status."""
-    body = json.dumps({"model": str(target), "prompt": list(prompt), "max_tokens": max_tokens, "temperature": 0}).encode()
+def complete(port: int, target: Path, prompt: Sequence[int], max_tokens: int, temperature: float = 0.0) -> int:
+    """One completion request (greedy unless a temperature is given); its HTTP status."""
+    body = json.dumps({"model": str(target), "prompt": list(prompt), "max_tokens": max_tokens, "temperature": temperature}).encode()
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=120) as r:
         return int(r.status)

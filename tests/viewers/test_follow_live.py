@@ -88,6 +88,41 @@ def test_live_acceptance_fed_one_record_at_a_time() -> None:
 
 
 # -------------------------------------------------------- the screen over a real file
+def _screen_after(tmp_path: Path, records: list) -> str:
+    rec = Recorder(Settings(quiet=True), directory=str(tmp_path), name=TRACE, rank=0)
+    for r in records:
+        rec.emit(r)
+    rec.flush()
+    follower = TraceFollower(tmp_path)
+    follower.poll()
+    screen = LiveScreen(str(tmp_path), clock=Clock())
+    screen.update(ViewBuilder(ViewFilter()).build(follower.trace_set), follower.notices)
+    return _frame_text(screen, width=120)
+
+
+def test_screen_takes_the_writers_sampling_verdict_over_a_live_collapse(tmp_path: Path) -> None:
+    # A load at temperature 1: the writer read the requests' sampling and said acceptance_sampled.
+    steps = [
+        Acceptance(step=s, accept_lengths=[1, 1], draft_tokens=4, greedy=[False, False], temperatures=[1.0, 1.0])
+        for s in range(COLLAPSE_WINDOW + 2)
+    ]
+    (sampled,) = check_acceptance(steps)
+    assert sampled.code == "acceptance_sampled"
+    text = _screen_after(tmp_path / "sampled", [*steps, sampled])
+    assert "acceptance_sampled" in text and "acceptance_collapse" not in text
+    # The same steps with no verdict from the writer: the live check says the collapse.
+    alone = _screen_after(tmp_path / "alone", steps)
+    assert re.search(r"LIVE +WARNING +acceptance_collapse", alone), alone
+
+
+def test_screen_says_nothing_as_the_batch_empties(tmp_path: Path) -> None:
+    healthy = [acc(s, [5] * 8) for s in range(16)]
+    emptying = [acc(16 + i, [1] * n) for i, n in enumerate([7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1])]
+    assert "acceptance_collapse" not in _screen_after(tmp_path / "drain", healthy + emptying)
+    steady = [acc(16 + i, [1] * 8) for i in range(14)]
+    assert "acceptance_collapse" in _screen_after(tmp_path / "steady", healthy + steady)
+
+
 class Clock:
     """The screen's clock, moved by the test: how long a change stays "new" without waiting."""
 

@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ...checks.acceptance_positions import PositionTally
 from ...checks.acceptance_sampling import check_synthetic_acceptance
 from ...checks.calls import check_acceptance
 from ...checks.drift import DriftTracker
@@ -25,10 +26,14 @@ from ...records import Acceptance
 from ...rules.acceptance import COLLAPSE_MEAN, COLLAPSE_WINDOW, mean_from_sums
 from . import state
 
-# A step's sampling: (greedy, temperatures, top_ps, top_ks) per request; the last three are
-# None for an all-greedy batch (SGLang's own is_all_greedy, no per-request read).
-Sampling = tuple[list[bool], list[float] | None, list[float] | None, list[int] | None]
-_SAMPLING_KEYS = ("greedy", "temperatures", "top_ps", "top_ks")
+# A step's sampling: (greedy, temperatures, top_ps, top_ks) per request, and their prompt
+# lengths; temperatures to top_ks are None for an all-greedy batch (SGLang's own
+# is_all_greedy, no per-request read), the prompt lengths None but on one step in
+# PROMPT_EVERY (drift compares like prompts per window; a read on every step would cost the
+# engine's thread a pass over the batch).
+Sampling = tuple[list[bool], list[float] | None, list[float] | None, list[int] | None, list[int] | None]
+_SAMPLING_KEYS = ("greedy", "temperatures", "top_ps", "top_ks", "prompt_tokens")
+PROMPT_EVERY = 8
 
 ACCEPT_BATCH = 16  # verify steps held before their records are built (two collapse windows)
 HELD_MAX = 64 * ACCEPT_BATCH  # past this the engine's thread builds them itself (bounded memory)
@@ -80,6 +85,7 @@ def _record_maker() -> Callable[..., Acceptance]:
             "temperatures": None,
             "top_ps": None,
             "top_ks": None,
+            "prompt_tokens": None,
         }
         fields = {"step", "accept_lengths", "draft_tokens", "accepted_per_position"}
         if sampling is not None:
@@ -106,8 +112,8 @@ def _record_maker() -> Callable[..., Acceptance]:
     try:
         a, b = inline(3, [2, 1], 2, [1, 0]), construct(3, [2, 1], 2, [1, 0])
         c, d = (
-            inline(3, [2, 1], 2, [1, 0], ([True, False], [0.0, 1.0], [1.0, 0.9], [1, 20])),
-            construct(3, [2, 1], 2, [1, 0], ([True, False], [0.0, 1.0], [1.0, 0.9], [1, 20])),
+            inline(3, [2, 1], 2, [1, 0], ([True, False], [0.0, 1.0], [1.0, 0.9], [1, 20], [4, 9])),
+            construct(3, [2, 1], 2, [1, 0], ([True, False], [0.0, 1.0], [1.0, 0.9], [1, 20], [4, 9])),
         )
         slots = {"__dict__", *(name for cls in Acceptance.__mro__ for name in getattr(cls, "__slots__", ()))}
         same = (
@@ -236,12 +242,15 @@ def _build(st: state.State, held: list[Any], rec: Any, as_lines: bool = False) -
             # counts toward the window but has no mean).
             step_mean = mean_from_sums(total + n, n)
             window.append((kept, step_mean))
+            extras.positions.add_counts(step - 1, n, per_position)
             if step_mean is not None:
                 st.accept_sum += step_mean
                 st.accept_steps += 1
                 # Drift: a window of verify steps closes every DRIFT_STEPS; checked then, said once.
                 greedy_n = sum(sampling[0]) if sampling is not None else None
-                if drift.add_sums(step - 1, total + n, n, greedy_n) is not None and not drift.said:
+                prompts = sampling[4] if sampling is not None and len(sampling) > 4 else None
+                prompt_sum = sum(prompts) if prompts is not None and len(prompts) == n else None
+                if drift.add_sums(step - 1, total + n, n, greedy_n, prompt_sum) is not None and not drift.said:
                     found_drift = drift.check(source="sglang.acceptance")
                     if found_drift:
                         rec.emit_lines(lines)  # the steps go before the finding they show
@@ -251,6 +260,14 @@ def _build(st: state.State, held: list[Any], rec: Any, as_lines: bool = False) -
             # Checked once per full window of verify steps, not on every step's sliding
             # window: a collapse lasts far longer than one window.
             if len(window) >= COLLAPSE_WINDOW:
+                # Later positions dead behind a healthy first: judged on the run's sums, once per window.
+                if not extras.positions.said:
+                    found_positions = extras.positions.check(engine="sglang", source="sglang.acceptance")
+                    if found_positions:
+                        rec.emit_lines(lines)  # the steps go before the finding they show
+                        lines = []
+                        for found in found_positions:
+                            state.emit_once(found.code, lambda found=found: found)
                 if check:
                     means = [m for _, m in window if m is not None]
                     # check_acceptance decides and words the finding; the window's mean, the
@@ -260,9 +277,14 @@ def _build(st: state.State, held: list[Any], rec: Any, as_lines: bool = False) -
                         rec.emit_lines(lines)  # the steps go before the finding they show
                         lines = []
                         records = [r if isinstance(r, Acceptance) else make(r[0], r[1], r[2], [], r[3]) for r, _ in window]
-                        for found in check_acceptance(records, run_mean=(st.accept_sum / st.accept_steps, st.accept_steps)):
+                        run_mean = (st.accept_sum / st.accept_steps, st.accept_steps)
+                        for found in check_acceptance(records, run_mean=run_mean, run_peak=extras.peak_batch):
                             state.emit_once(found.code, lambda found=found: found)
                         check = not rec.said("acceptance_collapse")
+                # The run's largest batch, for the drain (a window where the batch empties).
+                extras.peak_batch = max(
+                    [extras.peak_batch, *(len(r.accept_lengths if isinstance(r, Acceptance) else r[1]) for r, _ in window)]
+                )
                 window.clear()
     finally:
         st.accept_step = step
@@ -395,6 +417,9 @@ class _Extras:
         self.sampling: deque[Sampling | None] = deque(maxlen=4)  # overlap scheduling keeps at most 2 in flight
         self.drift = DriftTracker()
         self.synthetic_checked = False
+        self.peak_batch = 0  # the largest batch of the windows already judged
+        self.positions = PositionTally()
+        self.verified = 0  # verify calls seen (the prompt lengths are read on one in PROMPT_EVERY)
 
 
 def _extras(st: state.State) -> _Extras:
@@ -415,17 +440,19 @@ def _say_if_synthetic() -> None:
         state.emit_once(found.code, lambda found=found: found)
 
 
-def sampling_of(batch: Any) -> Sampling | None:
+def sampling_of(batch: Any, prompts: bool = False) -> Sampling | None:
     """The batch's per-request sampling, from the host values SGLang keeps (no device read):
     its ``is_all_greedy`` flag, else each request's ``sampling_params``. Greedy is SGLang's
-    own rule: top_k <= 1 (a temperature of 0 becomes top_k 1 when the request is made)."""
+    own rule: top_k <= 1 (a temperature of 0 becomes top_k 1 when the request is made).
+    With ``prompts``, each request's prompt length too (``origin_input_ids``)."""
     reqs = getattr(batch, "reqs", None)
     if not reqs:
         return None
     n = len(reqs)
+    lengths = [len(r.origin_input_ids) for r in reqs] if prompts else None
     info = getattr(batch, "sampling_info", None)
     if info is not None and getattr(info, "is_all_greedy", None) is True:
-        return ([True] * n, None, None, None)
+        return ([True] * n, None, None, None, lengths)
     greedy: list[bool] = []
     temps: list[float] = []
     top_ps: list[float] = []
@@ -440,7 +467,7 @@ def sampling_of(batch: Any) -> Sampling | None:
         temps.append(0.0 if is_greedy else temp)
         top_ps.append(float(params.top_p))
         top_ks.append(top_k)
-    return (greedy, temps, top_ps, top_ks)
+    return (greedy, temps, top_ps, top_ks, lengths)
 
 
 def before_verify(*args: Any, **kwargs: Any) -> None:
@@ -448,7 +475,9 @@ def before_verify(*args: Any, **kwargs: Any) -> None:
     paired in order with the accept counts ``on_verify_complete_cpu`` gets for it."""
     try:
         batch = args[1] if len(args) > 1 else kwargs.get("batch")
-        _extras(state.STATE).sampling.append(sampling_of(batch))
+        extras = _extras(state.STATE)
+        extras.verified += 1
+        extras.sampling.append(sampling_of(batch, prompts=extras.verified % PROMPT_EVERY == 1))
     except Exception as exc:
         state.internal_error("verify sampling", exc)
     return None

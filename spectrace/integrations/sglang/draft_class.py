@@ -14,7 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ...checks.draft_class import check_built_draft_class
+from ...checks.draft_class import check_built_draft_class, check_draft_built_as_target
+from ...rules.draft_classes import ModelSize
 from . import server, state
 
 # The draft checkpoint's tensor names are read from at most this many safetensors headers.
@@ -42,15 +43,44 @@ def _has_aux_ids(config: dict[str, Any]) -> bool:
     return bool(config.get("eagle_aux_hidden_state_layer_ids") or nested)
 
 
+def model_size(model: Any) -> ModelSize:
+    """The decoder layers (the longest ``layers`` list under the model, one level down at
+    most) and the parameter count: shapes only, no tensor data read."""
+    layers = None
+    for holder in (model, getattr(model, "model", None), getattr(model, "language_model", None)):
+        found = getattr(holder, "layers", None) if holder is not None else None
+        if found is not None and hasattr(found, "__len__"):
+            layers = max(layers or 0, len(found))
+    params = sum(int(p.numel()) for p in model.parameters()) if hasattr(model, "parameters") else 0
+    return ModelSize(layers, params)
+
+
+def at_target_model(model: Any) -> None:
+    """The target worker's runner built ``model``: its class and size, for the draft's check."""
+    state.STATE.__dict__["_spectrace_target_built"] = (type(model).__name__, model_size(model))
+
+
 def at_draft_model(model: Any, model_path: str | None) -> None:
     """The draft worker's runner built ``model`` from the checkpoint at ``model_path``."""
     path = model_path or server.spec_args().get("speculative_draft_model_path")
     raw = server.draft_config_from_path(str(path) if path else None)
-    if raw is None:
-        return  # no local config.json: what the checkpoint is stays unknown
-    archs = raw.get("architectures")
+    archs = raw.get("architectures") if raw is not None else None
     architectures = [str(a) for a in archs] if isinstance(archs, list) else []
-    for found in check_built_draft_class(
-        type(model).__name__, architectures, _tensor_names(str(path)), _has_aux_ids(raw), algorithm=server.algorithm()
+    # Without a local config.json what the checkpoint is stays unknown: only the built
+    # model's class and size are judged.
+    if raw is not None:
+        for found in check_built_draft_class(
+            type(model).__name__, architectures, _tensor_names(str(path)), _has_aux_ids(raw), algorithm=server.algorithm()
+        ):
+            state.emit_once(f"draft_class_mismatch:{type(model).__name__}", lambda found=found: found)
+    # The other direction: the full target model built as the draft (no draft kind at all).
+    target = state.STATE.__dict__.get("_spectrace_target_built")
+    for found in check_draft_built_as_target(
+        type(model).__name__,
+        architectures,
+        target_class=target[0] if target else None,
+        draft_size=model_size(model),
+        target_size=target[1] if target else None,
+        algorithm=server.algorithm(),
     ):
         state.emit_once(f"draft_class_mismatch:{type(model).__name__}", lambda found=found: found)

@@ -328,11 +328,13 @@ def after_load_model(result: Any, *args: Any, **kwargs: Any) -> None:
         if model is not None:
             draft = bool(getattr(runner, "is_draft_worker", False))
             adopt(model, "draft" if draft else None)
-            if draft:
-                from . import draft_class
+            from . import draft_class
 
+            if draft:
                 config = getattr(runner, "model_config", None)
                 draft_class.at_draft_model(model, getattr(config, "model_path", None))
+            else:
+                draft_class.at_target_model(model)
     except Exception as exc:
         state.internal_error("load_model", exc)
     return None

@@ -79,6 +79,16 @@ POINTS: tuple[Point, ...] = (
     ),
     # accepted drafts per position: host ints the scheduler already has
     Point("vllm.v1.spec_decode.metrics", "SpecDecodingStats.observe_draft", "AFTER", "acceptance:after_observe_draft", "acceptance"),
+    # each count's request sampling: the host SamplingParams of the request it is made for
+    Point(
+        "vllm.v1.core.sched.scheduler",
+        "Scheduler.make_spec_decoding_stats",
+        "BEFORE",
+        "acceptance:before_spec_stats",
+        "acceptance_sampling",
+    ),
+    # a finished request's output, for how much it loops (acceptance_workload)
+    Point("vllm.v1.core.sched.scheduler", "Scheduler._free_request", "BEFORE", "acceptance:before_free_request", "acceptance_workload"),
     # shutdown: the held records are written and the trace closed before vLLM ends the process
     Point("vllm.v1.engine.core", "EngineCore.shutdown", "BEFORE", "lifecycle:before_engine_shutdown", "close_engine_core"),
     Point("vllm.v1.executor.multiproc_executor", "WorkerProc.shutdown", "BEFORE", "lifecycle:before_worker_shutdown", "close_worker"),

@@ -40,6 +40,14 @@ class State(HookState):
     accept_sum: float = 0.0  # the per-step mean accept lengths so far, summed (the run's mean for a finding)
     accept_steps: int = 0
     accept_drain_for: Any = None
+    # Each held count's request sampling (None: not said), and the one the scheduler's
+    # make_spec_decoding_stats read for the observe_draft it is about to call.
+    accept_sampling: list[Any] = field(default_factory=list)
+    accept_next_sampling: Any = None
+    # Per running request: [drafts accepted, verify steps], until it is freed (acceptance_workload).
+    accept_requests: dict[str, list[int]] = field(default_factory=dict)
+    freed_requests: int = 0
+    accept_peak_batch: int = 0  # the largest batch of the windows already judged (the drain is judged against it)
     # The draft's rotary against the target's: the models seen (weakly) and the pairs compared.
     rope_drafts: list[Any] = field(default_factory=list)
     rope_targets: list[Any] = field(default_factory=list)

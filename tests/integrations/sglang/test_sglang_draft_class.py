@@ -107,3 +107,59 @@ def test_eagle3_class_for_an_eagle3_checkpoint_says_nothing(rec, tmp_path: Path)
     _runner_returns(config, model)
     assert _found(rec) == []
     assert [f.code for f in rec.findings() if f.severity == "error"] == []
+
+
+# ------------------------------------------------------------------ the full target built as the draft
+# The other direction (sglang#20809 as it happened: a DeepSeek-V3.2 MTP checkpoint,
+# DeepseekV32ForCausalLM, was not renamed to its NextN head, so the draft worker built the
+# full model). 0.5.23 renames DeepseekV32; a checkpoint whose architectures name a target
+# class it does not rename (here the Llama target's own) shows the same on its objects.
+def _llama_dir(tmp_path: Path, layers: int) -> Path:
+    raw = sh.tiny_llama_config(layers=layers).to_dict()
+    raw.update(architectures=["LlamaForCausalLM"], torch_dtype="float32")
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    return tmp_path
+
+
+def _target_runner_returns(tmp_path: Path):
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_loader.utils import get_model_architecture
+
+    config = ModelConfig(str(_llama_dir(tmp_path / "target", sh.N_LAYERS)))
+    cls, _ = get_model_architecture(config)
+    target = cls(config.hf_config)
+    runner = types.SimpleNamespace(model=target, model_config=config, is_draft_worker=False, server_args=None)
+    st_modules.after_load_model(None, runner)
+    return target
+
+
+def test_the_full_target_built_as_the_draft(rec, tmp_path: Path) -> None:
+    target = _target_runner_returns(tmp_path)
+    config, arch, draft = _build_as_sglang_does(_llama_dir(tmp_path / "mtp", sh.N_LAYERS))
+    print(f"draft config.json says LlamaForCausalLM; ModelConfig: {config.hf_config.architectures}; built {type(draft).__name__}")
+    assert type(draft) is type(target) and len(draft.model.layers) == len(target.model.layers) == sh.N_LAYERS
+    _runner_returns(config, draft)
+    (one,) = _found(rec)
+    print(one.message, "| fix:", one.fix)
+    assert one.severity == "error" and one.evidence["class_kind"] == "target" and one.evidence["target_class"] == "LlamaForCausalLM"
+    assert "the target's own class" in one.message and f"{sh.N_LAYERS} decoder layers" in one.message
+    assert one.evidence["draft_params"] == one.evidence["target_params"]
+
+
+def test_a_whole_small_draft_model_says_nothing(rec, tmp_path: Path, monkeypatch) -> None:
+    # A standalone draft: a one-layer model of the target's own class, by design.
+    from spectrace.integrations.sglang import server
+
+    monkeypatch.setattr(server, "spec_args", lambda: {"speculative_algorithm": "STANDALONE"})
+    _target_runner_returns(tmp_path)
+    config, _, draft = _build_as_sglang_does(_llama_dir(tmp_path / "small", 1))
+    _runner_returns(config, draft)
+    assert _found(rec) == []
+
+
+def test_an_eagle3_draft_beside_its_target_says_nothing(rec, tmp_path: Path) -> None:
+    _target_runner_returns(tmp_path)
+    config, _, draft = _build_as_sglang_does(_llama_eagle3_dir(tmp_path))
+    _runner_returns(config, draft)
+    assert _found(rec) == []

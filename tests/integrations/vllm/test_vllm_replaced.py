@@ -98,3 +98,37 @@ def test_vllm_acceptance_drift(rec, falls: bool) -> None:
         return
     (one,) = drift
     assert one.evidence["fell_in_steps"][0] == steps // 2
+
+
+@pytest.mark.parametrize("replaced", [True, False])
+def test_a_collapse_after_a_replaced_head_shows_beneath_it(rec, tmp_path, replaced: bool) -> None:
+    # The head replaced on vLLM's own draft, then vLLM's per-step stats of a draft whose
+    # tokens the target rejects: the collapse is that replacement's consequence, not a
+    # question about the training. Alone (the twin), it stands alone and says so.
+    from vllm.v1.spec_decode.metrics import SpecDecodingStats
+
+    from spectrace.assertions import format_root_causes
+    from spectrace.checks.root_causes import root_causes
+
+    vc = vh.engine_config(tmp_path, vh.draft_config())
+    draft, target = vh.build(vc)
+    draft.load_weights(vh.checkpoint(draft).items())
+    if replaced:
+        draft.lm_head = target.lm_head
+    _compare(draft)
+    for _ in range(9):
+        stats = SpecDecodingStats.new(3)
+        for _ in range(4):
+            stats.observe_draft(num_draft_tokens=3, num_accepted_tokens=0)
+    found = [r for r in rec.records() if isinstance(r, Finding)]
+    judged = {j.code: j for j in root_causes(found)}
+    text = format_root_causes(found)
+    print(text)
+    if replaced:
+        assert judged["acceptance_collapse"].root == "weights_replaced_after_load"
+        head, *beneath = text.splitlines()
+        assert head.startswith("ERROR weights_replaced_after_load") and any("acceptance_collapse" in line for line in beneath)
+        assert "look at the error findings" not in text  # the collapse's own fix gives way to the root's
+    else:
+        assert [f.code for f in found] == ["acceptance_collapse"] and judged["acceptance_collapse"].root is None
+        assert text.startswith("WARNING acceptance_collapse") and "look at the error findings" in text

@@ -30,8 +30,8 @@ def test_a_live_vllm_eagle3_server(tmp_path: Path) -> None:
     traces = tmp_path / "traces"
     env = dict(SPECTRACE="1", SPECTRACE_DIR=str(traces), VLLM_CPU_KVCACHE_SPACE="1")
     with vs.served(tmp_path, target, draft, env) as port:
-        for i in range(4):
-            assert vs.complete(port, target, [1, 5, 9, i, 20], 24) == 200
+        for i in range(4):  # greedy, then at vLLM's default temperature
+            assert vs.complete(port, target, [1, 5, 9, i, 20], 24, temperature=float(i % 2)) == 200
         metrics = vs.get(f"http://127.0.0.1:{port}/metrics")
     drafts = sum(vs.metric(metrics, "vllm:spec_decode_num_drafts_total").values())
     accepted = sum(vs.metric(metrics, "vllm:spec_decode_num_accepted_tokens_total").values())
@@ -49,3 +49,10 @@ def test_a_live_vllm_eagle3_server(tmp_path: Path) -> None:
     assert sum(len(r["accept_lengths"]) for r in steps) == drafts
     assert sum(a - 1 for r in steps for a in r["accept_lengths"]) == accepted
     assert [sum(r["accepted_per_position"][i] for r in steps) for i in range(3)] == [per_pos[str(i)] for i in range(3)]
+    # Each step says how its requests were sampled, read from the scheduler's requests.
+    assert all(len(r["greedy"]) == len(r["accept_lengths"]) for r in steps)
+    assert {g for r in steps for g in r["greedy"]} == {True, False}
+    assert {t for r in steps for t in r.get("temperatures") or []} == {1.0}
+    assert all(r["prompt_tokens"] == [5] * len(r["accept_lengths"]) for r in steps)
+    # Every hook on the scheduler (sampling, per-request sums, the finished requests) ran clean.
+    assert [r["detail"] for r in records if r.get("type") == "coverage" and r.get("kind") == "internal_error"] == []
