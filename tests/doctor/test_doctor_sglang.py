@@ -149,3 +149,20 @@ def test_command_exit_status_and_json(tmp_path: Path, capsys: pytest.CaptureFixt
     text = capsys.readouterr().out
     first_screen = "\n".join(text.splitlines()[:8])
     assert "cannot show:" in first_screen and "fc_bypass" in text
+
+
+# ------------------------------------------------------------------ real published pairs
+PUBLISHED_PAIRS = ["specforge llama3-8B", "specforge gpt-oss-120B", "specforge deepseek-v3", "modelopt last-state gpt-oss-120b"]
+
+
+@pytest.mark.parametrize("pair", PUBLISHED_PAIRS)
+def test_published_pair_raises_no_error(tmp_path: Path, pair: str) -> None:
+    # The drafts' real config.json beside their targets' real config.json, with weight files
+    # named as their trainers name them (sparse: the doctor reads names and shapes only).
+    from tests.audit.test_published_drafts import PAIRS, PUBLISHED, checkpoint
+
+    make, target, prefix, layout = PAIRS[pair]
+    draft = checkpoint(tmp_path, "draft", make(), prefix, **layout)
+    report = diagnose(draft, PUBLISHED / f"{target}.json", "sglang")
+    assert report.failure is None, (report.failure, report.engine_log)
+    assert dp.codes(report) == [], [(f["code"], f["message"]) for f in report.findings if f["severity"] == "error"]

@@ -5,7 +5,7 @@ at init (the dropped-weights bug). The load runs unchanged through ``observe_loa
 wraps each ``param.weight_loader`` (SGLang looks it up with ``getattr`` at call time).
 Normal absences are exempt: ``embed_tokens`` (SGLang gives the draft the target's
 embedding, ``set_embed``) and ``lm_head`` when the config has no ``draft_vocab_size``
-(``load_lm_head_from_target``). ``d2t`` becomes ``hot_token_id`` and counts as
+(``load_lm_head_from_target``), and ``fc`` for a last-state draft. ``d2t`` becomes ``hot_token_id`` and counts as
 consumed; ``t2d`` is skipped by design.
 """
 
@@ -33,7 +33,24 @@ def exempt_params(model: Any) -> list[str]:
     exempt = [n for n in names if n.endswith("embed_tokens.weight")]
     if getattr(model, "load_lm_head_from_target", False):
         exempt += [n for n in names if n.startswith("lm_head.")]
+    if _last_state(getattr(model, "config", None)):
+        # A draft trained on the target's last state has no fc (nvidia's gpt-oss-120b Eagle3
+        # v2): SGLang builds one, then never runs it, since the stored state is as wide as
+        # the embedding. An fc left at init is then normal.
+        exempt += [n for n in names if n.startswith("model.fc.") or n.startswith("fc.")]
     return exempt
+
+
+def _last_state(config: Any) -> bool:
+    """``use_aux_hidden_state`` false in the draft's config (nested in eagle_config or not)."""
+    if config is None:
+        return False
+    nested = getattr(config, "eagle_config", None)
+    for source in (nested, config):
+        value = source.get("use_aux_hidden_state") if isinstance(source, dict) else getattr(source, "use_aux_hidden_state", None)
+        if value is not None:
+            return value is False
+    return False
 
 
 def _adjust(record: Weights, model: Any) -> Weights:
