@@ -32,7 +32,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from spectrace.checks.from_records import findings_from_records
-from spectrace.checks.replay import MAX_RESULT_BYTES, RESULT_SUFFIX, result_finding
+from spectrace.checks.replay import RESULT_SUFFIX, read_result
 from spectrace.records import (
     LEGACY_RECORD_TYPES,
     RECORD_ADAPTER,
@@ -43,7 +43,6 @@ from spectrace.records import (
     Finding,
     Header,
 )
-from spectrace.safe_files import SafeFileError, read_regular
 
 from .limits import (
     LIMITS,
@@ -411,11 +410,7 @@ def _replay_result(path: str) -> Finding | None:
     stem = path[: -len(".jsonl")] if path.endswith(".jsonl") else None
     if stem is None or not os.path.exists(stem + RESULT_SUFFIX):
         return None
-    try:
-        raw = json.loads(read_regular(stem + RESULT_SUFFIX, MAX_RESULT_BYTES).decode("utf-8"))
-    except (SafeFileError, OSError, ValueError):
-        return None
-    return result_finding(raw)
+    return read_result(stem + RESULT_SUFFIX)
 
 
 class _NotRegular(Exception):
