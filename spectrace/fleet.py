@@ -28,6 +28,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from .records import SEVERITY_RANK
+from .settings import redact_url, redact_urls
 from .viewers.terminal import printable
 
 TIMEOUT_S = 10.0  # every query of one command together
@@ -67,25 +68,22 @@ class FleetError(Exception):
     """Prometheus could not be asked, or answered with an error or something else than an answer."""
 
 
-# Credentials in a query string: never printed (the server still gets them).
-_SECRET_PARAMS = ("key", "token", "secret", "password", "passwd", "auth", "signature", "credential", "session")
-
-
 class Server:
     """A Prometheus base URL split into what is sent and what may be shown.
 
     ``http://user:token@host:9090/prefix?api_key=...``: the user and token go as HTTP basic
     authentication (never in the URL sent, never printed), the query string is sent with
-    each query and printed with its credential-like values as ``***``."""
+    each query; what is printed is :func:`~spectrace.settings.redact_url`'s (no user, no
+    query values), as for the OTLP endpoint."""
 
     def __init__(self, url: str) -> None:
         parts = urllib.parse.urlsplit(url.strip())
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise FleetError(f"--prometheus {redact(url)}: not an http:// or https:// URL")
+            raise FleetError(f"--prometheus {redact_url(url)}: not an http:// or https:// URL")
         try:
             port = parts.port
         except ValueError:
-            raise FleetError(f"--prometheus {redact(url)}: the port is not a number") from None
+            raise FleetError(f"--prometheus {redact_url(url)}: the port is not a number") from None
         host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
         netloc = host + (f":{port}" if port is not None else "")
         self.params = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
@@ -94,28 +92,10 @@ class Server:
         if parts.username is not None:
             pair = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
             self.auth = "Basic " + base64.b64encode(pair.encode()).decode("ascii")
-        self.shown = redact(url)
+        self.shown = redact_url(url)
 
     def url(self, promql: str) -> str:
         return self.base + "/api/v1/query?" + urllib.parse.urlencode([("query", promql), *self.params])
-
-
-def redact(url: str) -> str:
-    """``url`` as it may be printed: no user or password, credential-like query values ``***``.
-
-    >>> redact("http://admin:token@prom:9090/x?api_key=abc&job=a")
-    'http://***@prom:9090/x?api_key=***&job=a'
-    """
-    try:
-        parts = urllib.parse.urlsplit(url.strip())
-        netloc = parts.netloc.rpartition("@")
-        shown_netloc = ("***@" if netloc[1] else "") + netloc[2]
-        params = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-        hidden = [(k, "***" if any(word in k.lower() for word in _SECRET_PARAMS) else v) for k, v in params]
-        query = urllib.parse.urlencode(hidden, safe="*")
-        return urllib.parse.urlunsplit((parts.scheme, shown_netloc, parts.path, query, ""))
-    except ValueError:
-        return "<the URL given>"
 
 
 class Deadline:
@@ -178,7 +158,7 @@ def query(base: str | Server, promql: str, timeout_s: float = TIMEOUT_S, deadlin
         raise error
     if error is not None:
         reason = getattr(error, "reason", None) or error
-        raise FleetError(f"cannot ask {server.shown}: {' '.join(str(reason).split())[:200]}")
+        raise FleetError(f"cannot ask {server.shown}: {redact_urls(' '.join(str(reason).split()))[:200]}")
     status, raw = done["answer"]
     try:
         body = json.loads(raw.decode("utf-8"))
