@@ -163,6 +163,7 @@ class Recorder(Batching, TraceFile, Memory):
         self.important = []
         self.counters = Counters()
         self._dropped_by = {}
+        self._capped_said = False  # the child's own file has its own size cap
         self._ledger = OnceLedger()
         self._voice = StderrVoice(self.settings)
         self._last_flush = time.monotonic()

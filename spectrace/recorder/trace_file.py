@@ -129,6 +129,9 @@ class TraceFile:
         """``lines`` per-step records left out of a file past SPECTRACE_MAX_FILE_MB: dropped
         and counted; said once (a coverage record, which the file still takes, and a warning)."""
         self.count_dropped(lines, "file size cap")
+        if getattr(self, "_capped_said", False):
+            return  # the count grows; the gap is said once
+        self._capped_said = True
         self.coverage(
             "not_covered",
             f"SPECTRACE_MAX_FILE_MB: the trace file reached {self.settings.max_file_mb} MB; per-step records (calls, "
