@@ -8,8 +8,9 @@ to one of :data:`WORKERS` threads only once it has something to read. Every boun
 
 - at most :data:`MAX_WAITING` connections wait for their first byte; past it the oldest is
   closed, and any waits at most :data:`IDLE_S`;
-- a worker reads and writes with a socket timeout of :data:`SOCKET_TIMEOUT_S` (a client
-  that trickles its request holds one worker that long at most);
+- a worker reads and writes with a socket timeout of :data:`SOCKET_TIMEOUT_S`, and a
+  connection it serves is shut down :data:`REQUEST_S` after it was handed over (a client
+  that trickles its request a byte at a time holds one worker that long at most);
 - at most :data:`MAX_QUEUED` readable connections wait for a worker; past it one is closed.
 
 A normal scrape is served while idle connections are held: they wait in the selector, not
@@ -31,6 +32,7 @@ MAX_WAITING = 256
 MAX_QUEUED = 64
 IDLE_S = 10.0
 SOCKET_TIMEOUT_S = 5.0
+REQUEST_S = 10.0
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -57,7 +59,9 @@ class MetricsServer:
         self._queue: queue.Queue[tuple[socket.socket, Any] | None] = queue.Queue(MAX_QUEUED)
         self._closed = threading.Event()
         self._wake_r, self._wake_w = socket.socketpair()
-        self.refused = 0  # connections closed for a bound (waiting too long, too many)
+        self.refused = 0  # connections closed for a bound (waiting too long, too many, too slow)
+        self._serving: dict[socket.socket, float] = {}  # handed to a worker: when to cut it
+        self._serving_lock = threading.Lock()
         self._threads = [threading.Thread(target=self._select, name="spectrace-metrics", daemon=True)]
         self._threads += [threading.Thread(target=self._work, name=f"spectrace-metrics-{i}", daemon=True) for i in range(WORKERS)]
         for thread in self._threads:
@@ -87,6 +91,7 @@ class MetricsServer:
                     if now - since <= IDLE_S:
                         break  # the rest came later
                     self._drop(sel, waiting, sock)
+                self._cut_slow(now)
         finally:
             for sock in list(waiting):
                 self._drop(sel, waiting, sock)
@@ -124,6 +129,20 @@ class MetricsServer:
             self.refused += 1
             sock.close()
 
+    def _cut_slow(self, now: float) -> None:
+        """Shut down connections a worker has served longer than :data:`REQUEST_S` (its
+        blocked read then returns: the worker is free again)."""
+        with self._serving_lock:
+            late = [sock for sock, end in self._serving.items() if now > end]
+            for sock in late:
+                del self._serving[sock]
+        for sock in late:
+            self.refused += 1
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
     # ---------------------------------------------------------------- the workers
     def _work(self) -> None:
         while True:
@@ -131,11 +150,15 @@ class MetricsServer:
             if item is None:
                 return
             sock, addr = item
+            with self._serving_lock:
+                self._serving[sock] = time.monotonic() + REQUEST_S
             try:
                 self._server.finish_request(sock, addr)
             except Exception:  # a client that went away, timed out or sent garbage: its own loss
                 pass
             finally:
+                with self._serving_lock:
+                    self._serving.pop(sock, None)
                 self._server.shutdown_request(sock)
 
     def close(self) -> None:

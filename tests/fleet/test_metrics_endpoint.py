@@ -110,3 +110,34 @@ def test_findings_made_while_paused_reach_the_metrics_once_on(tmp_path: Path) ->
     rec.close()
     trace = "".join(p.read_text() for p in (tmp_path / "t").glob("*.jsonl"))
     assert trace.count('"type":"finding"') == 2
+
+
+def test_a_client_that_trickles_its_request_is_cut_at_the_request_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    from prometheus_client import CollectorRegistry
+
+    monkeypatch.setattr(metrics_server, "REQUEST_S", 1.0)
+    server = metrics_server.MetricsServer(0, "127.0.0.1", CollectorRegistry())
+    try:
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        t0 = time.monotonic()
+        cut = False
+        for byte in b"GET /metrics HTTP/1.0\r\nX-Slow: " + b"a" * 40:  # a byte each 0.2 s: inside every socket timeout
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:
+                cut = True
+                break
+            time.sleep(0.2)
+            if time.monotonic() - t0 > 4:
+                break
+        sock.settimeout(3)
+        try:
+            cut = cut or sock.recv(1) == b""
+        except TimeoutError:  # still open: not cut
+            pass
+        except OSError:  # reset by the server
+            cut = True
+        assert cut and time.monotonic() - t0 < 4.5 and server.refused >= 1
+        sock.close()
+    finally:
+        server.close()
