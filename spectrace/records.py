@@ -65,6 +65,11 @@ class Header(_Record):
     started_unix: float
     settings: dict[str, Any] = {}
     versions: dict[str, str] = {}
+    process_id: str = Field(
+        "",
+        description="random, drawn at start (and again in a forked child): tells apart processes of one host "
+        "name and pid, such as containers sharing a trace volume ('' in older traces)",
+    )
 
 
 class Call(_Record):

@@ -29,6 +29,11 @@ DEFAULT_FLUSH_SECONDS = 2.0
 # Upper bounds: past them a value is a typo, not a choice. 10M calls kept in memory are
 # ~5 GB already; a flush interval of a day is "at exit".
 MAX_RECORD_CAP = 10_000_000
+# SPECTRACE_MAX_FILE_MB: past this size a trace file keeps only its findings, coverage and
+# counters (per-step records are dropped and counted). A server traced for a day writes
+# 2.5 MiB/s of per-step records; 1 GiB is some minutes of them, and a view of it reads fast.
+DEFAULT_MAX_FILE_MB = 1024
+MAX_FILE_MB = 1_000_000
 MAX_SAMPLE = 1_000_000
 MAX_FLUSH_SECONDS = 86_400.0
 # Tokens of the fused draft input kept per captured step (SPECTRACE_CAPTURE_VALUES): a
@@ -304,6 +309,7 @@ class Settings:
     # as the loop runs (hooks/budget.py). 0: off, every step (or every SAMPLE-th) traced.
     budget: float = 0.0
     record_cap: int = DEFAULT_RECORD_CAP
+    max_file_mb: int = DEFAULT_MAX_FILE_MB  # 0: no cap on the trace file's size
     flush_seconds: float = DEFAULT_FLUSH_SECONDS
     keep_argv: bool = False  # the header keeps the command line's option values
     # Statistics of tensors that are a function of one token id (embedding outputs, and
@@ -333,7 +339,13 @@ class Settings:
 
     def __post_init__(self) -> None:
         # Settings built in code get the bounds the environment gets (a deque of 10^20 raises).
-        for name, low, high in (("record_cap", 1, MAX_RECORD_CAP), ("sample", 1, MAX_SAMPLE), ("graph_sample", 1, MAX_SAMPLE)):
+        bounds = (
+            ("record_cap", 1, MAX_RECORD_CAP),
+            ("sample", 1, MAX_SAMPLE),
+            ("graph_sample", 1, MAX_SAMPLE),
+            ("max_file_mb", 0, MAX_FILE_MB),
+        )
+        for name, low, high in bounds:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
                 fallback = getattr(type(self), name)
@@ -400,6 +412,7 @@ class Settings:
             sample=_positive_int(env, "SPECTRACE_SAMPLE", 1, MAX_SAMPLE),
             budget=_budget(env, "SPECTRACE_BUDGET"),
             record_cap=_positive_int(env, "SPECTRACE_RECORD_CAP", DEFAULT_RECORD_CAP, MAX_RECORD_CAP),
+            max_file_mb=int(parse_number(env, "SPECTRACE_MAX_FILE_MB", DEFAULT_MAX_FILE_MB, 1, MAX_FILE_MB, zero=True)),
             flush_seconds=_positive_float(env, "SPECTRACE_FLUSH_SECONDS", DEFAULT_FLUSH_SECONDS, MAX_FLUSH_SECONDS),
             token_stats=_flag(env, "SPECTRACE_TOKEN_STATS", False),
             keep_argv=keep_argv,

@@ -40,37 +40,58 @@ RESULT_SUFFIX = ".replay.json"  # what spectrace replay writes beside the trace 
 MAX_RESULT_BYTES = 1 << 20
 
 
+MAX_CAUSES, MAX_TEXT = 10, 400  # what a result written by spectrace replay holds at most
+
+
+def _text(value: Any, limit: int = MAX_TEXT) -> str:
+    return value[:limit] if isinstance(value, str) else ""
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def result_finding(raw: Any) -> Finding | None:
     """The ``replay_divergence`` finding of one replay result (``<stem>.replay.json``, as
-    ``spectrace replay`` writes it, parsed); None for a result that agrees or is not one."""
-    if not isinstance(raw, Mapping) or raw.get("agree", True) or not isinstance(raw.get("first_divergence"), str):
+    ``spectrace replay`` writes it, parsed); None for a result that agrees or is not one.
+    Any field of another type than the writer's is taken as absent, and texts are cut: the
+    file is one anyone may have put beside a trace."""
+    if not isinstance(raw, Mapping) or raw.get("agree", True) is not False or not isinstance(raw.get("first_divergence"), str):
         return None
-    check = next((m for m in raw.get("modules") or [] if isinstance(m, Mapping) and m.get("module") == raw["first_divergence"]), {})
-    causes = [str(c) for c in raw.get("causes") or []]
+    module = _text(raw["first_divergence"], 40)
+    modules = raw.get("modules")
+    modules = modules if isinstance(modules, list) else []
+    check = next((m for m in modules if isinstance(m, Mapping) and m.get("module") == module), {})
+    causes = raw.get("causes")
+    causes = [_text(c) for c in causes[:MAX_CAUSES] if isinstance(c, str)] if isinstance(causes, list) else []
     return replay_divergence(
-        raw["first_divergence"], str(raw.get("served", "")), str(raw.get("expected", "")), causes,
-        check.get("max_error"), check.get("tolerance"), str(raw.get("replay_file", "")),
+        module, _text(raw.get("served")), _text(raw.get("expected")), causes,
+        _number(check.get("max_error")), _number(check.get("tolerance")), _text(raw.get("replay_file"), 255),
     )  # fmt: skip
+
+
+def read_result(path: str) -> Finding | None:
+    """:func:`result_finding` of the replay result at ``path``; None when it cannot be read
+    (too large, not JSON, nested past the parser's stack, not a regular file)."""
+    import json
+
+    from ..safe_files import SafeFileError, read_regular
+
+    try:
+        raw = json.loads(read_regular(path, MAX_RESULT_BYTES).decode("utf-8"))
+    except (SafeFileError, OSError, ValueError, RecursionError):  # RecursionError: a "[[[[..." bomb
+        return None
+    return result_finding(raw)
 
 
 def findings_beside(folder: str) -> list[Finding]:
     """The ``replay_divergence`` findings of the replay results in a trace folder (none for a
     result that agrees, or one that cannot be read)."""
-    import json
     import os
 
-    from ..safe_files import SafeFileError, read_regular
-
-    out: list[Finding] = []
     try:
         names = sorted(n for n in os.listdir(folder) if n.endswith(RESULT_SUFFIX))
     except OSError:
-        return out
-    for name in names:
-        try:
-            found = result_finding(json.loads(read_regular(os.path.join(folder, name), MAX_RESULT_BYTES).decode("utf-8")))
-        except (SafeFileError, OSError, ValueError):
-            continue
-        if found is not None:
-            out.append(found)
-    return out
+        return []
+    found = (read_result(os.path.join(folder, name)) for name in names)
+    return [f for f in found if f is not None]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..fleet import FleetError, collect, render, worst
+from ..fleet import TIMEOUT_S, FleetError, collect, render, worst
 from .errors import FOUND, OK, UsageError, parser, run
 
 PROG = "spectrace fleet"
@@ -29,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--job", default=None, help="only the targets of this scrape job")
     p.add_argument("--json", action="store_true", help="print the fleet as JSON, for scripts")
     p.add_argument(
+        "--timeout", type=float, default=TIMEOUT_S, metavar="S", help=f"seconds for all the queries together (default {TIMEOUT_S:g})"
+    )
+    p.add_argument(
         "--fail-on", choices=list(FAIL_ON), default="never", help="exit 1 when a root cause of this severity or worse is reported"
     )
     return p
@@ -41,8 +44,10 @@ def main(argv: list[str]) -> int:
 
 def _fleet(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    if not 0 < args.timeout <= 3600:
+        raise UsageError(f"--timeout {args.timeout:g}: give 0 < S <= 3600 seconds")
     try:
-        fleet = collect(args.prometheus, args.job)
+        fleet = collect(args.prometheus, args.job, args.timeout)
     except FleetError as exc:
         raise UsageError(str(exc)) from None
     print(fleet.model_dump_json(indent=2) if args.json else render(fleet))

@@ -35,12 +35,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..replay.file import MAX_BYTES, MAX_FORWARDS, MAX_ROWS, TOPK
 from .graph_branch import capturing as _capturing
 
-MAX_FORWARDS = 4
 DEFAULT_ROWS = 8
-TOPK = 8
-MAX_BYTES = 64 * 1024 * 1024  # per process: a forward that would pass it is not kept
 # The target's own rows kept beside a draft forward (``spectrace probe``): its input ids and
 # its top-1 next token, one row more than the draft's (the draft's row t proposes the token
 # the target chose at row t + 1).
@@ -56,11 +54,11 @@ def replay_enabled(env: Any = None) -> bool:
 
 
 def _rows_setting(env: Any = None) -> int:
-    # The settings' one parser: ASCII digits, 1 to 256, a bad value named once with the default.
+    # The settings' one parser: ASCII digits, 1 to MAX_ROWS, a bad value named once with the default.
     from ..settings import parse_number
 
     env = os.environ if env is None else env
-    return int(parse_number(env, ENV_ROWS, DEFAULT_ROWS, 1, 256))
+    return int(parse_number(env, ENV_ROWS, DEFAULT_ROWS, 1, MAX_ROWS))
 
 
 def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], i: int, name: str) -> Any:
@@ -106,7 +104,8 @@ class ReplayCapture:
             raise ValueError(f"{type(draft).__name__} has no model.fc / model.layers[0] / model.norm: not an EAGLE-3 draft")
         self.draft = draft
         self.inner, self.fc, self.layer, self.norm, self.head = parts
-        self.rows, self.max_forwards, self.recorder = rows, max_forwards, recorder
+        # The reader refuses a file past these limits: the writer never makes one.
+        self.rows, self.max_forwards, self.recorder = max(1, min(rows, MAX_ROWS)), max(1, min(max_forwards, MAX_FORWARDS)), recorder
         self.kept: list[dict[str, Any]] = []  # per forward: "meta" and "tensors"
         self.bytes = 0
         self.calls = 0
@@ -115,6 +114,7 @@ class ReplayCapture:
         self._full = False
         self._written = False
         self.target_rotary: dict[str, Any] | None = None  # the target's rotary (TargetTap), for spectrace probe
+        self.too_large: list[int] = []  # bytes of each forward not kept for the MAX_BYTES cap (counted, said)
         self.inputs_only = 0  # forwards whose fc, layer and norm ran in a CUDA graph: not kept
         self._pending_fc: tuple[torch.Tensor, torch.Tensor] | None = None  # vLLM's fc, run before the forward
         self._handles: list[Any] = []
@@ -271,14 +271,32 @@ class ReplayCapture:
             return
         size = sum(t.numel() * t.element_size() for t in cur["tensors"].values())
         with self._lock:
-            if self._full or self.bytes + size > MAX_BYTES:
-                self._full = True
+            if self._full:
                 return
+            if self.bytes + size > MAX_BYTES:
+                # Not kept, and nothing after it (each later forward would copy as much):
+                # counted in the file's metadata and said once in the trace.
+                self._full = True
+                self.too_large.append(size)
+        if self.too_large:
+            if self.recorder is not None:
+                self._guard(self.recorder.coverage, "not_covered", self._too_large_advice(size))
+                self.recorder.drain_soon()
+            return
+        with self._lock:
             self.bytes += size
             self.kept.append({"n": cur["n"], "mode": cur["mode"], "call": self.calls - 1, "bytes": size, "tensors": cur["tensors"]})
             self._full = len(self.kept) >= self.max_forwards
         if self._full and self.recorder is not None:
             self.recorder.drain_soon()
+
+    def _too_large_advice(self, size: int) -> str:
+        mib = lambda n: f"{n / (1 << 20):.1f} MiB"  # noqa: E731
+        return (
+            f"SPECTRACE_REPLAY: a draft forward of {mib(size)} was not kept ({mib(self.bytes)} kept already, "
+            f"{len(self.kept)} forward(s); the cap is {mib(MAX_BYTES)} per process), nor any forward after it: "
+            f"keep fewer rows (SPECTRACE_REPLAY_ROWS, now {self.rows})"
+        )
 
     def _graphed_advice(self) -> str:
         what = (
@@ -292,7 +310,7 @@ class ReplayCapture:
     # ------------------------------------------------------------ off the forward
     def drain(self) -> None:
         """The recorder's drain: write the file once the forwards are kept (at close: what was kept)."""
-        if self._written or not self.kept or (not self._full and not getattr(self.recorder, "closing", False)):
+        if self._written or not (self.kept or self.too_large) or (not self._full and not getattr(self.recorder, "closing", False)):
             return
         path = self.recorder.open_file()
         if path is None:
@@ -308,7 +326,7 @@ class ReplayCapture:
         from ..values_file import write_private
 
         with self._lock:
-            if self._written or not self.kept:
+            if self._written or not (self.kept or self.too_large):
                 return None
             self._written = True
             kept = list(self.kept)
@@ -326,7 +344,7 @@ class ReplayCapture:
             tensors = {k: v[: rows + 1] if k in TARGET_KEYS else v[:rows] for k, v in tensors.items()}
             meta = ReplayForward(step=-1, draft_call=slot["call"], rows=rows, forward_mode=slot["mode"], keys=sorted(tensors))
             forwards.append(ReplayData(meta, tensors))
-        if not forwards:
+        if not forwards and not self.too_large:
             return None
         # The served dtype: of the first floating tensor kept (the fused input at least).
         ref = next((t for f in forwards for t in f.tensors.values() if t.is_floating_point()), None)
@@ -339,6 +357,7 @@ class ReplayCapture:
             bytes_per_forward=[s["bytes"] for s in kept],
             target_rotary=self.target_rotary,
             forwards=[f.meta for f in forwards],
+            too_large=list(self.too_large),
         )
         return write_private(directory, replay_name(trace_name), encode(meta_all, forwards))
 

@@ -50,6 +50,7 @@ class Batching:
         def _sink_failed(self, sink: Any, exc: BaseException) -> None: ...
         def count(self, name: str, delta: float = 1) -> None: ...
         def count_dropped(self, n: int, reason: str) -> None: ...
+        def _file_capped(self, lines: int) -> None: ...
         def internal_error(self, message: str) -> None: ...
 
     def _queue_text(self, text: str) -> None:
@@ -86,10 +87,13 @@ class Batching:
                         # The trace's own file writes its header itself (again in a file made
                         # after a deletion); another line sink gets it before its first batch.
                         own = sink is self._file or id(sink) in self._started
-                        sink.write(lines if own else [self._header_line(), *lines])
+                        capped = sink.write(lines if own else [self._header_line(), *lines])
                         self._started.add(id(sink))
                         if n == 0:
-                            self.count("records_written", len(lines))
+                            capped = capped if isinstance(capped, int) and sink is self._file else 0
+                            self.count("records_written", len(lines) - capped)
+                            if capped:
+                                self._file_capped(capped)
                     except Exception as exc:
                         if n == 0:
                             self.count_dropped(len(lines), "sink error")

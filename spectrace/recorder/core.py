@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import os
+import secrets
 import socket
 import sys
 import threading
@@ -118,6 +119,7 @@ class Recorder(Batching, TraceFile, Memory):
             # Strings from the environment (a folder, module globs) made valid UTF-8.
             settings=safe_value(settings.safe_dict()),
             versions=versions(),
+            process_id=secrets.token_hex(4),
         )
         for sink in sinks:
             self.add_sink(sink)
@@ -161,10 +163,11 @@ class Recorder(Batching, TraceFile, Memory):
         self.important = []
         self.counters = Counters()
         self._dropped_by = {}
+        self._capped_said = False  # the child's own file has its own size cap
         self._ledger = OnceLedger()
         self._voice = StderrVoice(self.settings)
         self._last_flush = time.monotonic()
-        self.header = self.header.model_copy(update={"pid": os.getpid(), "started_unix": time.time()})
+        self.header = self.header.model_copy(update={"pid": os.getpid(), "started_unix": time.time(), "process_id": secrets.token_hex(4)})
         for sink in self._sinks:
             hook = getattr(sink, "after_fork", None)
             if callable(hook):

@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..records import Counters, Header
+from ..settings import Settings
 from ..sinks.base import safe_value
 from ..sinks.jsonl import JsonlSink, trace_file_name
 from ..version import __version__
@@ -35,6 +36,7 @@ def record_json(record: Any) -> str:
 class TraceFile:
     """The trace file of a :class:`~.core.Recorder` (None without a ``directory``)."""
 
+    settings: Settings
     directory: str | None
     file_name: str | None
     rank: int | None
@@ -53,6 +55,7 @@ class TraceFile:
         def warn_once(self, key: str, message: str) -> None: ...
         def internal_error(self, message: str) -> None: ...
         def count_dropped(self, n: int, reason: str) -> None: ...
+        def coverage(self, kind: str, detail: str, *, step: int | None = None, times: int = 1) -> None: ...
 
     @property
     def sink(self) -> JsonlSink | None:
@@ -100,6 +103,7 @@ class TraceFile:
                     note=lambda message: self.warn_once("file:" + kind_of(message.split(" ", 1)[-1]), message),
                     header=self._header_line,
                     lost=self._file_lost,
+                    max_bytes=self.settings.max_file_mb << 20,
                 )
             outputs.append(self._file)
         return outputs + self._line_sinks
@@ -120,3 +124,16 @@ class TraceFile:
         with self._count_lock:
             self.counters.bump("records_written", -min(lines, self.counters.records_written))
         self.count_dropped(lines, reason)
+
+    def _file_capped(self, lines: int) -> None:
+        """``lines`` per-step records left out of a file past SPECTRACE_MAX_FILE_MB: dropped
+        and counted; said once (a coverage record, which the file still takes, and a warning)."""
+        self.count_dropped(lines, "file size cap")
+        if getattr(self, "_capped_said", False):
+            return  # the count grows; the gap is said once
+        self._capped_said = True
+        self.coverage(
+            "not_covered",
+            f"SPECTRACE_MAX_FILE_MB: the trace file reached {self.settings.max_file_mb} MB; per-step records (calls, "
+            "acceptance, fingerprints) after it are dropped and counted, findings, coverage and counters are still written",
+        )

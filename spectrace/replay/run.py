@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..audit.checkpoint import AuditInputError
-from .file import REPLAY_SUFFIX, RESULT_SUFFIX, ReplayFileError, find_replay_files, read_replay
+from .file import MAX_BYTES, REPLAY_SUFFIX, RESULT_SUFFIX, ReplayFileError, find_replay_files, read_replay
 from .reference import Reference, ReferenceError
 from .trainer_model import TrainerReference, installed
 from .trainer_specforge import SpecForgeReference
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 HOW_TO_KEEP = "run the server with SPECTRACE=1 SPECTRACE_REPLAY=1 SPECTRACE_DIR=<folder> to keep them"
 TRAINERS: dict[str, type[TrainerReference]] = {"speculators": SpeculatorsReference, "specforge": SpecForgeReference}
 REFERENCES = ("auto", "speculators", "specforge", "builtin")
+HIDDEN_KEYS = ("fc_out", "embeds", "layer_in", "layer_out", "norm_out")  # rows of the draft's hidden size
 
 
 class ReplayInputError(Exception):
@@ -48,18 +49,30 @@ def replay(trace: str, draft: str, reference: str = "auto", warn: Callable[[str]
         ref = _reference(reference, Reference.build(ckpt, raw, tensors), raw, tensors)
     except (ReplayFileError, AuditInputError, ReferenceError) as exc:
         raise ReplayInputError(str(exc)) from None
+    if not forwards and meta.too_large:
+        raise ReplayInputError(
+            f"{files[-1]}: no kept forwards: {len(meta.too_large)} forward(s) of {max(meta.too_large) / (1 << 20):.1f} MiB "
+            f"passed the {MAX_BYTES >> 20} MiB cap; serve with fewer SPECTRACE_REPLAY_ROWS (this file kept {meta.rows})"
+        )
     if not forwards:
         raise ReplayInputError(f"{files[-1]}: no kept forwards; {HOW_TO_KEEP}")
     fc = ref.w.get("fc.weight")
     width = next((f.tensors["hidden_in"].shape[-1] for f in forwards if "hidden_in" in f.tensors), None)
-    hidden = next((f.tensors["layer_in"].shape[-1] for f in forwards if "layer_in" in f.tensors), None)
+    # The reader checked that the hidden states share one width: it must be the checkpoint's.
+    hidden = next((t.shape[-1] for f in forwards for k, t in f.tensors.items() if k in HIDDEN_KEYS), None)
     if hidden is not None and hidden != ref.hidden:
         raise ReplayInputError(f"the checkpoint's hidden size is {ref.hidden}, the trace's draft ran {hidden}: not this trace's draft")
+    fc_in = next((f.tensors["fc_in"].shape[-1] for f in forwards if "fc_in" in f.tensors), None)
+    if fc is not None and fc_in not in (None, fc.shape[1]):
+        raise ReplayInputError(f"the checkpoint's fc reads {fc.shape[1]} wide, the trace's fc read {fc_in}: not this trace's draft")
     if fc is not None and width not in (None, fc.shape[1], ref.hidden):
         raise ReplayInputError(f"the checkpoint's fc reads {fc.shape[1]} wide, the trace's fused input is {width}: not this trace's draft")
     from .compare import compare
 
     result = compare(ref, forwards, meta.dtype)
+    if not any(check.compared for check in result.modules):
+        missing = "; ".join(f"{c.module}: {c.note}" for c in result.modules if c.note)
+        raise ReplayInputError(f"{files[-1]}: nothing was compared, no module's served output and inputs were both kept ({missing})")
     result.trace, result.replay_file, result.draft, result.engine = meta.trace, os.path.basename(files[-1]), str(draft), meta.engine
     result.reference = ref.TRAINER if isinstance(ref, TrainerReference) else "builtin"
     if reference == "auto" and result.reference == "builtin":

@@ -37,7 +37,9 @@ def _compile(pattern: str) -> re.Pattern[str]:
         else:
             out.append(re.escape(pattern[i]))
             i += 1
-    return re.compile("".join(out) + r"\Z")
+    # DOTALL: a name part may hold any character, a newline too (``add_module("a\nb", ...)``):
+    # ``**`` must match every name, never skip one silently.
+    return re.compile("".join(out) + r"\Z", re.DOTALL)
 
 
 def glob_match(name: str, pattern: str) -> bool:

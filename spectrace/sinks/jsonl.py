@@ -53,6 +53,10 @@ from ..settings import warn
 from .base import DEFAULT_TIMEOUT_S, safe_text
 
 MAX_WRITE = 1 << 20  # bytes per write() call; always a whole number of lines
+# What a file past its size cap (SPECTRACE_MAX_FILE_MB) no longer takes: the per-step
+# records. The header, findings, coverage, counters and the rest stay (they say what the
+# run found and what it lost, and are few).
+CAPPED_KINDS = ('{"type":"call"', '{"type":"acceptance"', '{"type":"fingerprint"')
 MAX_NAME_TRIES = 16  # taken numbered names tried (each is one failed open, no wait)
 RANDOM_NAME_TRIES = 8  # then names with a random part (a clash of 32 random bits: never, in practice)
 MAX_SYMLINKS = 40  # as the kernel's own bound (ELOOP)
@@ -140,6 +144,7 @@ class JsonlSink:
         *,
         header: Callable[[], str] | None = None,
         lost: Callable[[int, str], None] | None = None,
+        max_bytes: int = 0,
     ) -> None:
         self.directory = directory
         self.name = name
@@ -151,6 +156,8 @@ class JsonlSink:
         self._headless = False  # a file created whose header line is not written yet
         self.lines_in_file = 0  # lines but the header in the current file
         self.files_made = 0
+        self.max_bytes = max_bytes  # 0: no cap; past it, CAPPED_KINDS lines are not written
+        self.bytes_in_file = 0
 
     @property
     def created(self) -> bool:
@@ -185,6 +192,7 @@ class JsonlSink:
         self._identity = (st.st_dev, st.st_ino)
         self._headless = self.header is not None
         self.lines_in_file = 0
+        self.bytes_in_file = 0
         self.files_made += 1
         if name != first:
             self.note(f"{os.path.join(self.directory, first)} already exists (an earlier process's, or planted): writing {name} instead")
@@ -242,14 +250,17 @@ class JsonlSink:
         self.check()
         fd = self._open()
         if self._headless and self.header is not None:
-            _write_all(fd, (self.header() + "\n").encode("utf-8"))
+            data = (self.header() + "\n").encode("utf-8")
+            _write_all(fd, data)
+            self.bytes_in_file += len(data)
             self._headless = False
         return self.path
 
-    def write(self, lines: Sequence[str]) -> None:
-        """Write complete lines; raises OSError (the recorder counts it)."""
+    def write(self, lines: Sequence[str]) -> int:
+        """Write complete lines; raises OSError (the recorder counts it). Returns how many
+        per-step lines were left out for the size cap (``max_bytes``)."""
         if not lines:
-            return
+            return 0
         self.check()
         fd = self._open()
         if self._headless and self.header is not None:
@@ -258,19 +269,25 @@ class JsonlSink:
         else:
             own = len(lines)
         chunk: list[bytes] = []
-        size = 0
+        size = capped = 0
         for line in lines:
             data = (line + "\n").encode("utf-8")
+            if self.max_bytes and self.bytes_in_file + size + len(data) > self.max_bytes and line.startswith(CAPPED_KINDS):
+                capped += 1
+                continue
             if chunk and size + len(data) > MAX_WRITE:
                 _write_all(fd, b"".join(chunk))
                 self._headless = False  # the header went with the first chunk
+                self.bytes_in_file += size
                 chunk, size = [], 0
             chunk.append(data)
             size += len(data)
         if chunk:
             _write_all(fd, b"".join(chunk))
+            self.bytes_in_file += size
         self._headless = False
-        self.lines_in_file += own
+        self.lines_in_file += own - capped
+        return capped
 
     write_lines = write
 

@@ -26,11 +26,12 @@ The metrics live in ``prometheus_client``'s default registry, created once per p
 Where they are served: with ``PROMETHEUS_MULTIPROC_DIR`` set (SGLang with
 ``--enable-metrics`` and vLLM with several API servers set it for their children) the values
 go to that folder and the engine's own ``/metrics`` collects them; ``SPECTRACE_METRICS_PORT``
-also serves them from this process (:func:`serve`).
+also serves them from this process (:func:`serve`), with a fixed pool of threads and socket
+timeouts (:mod:`.metrics_server`): idle or slow clients cannot add threads to the server.
 
 A benchmark's switch: while the ``SPECTRACE_CONTROL`` file holds the word ``metrics-off``
 the sink leaves the batches it is handed uncounted (the trace file still has every record),
-so the metrics' cost is measured on and off inside one server (scripts/live, mode
+but for the findings, which it holds and counts once the word is gone; so the metrics' cost is measured on and off inside one server (scripts/live, mode
 ``metrics``). The file is looked at no more than every quarter second, on the flush thread.
 """
 
@@ -64,6 +65,7 @@ HEALTH = {
 PAUSE_WORD = "metrics-off"
 CONTROL_EVERY_S = 0.25
 CONTROL_MAX_BYTES = 4096
+MAX_HELD = 10_000  # finding lines kept while paused, counted once the sink is on again
 
 _lock = threading.Lock()
 _metrics: dict[str, Any] = {}
@@ -148,7 +150,9 @@ def serve(port: int, address: str = "127.0.0.1") -> bool:
         if key in _served:
             return _served[key] is not None
         try:
-            from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
+            from prometheus_client import REGISTRY, CollectorRegistry
+
+            from .metrics_server import MetricsServer
 
             registry = REGISTRY
             if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -157,7 +161,7 @@ def serve(port: int, address: str = "127.0.0.1") -> bool:
                 # Every process's values, as the engine's endpoint would show them.
                 registry = CollectorRegistry()
                 multiprocess.MultiProcessCollector(registry)
-            _served[key] = start_http_server(port, addr=address, registry=registry)
+            _served[key] = MetricsServer(port, address, registry)
         except Exception as exc:
             _served[key] = None
             warn(f"SPECTRACE_METRICS_PORT: cannot serve metrics on {key} ({type(exc).__name__}: {exc}); they stay in the process")
@@ -184,6 +188,8 @@ class MetricsSink:
         self._synced: dict[str, float] = {}
         self._findings: list[Any] = []
         self._roots: set[tuple[str, str]] = set()
+        self._held: list[str] = []  # finding lines written while paused
+        self._held_said = False
 
     def paused(self) -> bool:
         """Whether the control file holds :data:`PAUSE_WORD` (read at most every quarter second;
@@ -202,9 +208,12 @@ class MetricsSink:
 
     def write(self, records: Sequence[Any]) -> None:
         if self.paused():  # the header still sets the rank and spectrace_info: a fleet sees the process
+            self._hold([r for r in records if isinstance(r, str) and r.startswith('{"type":"finding"')])
             records = [r for r in records if isinstance(r, str) and r.startswith('{"type":"header"')]
             if not records:
                 return
+        elif self._held:  # the findings made while paused count once the sink is on again
+            records, self._held = [*self._held, *records], []
         last_call: dict[str, str] = {}
         tally = _Tally()
         for line in records:
@@ -242,6 +251,16 @@ class MetricsSink:
         for role, text in last_call.items():
             self._stage(role, json.loads(text))
         self._health()
+
+    def _hold(self, findings: list[str]) -> None:
+        """Findings made while paused, kept for when the sink is on again (a pause measures
+        the metrics' cost; a root cause must still reach the fleet). At most :data:`MAX_HELD`;
+        past it the loss is said once."""
+        room = MAX_HELD - len(self._held)
+        self._held += findings[: max(0, room)]
+        if len(findings) > room and not self._held_said:
+            self._held_said = True
+            warn(f"{PAUSE_WORD}: more than {MAX_HELD} findings while the metrics are paused; later ones reach the trace only")
 
     def _acceptance(self, record: dict[str, Any], tally: _Tally) -> None:
         lengths = record.get("accept_lengths") or []
@@ -319,6 +338,7 @@ class MetricsSink:
         self._synced = {}
         self._findings = []
         self._roots = set()
+        self._held = []
 
     def flush(self, timeout_s: float = 1.0) -> bool:
         self._health()

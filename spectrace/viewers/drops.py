@@ -13,6 +13,7 @@ DROP_WORDS: dict[str, str] = {
     "sink error": "the file could not be written (disk full, I/O error)",
     "file deleted": "the file was deleted or replaced while written",
     "record cap": "more than SPECTRACE_RECORD_CAP waited to be written",
+    "file size cap": "per-step records past SPECTRACE_MAX_FILE_MB",
     "memory cap": "a memory-only trace passed its cap: oldest lost",
     "record build": "could not be serialised (an internal error)",
     "record worker stuck": "the record worker was stuck for seconds",

@@ -30,6 +30,7 @@ def header_summary(ts: TraceSet, files: list[TraceFile], states: list[FileState]
             file=f.name,
             host=f.header.host if f.header else None,
             pid=f.header.pid if f.header else None,
+            process_id=f.header.process_id if f.header else "",
             rank=f.rank,
             schema_version=f.header.schema_version if f.header else None,
             spectrace_version=f.header.spectrace_version if f.header else None,

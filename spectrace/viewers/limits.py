@@ -30,6 +30,7 @@ MAX_DRAFT_TOKENS = 1024
 MAX_INT = 2**63  # any integer in a record beyond +-2^63 is not a count, a size or a step
 MAX_NUMEL = 2**62
 MAX_DIMS = 64
+MAX_NESTING = 32  # lists and objects inside each other: the writer's records nest 6 deep; printing and JSON recurse
 MAX_UNIX = 253_402_300_799.0  # 9999-12-31: the last time a date can show
 
 LIMITS = {
@@ -41,6 +42,7 @@ LIMITS = {
     "acceptance_steps": MAX_ACCEPTANCE_STEPS,
     "acceptance_positions": MAX_POSITIONS,
     "draft_tokens": MAX_DRAFT_TOKENS,
+    "nesting": MAX_NESTING,
 }
 
 
@@ -83,6 +85,8 @@ def implausible(obj: dict[str, Any], record: Any, raw: bytes | None = None) -> s
     odd = _odd_value(obj) if raw is None or _MAYBE_ODD.search(raw) else None
     if odd:
         return odd
+    if (raw is None or raw.count(b"[") + raw.count(b"{") > MAX_NESTING) and nested_deeper(obj, MAX_NESTING):
+        return f"lists or objects nested more than {MAX_NESTING} deep"
     if isinstance(record, Acceptance):
         if not 0 <= record.draft_tokens <= MAX_DRAFT_TOKENS:
             return f"draft_tokens {record.draft_tokens} (at most {MAX_DRAFT_TOKENS})"
@@ -125,6 +129,19 @@ def _tensor_implausible(m: Any) -> str | None:
     if st is not None and any(v is not None and not 0 <= v <= MAX_NUMEL for v in (st.nan, st.inf, st.numel)):
         return "a count outside 0..2^62 in its statistics"
     return None
+
+
+def nested_deeper(obj: Any, limit: int) -> bool:
+    """Whether lists and dicts in ``obj`` nest more than ``limit`` deep (iterative: a value
+    nested past the stack is measured, not recursed into)."""
+    stack = [(obj, 0)]
+    while stack:
+        x, depth = stack.pop()
+        if isinstance(x, (dict, list)):
+            if depth >= limit:
+                return True
+            stack.extend((v, depth + 1) for v in (x.values() if isinstance(x, dict) else x))
+    return False
 
 
 def _odd_value(obj: Any) -> str | None:

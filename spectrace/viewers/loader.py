@@ -33,7 +33,7 @@ from pydantic import ValidationError
 
 from spectrace.checks.from_records import findings_from_records
 from spectrace.checks.probe import PROBE_SUFFIX, probe_findings, withdraw
-from spectrace.checks.replay import MAX_RESULT_BYTES, RESULT_SUFFIX, result_finding
+from spectrace.checks.replay import MAX_RESULT_BYTES, RESULT_SUFFIX, read_result
 from spectrace.records import (
     LEGACY_RECORD_TYPES,
     RECORD_ADAPTER,
@@ -44,7 +44,6 @@ from spectrace.records import (
     Finding,
     Header,
 )
-from spectrace.safe_files import SafeFileError, read_regular
 
 from .limits import (
     LIMITS,
@@ -420,7 +419,7 @@ def _beside(path: str, suffix: str) -> Any:
         return None
     try:
         return json.loads(read_regular(stem + suffix, MAX_RESULT_BYTES).decode("utf-8"))
-    except (SafeFileError, OSError, ValueError):
+    except (SafeFileError, OSError, ValueError, RecursionError):  # RecursionError: a "[[[[..." bomb
         return None
 
 
@@ -430,11 +429,7 @@ def _replay_result(path: str) -> Finding | None:
     stem = path[: -len(".jsonl")] if path.endswith(".jsonl") else None
     if stem is None or not os.path.exists(stem + RESULT_SUFFIX):
         return None
-    try:
-        raw = json.loads(read_regular(stem + RESULT_SUFFIX, MAX_RESULT_BYTES).decode("utf-8"))
-    except (SafeFileError, OSError, ValueError):
-        return None
-    return result_finding(raw)
+    return read_result(stem + RESULT_SUFFIX)
 
 
 class _NotRegular(Exception):

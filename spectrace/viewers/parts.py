@@ -62,6 +62,7 @@ class ProcessInfo(BaseModel):
     file: str
     host: str | None = None
     pid: int | None = None
+    process_id: str = ""  # the header's random id: tells apart processes of one host and pid
     rank: int | None = None
     schema_version: int | None = None
     spectrace_version: str | None = None

@@ -40,12 +40,13 @@ from .model import (
     HeaderSummary,
     ModuleRow,
     MomentStats,
+    ProcessInfo,
     SliceView,
     StageView,
     StatsSummary,
     TraceView,
 )
-from .terminal import SafeConsole, safe_console
+from .terminal import SafeConsole, one_line, safe_console
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 60
@@ -128,6 +129,16 @@ def bar(rate: float, width: int = BAR_WIDTH) -> str:
 
 
 # ------------------------------------------------------------------------- renderables
+def process_label(p: ProcessInfo, all_processes: list[ProcessInfo]) -> str:
+    """``host:pid``; where another process has the same host, pid and rank (containers
+    sharing a trace volume, each pid 1), its random id or its file name is added."""
+    label = f"{p.host or '?'}:{p.pid if p.pid is not None else '?'}"
+    twins = sum(1 for q in all_processes if (q.host, q.pid, q.rank) == (p.host, p.pid, p.rank))
+    if twins > 1:
+        label += f" ({'id ' + p.process_id if p.process_id else p.file})"
+    return label
+
+
 class HeaderPanel:
     """Which run this is: processes, ranks, steps, time span, drops, coverage gaps, load problems."""
 
@@ -137,10 +148,7 @@ class HeaderPanel:
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         h = self.h
         lines = Text()
-        procs = ", ".join(
-            f"{p.host or '?'}:{p.pid if p.pid is not None else '?'}" + (f" rank {p.rank}" if p.rank is not None else "")
-            for p in h.processes[:4]
-        )
+        procs = ", ".join(process_label(p, h.processes) + (f" rank {p.rank}" if p.rank is not None else "") for p in h.processes[:4])
         if len(h.processes) > 4:
             procs += f", +{len(h.processes) - 4} more"
         lines.append(f"{len(h.processes)} process{'es' if len(h.processes) != 1 else ''}", style="bold")
@@ -551,7 +559,7 @@ class ModuleTable:
         table.add_column("!", style="bold red", overflow="fold", max_width=10)
         fmt = short if self.types else num  # short: at most 7 characters, to fit the type column
         for r in self.rows[: self.max_rows]:
-            name = Text(r.module.removeprefix(root))  # Text: a str cell is read as markup
+            name = Text(one_line(r.module.removeprefix(root)))  # Text: a str cell is read as markup
             if self.types and not type_column and r.module_type:
                 name.append("\n" + r.module_type, style="dim")
             cells: list[Text | str] = [name]

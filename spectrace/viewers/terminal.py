@@ -37,6 +37,12 @@ def printable(text: str) -> str:
     return _UNSAFE.sub(_escape, text) if _UNSAFE.search(text) else text
 
 
+def one_line(text: str) -> str:
+    """:func:`printable`, and a newline or tab written out too: a name (a module's may hold
+    one) shown in a cell or a line never breaks it."""
+    return printable(text).replace("\n", "\\n").replace("\t", "\\t")
+
+
 class SafeConsole(Console):
     """A rich console that escapes control characters in all the text it renders.
 
