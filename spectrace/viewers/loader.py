@@ -44,6 +44,7 @@ from spectrace.records import (
     Finding,
     Header,
 )
+from spectrace.safe_files import SafeFileError, read_regular
 
 from .limits import (
     LIMITS,
