@@ -42,6 +42,18 @@ from .say_once import OnceLedger
 from .stderr import StderrVoice, kind_of
 from .trace_file import TraceFile, record_json
 
+_token: tuple[int, str] | None = None
+
+
+def process_token() -> str:
+    """This process's random id, one for all its trace files (``SPECTRACE=1``'s and a
+    ``trace()``'s alike); drawn again in a forked child, whose pid differs."""
+    global _token
+    pid = os.getpid()
+    if _token is None or _token[0] != pid:
+        _token = (pid, secrets.token_hex(4))
+    return _token[1]
+
 
 class Recorder(Batching, TraceFile, Memory):
     """Collects records for one process (or one ``trace()`` context).
@@ -119,7 +131,7 @@ class Recorder(Batching, TraceFile, Memory):
             # Strings from the environment (a folder, module globs) made valid UTF-8.
             settings=safe_value(settings.safe_dict()),
             versions=versions(),
-            process_id=secrets.token_hex(4),
+            process_id=process_token(),
         )
         for sink in sinks:
             self.add_sink(sink)
@@ -167,7 +179,7 @@ class Recorder(Batching, TraceFile, Memory):
         self._ledger = OnceLedger()
         self._voice = StderrVoice(self.settings)
         self._last_flush = time.monotonic()
-        self.header = self.header.model_copy(update={"pid": os.getpid(), "started_unix": time.time(), "process_id": secrets.token_hex(4)})
+        self.header = self.header.model_copy(update={"pid": os.getpid(), "started_unix": time.time(), "process_id": process_token()})
         for sink in self._sinks:
             hook = getattr(sink, "after_fork", None)
             if callable(hook):

@@ -139,6 +139,17 @@ def process_label(p: ProcessInfo, all_processes: list[ProcessInfo]) -> str:
     return label
 
 
+def same_process(processes: list[ProcessInfo]) -> list[list[ProcessInfo]]:
+    """The trace files grouped by the process that wrote them: one process may write two
+    (``SPECTRACE=1`` and a ``trace()`` inside it), told by the header's random id; files
+    without one (older traces) stand alone."""
+    groups: dict[tuple[object, ...], list[ProcessInfo]] = {}
+    for p in processes:
+        key = (p.host, p.pid, p.rank, p.process_id) if p.process_id else (p.file,)
+        groups.setdefault(key, []).append(p)
+    return list(groups.values())
+
+
 class HeaderPanel:
     """Which run this is: processes, ranks, steps, time span, drops, coverage gaps, load problems."""
 
@@ -148,10 +159,17 @@ class HeaderPanel:
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         h = self.h
         lines = Text()
-        procs = ", ".join(process_label(p, h.processes) + (f" rank {p.rank}" if p.rank is not None else "") for p in h.processes[:4])
-        if len(h.processes) > 4:
-            procs += f", +{len(h.processes) - 4} more"
-        lines.append(f"{len(h.processes)} process{'es' if len(h.processes) != 1 else ''}", style="bold")
+        groups = same_process(h.processes)
+        firsts = [g[0] for g in groups]
+        procs = ", ".join(
+            process_label(g[0], firsts)
+            + (f" rank {g[0].rank}" if g[0].rank is not None else "")
+            + (f" ({len(g)} trace files)" if len(g) > 1 else "")
+            for g in groups[:4]
+        )
+        if len(groups) > 4:
+            procs += f", +{len(groups) - 4} more"
+        lines.append(f"{len(groups)} process{'es' if len(groups) != 1 else ''}", style="bold")
         lines.append(f"  {procs}\n" if procs else "\n")
         if h.ranks:
             lines.append(f"ranks {', '.join(map(str, h.ranks))}   ")

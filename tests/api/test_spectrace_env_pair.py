@@ -91,3 +91,6 @@ def test_trace_inside_spectrace_env_hooks_each_model_once(tmp_path: Path) -> Non
     calls_per_file = {p.name: sum('"type":"call"' in line for line in p.read_text().splitlines()) for p in out.glob("*.jsonl")}
     # trace() holds the pair: its file has the calls; the process's own has none of them.
     assert sorted(calls_per_file.values())[0] == 0 and max(calls_per_file.values()) > 0, calls_per_file
+    # Two files, one process: the view says one process, not "2 processes vm:1104, vm:1104".
+    header = _view(out, "--no-pager").stdout
+    assert "1 process " in header and "(2 trace files)" in header, header
