@@ -46,6 +46,8 @@ class Pane:
     def __enter__(self) -> Pane:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SPECTRACE")}
         env.update(TERM="xterm-256color", NO_COLOR="1")
+        # The environment's bin on PATH, as where it is activated: the screens name `spectrace`.
+        env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
         env.pop("COLUMNS", None)
         env.pop("LINES", None)
         # A big scrollback: the whole output of a command is compared, not only its last screen.
