@@ -16,7 +16,7 @@ from typing import Any
 from ..records import Finding
 from ..rules.catalogue import finding
 from ..rules.conventions import first_sglang_implementing
-from ..rules.engines import Dims, Engine, Param
+from ..rules.engines import Dims, Engine, Param, layer_rename_note
 from .facts import DraftConfigFile, TargetConfig, TensorInfo
 
 # Checkpoint tensors that only exist for a trainer option, and the flag that makes SGLang's
@@ -155,6 +155,9 @@ def check_dropped(replay: LoadReplay, engine: Engine, dims: Dims) -> list[Findin
                 if old
                 else f"rename * -> {new}*: {{{new!r} + k: v for k, v in state_dict.items()}}"
             )
+            note = layer_rename_note({src: dst}) if engine.name == "sglang" else None
+            if note:
+                fix += f"; {note}"
             message = f"{len(names)} tensor(s) under {old or 'the root'}* match no {label} parameter: {listing(names)}; {how}" + (
                 "" if engine.unknown_names_raise else " and the parameters they were meant for keep their random init"
             )

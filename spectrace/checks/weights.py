@@ -15,6 +15,7 @@ from collections import Counter, defaultdict
 
 from ..records import Finding, Weights
 from ..rules.catalogue import finding
+from ..rules.engines import layer_rename_note
 
 MAX_NAMES = 12
 
@@ -102,6 +103,9 @@ def check_weights(weights: Weights) -> list[Finding]:
     if renames:
         pairs = "; ".join(f"{src}.* -> {dst}.*" if dst else f"{src}.* -> (no prefix)" for src, dst in renames.items())
         rename_fix = f"rename the checkpoint keys {pairs} (or map them in the loader)"
+        note = layer_rename_note(renames)
+        if note:
+            rename_fix += f"; {note}"
     for code, names, key, what in (
         (
             "weights_dropped",
