@@ -24,6 +24,14 @@ def spectrace(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 # ----------------------------------------------------------------------------- the command
+def test_a_mistyped_command_gets_the_nearest_one() -> None:
+    result = spectrace("vew")
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[0] == "spectrace: error: unknown command 'vew' (did you mean 'view'?)"
+    far = spectrace("zzzz")
+    assert far.stderr.splitlines()[0] == "spectrace: error: unknown command 'zzzz'"  # nothing near: no guess
+
+
 def test_no_command_prints_the_usage_and_exits_2() -> None:
     result = spectrace()
     assert result.returncode == 2

@@ -45,6 +45,12 @@ def view_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
     "args, said",
     [
         (["--module", "nonexistent"], ["--module 'nonexistent' matches no module", "draft.model.layers.0"]),
+        # A typo gets the nearest name (the Python API's difflib matching, shared).
+        (
+            ["--module", "hiden_norm"],
+            ["--module 'hiden_norm' matches no module; did you mean 'draft.model.layers.0.hidden_norm'? (modules: "],
+        ),
+        (["--finding", "fc_bypas"], ["--finding fc_bypas matches no finding; did you mean 'fc_bypass'? (not a finding code"]),
         (["--finding", "nope"], ["--finding nope matches no finding", "not a finding code", "fc_bypass", "acceptance_collapse"]),
         (["--rank", "5"], ["--rank 5 matches no process", "records a rank"]),
         (["--step", "5:2"], ["--step 5:2 is an empty range", "steps 0.."]),
