@@ -155,9 +155,9 @@ def check_dropped(replay: LoadReplay, engine: Engine, dims: Dims) -> list[Findin
                 if old
                 else f"rename * -> {new}*: {{{new!r} + k: v for k, v in state_dict.items()}}"
             )
-            note = layer_rename_note({src: dst}) if engine.name == "sglang" else None
-            if note:
-                fix += f"; {note}"
+            upgrade = layer_rename_note({src: dst}) if engine.name == "sglang" else None
+            if upgrade:
+                fix += f"; or {upgrade}"
             message = f"{len(names)} tensor(s) under {old or 'the root'}* match no {label} parameter: {listing(names)}; {how}" + (
                 "" if engine.unknown_names_raise else " and the parameters they were meant for keep their random init"
             )

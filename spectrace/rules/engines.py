@@ -55,12 +55,11 @@ SGLANG_READS_BOTH_LAYER_NAMES = SGLANG_DRAFT_READ[0]
 
 
 def layer_rename_note(renames: dict[str, str]) -> str | None:
-    """What a ``layers.0`` -> ``midlayer`` rename says about the engine: only SGLang releases
-    before 0.5.14 drop those names, so upgrading is the other fix."""
+    """The other fix of a ``layers.0`` -> ``midlayer`` rename: only SGLang releases before
+    0.5.14 drop those names, so upgrading fixes it too (None for any other rename)."""
     if renames.get("layers.0") != "midlayer":
         return None
-    since = SGLANG_READS_BOTH_LAYER_NAMES
-    return f"or serve on SGLang {since} or later, which reads layers.0.* and midlayer.* alike (releases before {since} drop layers.0.*)"
+    return f"serve on SGLang {SGLANG_READS_BOTH_LAYER_NAMES} or later, which reads both names"
 
 
 # The shape of each parameter a flag makes SGLang's draft class create: over the fused

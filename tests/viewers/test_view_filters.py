@@ -142,7 +142,13 @@ def test_fail_on_gates_on_the_findings_shown(bypass: Path, capsys: pytest.Captur
     rc, out, err = view(capsys, str(bypass), *args)
     assert rc == status, err
     assert out  # the view is shown either way
-    assert err == ""
+    if status == 0:
+        assert err == ""
+    else:  # one closing line says why the run fails, naming the findings (stdout stays the view)
+        (line,) = err.splitlines()
+        assert line.startswith(f"spectrace view: exit 1 (--fail-on {args[1]}): "), line
+        expected = "acceptance_collapse" if "--finding" in args else "aux_capture_disabled"
+        assert expected in line, line
 
 
 def test_fail_on_passes_a_trace_without_findings(ranked: Path, capsys: pytest.CaptureFixture[str]) -> None:
