@@ -47,7 +47,7 @@ def audit(
     findings: list[Finding] = []
     findings += check_dropped(replay, engine, dims)
     findings += check_missing(replay, cfg, engine, target)
-    findings += check_tensor_shapes(replay, engine)
+    findings += check_tensor_shapes(replay, engine, cfg)
     findings += check_null_keys(cfg, engine)
     findings += check_fc_width(cfg, tensors, engine, target)
     findings += check_aux_enabled(cfg, engine)

@@ -112,7 +112,7 @@ def audit_vllm(
     if cfg.use_aux_hidden_state is False:  # vLLM builds no fc and drops fc.weight
         missing = [f for f in missing if "model.fc.weight" not in f.evidence.get("parameters", [])]
     findings += missing
-    findings += check_tensor_shapes(replay, engine)
+    findings += check_tensor_shapes(replay, engine, cfg)
     findings += check_vllm_fc_bypass(view, module="config.json", version=engine.version, runner=RUNNER)
     draft_class = draft_class_for(cfg.architectures)
     findings += check_vllm_class_flags(view, draft_class)
