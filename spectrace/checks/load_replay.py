@@ -299,7 +299,7 @@ def check_tensor_shapes(replay: LoadReplay, engine: Engine, cfg: DraftConfigFile
                         "config_key": key,
                         "config_value": value,
                         "weights_value": weights,
-                        "tensors": {name: {"shape": got, "expected": list(want)} for name, _p, got, want in misfits},
+                        "misfits": {name: {"shape": got, "expected": list(want)} for name, _p, got, want in misfits},
                     },
                     fix=f"set {key} to {weights} in the draft's config.json (what its weights were trained with), "
                     "or ship the weights that config describes",

@@ -39,7 +39,7 @@ def test_a_wrong_hidden_size_is_one_finding_naming_the_key_and_both_values(tmp_p
     assert per_tensor == []  # not twelve blocks that each say a shape
     (grouped,) = [f for f in shapes if f.evidence.get("config_key")]
     assert (grouped.evidence["config_key"], grouped.evidence["config_value"], grouped.evidence["weights_value"]) == ("hidden_size", 128, 64)
-    assert len(grouped.evidence["tensors"]) == 12 and grouped.evidence["tensors"]["norm.weight"] == {"shape": [64], "expected": [128]}
+    assert len(grouped.evidence["misfits"]) == 12 and grouped.evidence["misfits"]["norm.weight"] == {"shape": [64], "expected": [128]}
     assert grouped.message.startswith("config.json's hidden_size is 128 but the weights are 64 wide: 12 tensors do not fit")
     assert grouped.fix and grouped.fix.startswith("set hidden_size to 64 in the draft's config.json")
 
@@ -49,7 +49,7 @@ def test_a_wrong_intermediate_size_names_that_key(tmp_path: Path) -> None:
     shapes = _shape_findings(_draft(tmp_path, intermediate_size=cfg["intermediate_size"] * 2))
     (grouped,) = shapes
     assert grouped.evidence["config_key"] == "intermediate_size" and grouped.evidence["weights_value"] == cfg["intermediate_size"]
-    assert sorted(grouped.evidence["tensors"]) == [f"midlayer.mlp.{p}_proj.weight" for p in ("down", "gate", "up")]
+    assert sorted(grouped.evidence["misfits"]) == [f"midlayer.mlp.{p}_proj.weight" for p in ("down", "gate", "up")]
 
 
 def test_the_clean_fixture_has_no_shape_finding(tmp_path: Path) -> None:
