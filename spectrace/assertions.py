@@ -19,7 +19,6 @@ the ``spectrace`` fixture, command-line options and teardown checks.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +26,7 @@ from .hooks.selection import glob_match
 from .present.findings import cut as _cut
 from .present.findings import record_lines, root_cause_lines
 from .records import SEVERITY_RANK, Call, Finding, TensorMeta
+from .rules.globs import closest_names as _closest_names
 
 if TYPE_CHECKING:  # the Trace's methods call these functions: api imports this module, not the reverse
     from .api import Trace
@@ -266,22 +266,7 @@ def traced_names(trace: Trace, module: str) -> list[str]:
 def closest_names(trace: Trace, module: str, n: int = 3) -> list[str]:
     """Traced module names closest to ``module`` (a typo, a missing prefix), best first;
     a glob is compared by its last part (``**.fcc`` finds ``draft.model.fc``)."""
-    names = list(dict.fromkeys([*trace.hooked, *trace.modules()]))
-    found = _closest(module, names, n)
-    if not found:
-        by_tail: dict[str, list[str]] = {}
-        for name in names:
-            by_tail.setdefault(name.rsplit(".", 1)[-1], []).append(name)
-        for close in _closest(module.rsplit(".", 1)[-1], list(by_tail), n):
-            found += [name for name in by_tail[close] if name not in found]
-    return found[:n]
-
-
-def _closest(word: str, candidates: list[str], n: int, cutoff: float = 0.6, margin: float = 0.05) -> list[str]:
-    # Only the near-best: 'fcc' should suggest fc, not every name that shares 'draft.model.'.
-    scored = sorted(((difflib.SequenceMatcher(None, word, c).ratio(), c) for c in candidates), reverse=True)
-    best = scored[0][0] if scored else 0.0
-    return [c for ratio, c in scored[:n] if ratio >= cutoff and ratio >= best - margin]
+    return _closest_names(module, list(dict.fromkeys([*trace.hooked, *trace.modules()])), n)
 
 
 def _untraced_notes(trace: Trace, module: str) -> list[str]:

@@ -159,6 +159,8 @@ def report_lines(results: list[ScenarioResult], width: int = 80, details: bool =
     name_width = max([len("scenario"), *(len(r.name) for r in results)])
     lines = [
         Text(_cut(f"spectrace demo: EAGLE-3 pipeline, k={K}; accept = tokens accepted per verify", width), style="bold"),
+        # A healthy 4.76 at k=4 reads as a bug without it.
+        Text(_cut(f"(up to k+1 = {K + 1}: a verify also keeps the target's own next token, the bonus)", width), style="dim"),
         Text(_cut(f"{'scenario':<{name_width}}  {'accept':>6}  trace folder, then what is wrong and the fix", width), style="bold"),
     ]
     for r in results:

@@ -198,6 +198,10 @@ EVIDENCE_KEYS: dict[str, str] = {
     "baseline_batch": "mean requests per verify step in the baseline",
     "recent_batch": "mean requests per verify step in the latest windows",
     "windows": "windows of verify steps the run was cut into so far",
+    "config_key": "the draft config.json key that the misfit tensors follow from (`hidden_size`, `intermediate_size`, ...)",
+    "config_value": "that key's value in config.json, what the engine builds the draft's tensors from",
+    "weights_value": "the width the checkpoint's tensors have where the engine expects the key's value",
+    "misfits": "per misfit tensor, its shape and the shape the engine expects from the config key",
 }
 
 # Evidence keys no literal in the source names: the audit adds the first to findings it

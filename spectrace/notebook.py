@@ -251,7 +251,8 @@ def _acceptance_line(a: AcceptanceView) -> str:
     if a.draft_tokens:
         text += f", {a.draft_tokens} draft tokens"
     if a.position_rate:
-        text += "; accepted at position " + " ".join(f"{i}:{r:.2f}" for i, r in enumerate(a.position_rate))
+        # Draft positions from 1, as `spectrace view` numbers them (its "pos 1" bar).
+        text += "; accepted at draft position " + " ".join(f"{i}:{r:.2f}" for i, r in enumerate(a.position_rate, 1))
     return text
 
 

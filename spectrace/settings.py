@@ -17,7 +17,8 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -57,9 +58,30 @@ _bad_said: set[tuple[str, str]] = set()
 _bad_lock = threading.Lock()
 
 
+# The lists that :func:`bad_values` is collecting into (every bad value, said before or not).
+_collecting: list[list[str]] = []
+
+
+@contextmanager
+def bad_values() -> Iterator[list[str]]:
+    """The names of the bad values met while the block runs (``spectrace settings`` exits 2
+    on any): ``with bad_values() as bad: Settings.from_env()``."""
+    found: list[str] = []
+    with _bad_lock:
+        _collecting.append(found)
+    try:
+        yield found
+    finally:
+        with _bad_lock:
+            _collecting.remove(found)
+
+
 def _bad(name: str, raw: str, message: str) -> None:
     """Warn about a bad value once per process (the environment is read by every ``trace()``)."""
     with _bad_lock:
+        for found in _collecting:
+            if name not in found:
+                found.append(name)
         if (name, raw) in _bad_said:
             return
         _bad_said.add((name, raw))

@@ -53,7 +53,7 @@ def audit(
     if last_state_draft(cfg, tensors, target) is not None:  # fc is built but never applied: its input is as wide as the embedding
         missing = [f for f in missing if not any(p.endswith("fc.weight") for p in f.evidence.get("parameters", []))]
     findings += missing
-    findings += check_tensor_shapes(replay, engine)
+    findings += check_tensor_shapes(replay, engine, cfg)
     findings += check_null_keys(cfg, engine)
     findings += check_fc_width(cfg, tensors, engine, target)
     findings += check_aux_enabled(cfg, engine, tensors, target)

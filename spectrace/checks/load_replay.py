@@ -16,8 +16,9 @@ from typing import Any
 from ..records import Finding
 from ..rules.catalogue import finding
 from ..rules.conventions import first_sglang_implementing
-from ..rules.engines import Dims, Engine, Param
+from ..rules.engines import Dims, Engine, Param, layer_rename_note
 from .facts import DraftConfigFile, TargetConfig, TensorInfo
+from .shape_causes import WIDTH_KEYS, group_by_config_key
 
 # Checkpoint tensors that only exist for a trainer option, and the flag that makes SGLang's
 # draft class create a parameter for them (rules.conventions.SGLANG_DRAFT_FLAGS).
@@ -155,6 +156,9 @@ def check_dropped(replay: LoadReplay, engine: Engine, dims: Dims) -> list[Findin
                 if old
                 else f"rename * -> {new}*: {{{new!r} + k: v for k, v in state_dict.items()}}"
             )
+            upgrade = layer_rename_note({src: dst}) if engine.name == "sglang" else None
+            if upgrade:
+                fix += f"; or {upgrade}"
             message = f"{len(names)} tensor(s) under {old or 'the root'}* match no {label} parameter: {listing(names)}; {how}" + (
                 "" if engine.unknown_names_raise else " and the parameters they were meant for keep their random init"
             )
@@ -275,9 +279,33 @@ def check_missing(replay: LoadReplay, cfg: DraftConfigFile, engine: Engine, targ
     return out
 
 
-def check_tensor_shapes(replay: LoadReplay, engine: Engine) -> list[Finding]:
+def check_tensor_shapes(replay: LoadReplay, engine: Engine, cfg: DraftConfigFile | None = None) -> list[Finding]:
+    """A finding per tensor that does not fit its engine parameter; misfits that one config
+    key explains (``hidden_size`` 128 over 64-wide weights) are one finding naming it."""
     out = []
-    for name, pname, got, want in replay.shape_errors:
+    errors = list(replay.shape_errors)
+    if cfg is not None:
+        values = {key: getattr(cfg, key, None) for key in WIDTH_KEYS}
+        groups, errors = group_by_config_key(errors, values)
+        for (key, value, weights), misfits in groups:
+            names = [name for name, *_ in misfits]
+            out.append(
+                finding(
+                    "shape_mismatch",
+                    f"config.json's {key} is {value} but the weights are {weights} wide: {len(names)} tensors do not "
+                    f"fit what {engine.label} builds from it: {listing(names)}",
+                    module="config.json",
+                    evidence={
+                        "config_key": key,
+                        "config_value": value,
+                        "weights_value": weights,
+                        "misfits": {name: {"shape": got, "expected": list(want)} for name, _p, got, want in misfits},
+                    },
+                    fix=f"set {key} to {weights} in the draft's config.json (what its weights were trained with), "
+                    "or ship the weights that config describes",
+                )
+            )
+    for name, pname, got, want in errors:
         out.append(
             finding(
                 "shape_mismatch",

@@ -114,7 +114,7 @@ def audit_vllm(
     if cfg.use_aux_hidden_state is False:  # vLLM builds no fc and drops fc.weight
         missing = [f for f in missing if "model.fc.weight" not in f.evidence.get("parameters", [])]
     findings += missing
-    findings += check_tensor_shapes(replay, engine)
+    findings += check_tensor_shapes(replay, engine, cfg)
     # A last-state draft is served as trained, unless Model Runner V2 (before 0.33.0) still feeds it aux states.
     if last_state_draft(cfg, tensors, target) is None or not vllm_release(engine.version).mrv2_reads_use_aux:
         findings += check_vllm_fc_bypass(view, module="config.json", version=engine.version, runner=RUNNER)

@@ -6,7 +6,7 @@ fix names the rename map.
 
     >>> check_weights(Weights(module="draft", ignored=["layers.0.mlp.up_proj.weight"],
     ...                       missing=["midlayer.mlp.up_proj.weight"]))[0].fix
-    "rename 'layers.0.*' to 'midlayer.*' in the checkpoint (or map it in the loader)"
+    'rename the checkpoint keys layers.0.* -> midlayer.*, or serve on SGLang 0.5.14 or later, which reads both names'
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections import Counter, defaultdict
 
 from ..records import Finding, Weights
 from ..rules.catalogue import finding
+from ..rules.engines import layer_rename_note
 
 MAX_NAMES = 12
 
@@ -101,7 +102,10 @@ def check_weights(weights: Weights) -> list[Finding]:
     rename_fix = None
     if renames:
         pairs = "; ".join(f"{src}.* -> {dst}.*" if dst else f"{src}.* -> (no prefix)" for src, dst in renames.items())
-        rename_fix = f"rename the checkpoint keys {pairs} (or map them in the loader)"
+        # Where only old SGLang releases drop the names, upgrading is the other fix (the
+        # loader map is then SGLang's own, since 0.5.14).
+        upgrade = layer_rename_note(renames)
+        rename_fix = f"rename the checkpoint keys {pairs}" + (f", or {upgrade}" if upgrade else " (or map them in the loader)")
     for code, names, key, what in (
         (
             "weights_dropped",

@@ -107,7 +107,10 @@ def _dispatch(argv: list[str]) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        sys.stderr.write(f"spectrace: error: unknown command {name!r}\n{_usage()}\n")
+        from ..rules.globs import closest, did_you_mean
+
+        hint = did_you_mean(closest(name, list(COMMANDS), n=2))
+        sys.stderr.write(f"spectrace: error: unknown command {name!r}{' (' + hint + ')' if hint else ''}\n{_usage()}\n")
         return USAGE
     try:
         return int(_load(COMMANDS[name][0])(rest) or 0)

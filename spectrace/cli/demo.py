@@ -14,6 +14,7 @@ import sys
 import time
 
 from .errors import FOUND, OK, parser, run
+from .invocation import invocation
 
 EXAMPLES = """
 examples:
@@ -85,11 +86,15 @@ def _demo(argv: list[str]) -> int:
     for line in report_lines(results, width, details=args.details):
         console.print(line, overflow="fold")
     pattern = os.path.join(args.out, "<scenario>")
+    how = invocation()  # the commands below as this shell can run them (demo.sh: the venv not activated)
+    if how.hint:
+        console.print(how.hint, overflow="fold")
     console.print(
-        f"{len(results)} scenario{'s' if len(results) != 1 else ''} in {total:.1f} s. Read one: spectrace view {pattern}", overflow="fold"
+        f"{len(results)} scenario{'s' if len(results) != 1 else ''} in {total:.1f} s. Read one: {how.command} view {pattern}",
+        overflow="fold",
     )
     if not args.details:
-        console.print("Every finding, its cause and fix: spectrace demo --details, or spectrace view.", overflow="fold")
+        console.print(f"Every finding, its cause and fix: {how.command} demo --details, or {how.command} view.", overflow="fold")
     healthy = [r for r in results if r.name == "healthy"]
     if healthy and healthy[0].errors:
         sys.stderr.write("spectrace demo: the healthy scenario produced an error finding (a false positive)\n")

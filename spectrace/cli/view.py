@@ -39,7 +39,7 @@ EXAMPLES = """examples:
 
 exit status:
   0  the view was shown (with --fail-on: and no finding at or above that severity)
-  1  --fail-on: a finding at or above that severity is shown
+  1  --fail-on: a finding at or above that severity is shown (a closing line on stderr names them)
   2  nothing readable, a bad argument, or a filter that matches nothing
 """
 
@@ -110,7 +110,7 @@ def _view(argv: list[str]) -> int:
     status = fail_on_status(view, args.fail_on)
     if args.json:
         sys.stdout.write(view.model_dump_json(indent=2) + "\n")
-        return status
+        return _said_why(view, args.fail_on, status)
     console = make_console()
     renderable = render_view(view, modules=args.modules, all_layers=args.all_layers)
     if not args.no_pager and console.is_terminal:
@@ -118,8 +118,20 @@ def _view(argv: list[str]) -> int:
             os.environ.setdefault("LESS", "-R")  # let less pass colours through
             with console.pager(styles=True):
                 console.print(renderable)
-            return status
+            return _said_why(view, args.fail_on, status)
     console.print(renderable)
+    return _said_why(view, args.fail_on, status)
+
+
+def _said_why(view: TraceView, fail_on: str | None, status: int) -> int:
+    """The closing line of a run that --fail-on fails (stderr: stdout stays the view): a CI
+    log that ends in exit 1 says which findings did it."""
+    if status == FOUND and fail_on is not None:
+        worst = SEVERITY_RANK[fail_on]
+        codes = list(dict.fromkeys(f.code for f in view.findings if SEVERITY_RANK.get(f.severity, 9) <= worst))
+        shown = ", ".join(codes[:4]) + (f" (+{len(codes) - 4} more)" if len(codes) > 4 else "")
+        said = "an error" if fail_on == "error" else f"a {fail_on} or worse"
+        say(f"{PROG}: exit 1 (--fail-on {fail_on}): {len(codes)} finding code{'s' if len(codes) != 1 else ''} at {said}: {shown}")
     return status
 
 

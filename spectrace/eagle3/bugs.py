@@ -102,7 +102,8 @@ def _eagle(setup: Setup) -> None:
 
 
 def _speculators_names_older_engine(setup: Setup) -> None:
-    # The trainer wrote layers.0.* (speculators); the older engine only knows midlayer.*.
+    # The trainer wrote layers.0.* (speculators); SGLang before 0.5.14 only knows midlayer.*
+    # (0.5.14 and later read both: the healthy scenario's engine).
     embed = load_target_model(setup.data_dir).get_input_embeddings().weight
     setup.checkpoint = speculators_checkpoint(setup.checkpoint, embed)
     setup.engine_version = "older"
@@ -157,7 +158,7 @@ BUGS: dict[str, BugSpec] = {
         ),
         BugSpec(
             "layers0_names",
-            "speculators checkpoint (layers.0.*) on an older engine that expects midlayer.*: the decoder layer stays random",
+            "speculators checkpoint (layers.0.*) on SGLang before 0.5.14, whose loader expects midlayer.*: the decoder layer stays random",
             "checkpoint renamed midlayer.* -> layers.0.* (+ embed_tokens), engine_version 'older'",
             _speculators_names_older_engine,
         ),

@@ -321,7 +321,8 @@ class ReplayCapture:
         self.write(directory, name)
 
     def write(self, directory: str, trace_name: str) -> str | None:
-        """Write the replay file beside ``trace_name`` in ``directory`` (once); returns its name."""
+        """Write the replay file beside ``trace_name`` in ``directory`` (once, the folder created
+        if it does not exist yet, private as the file); returns its name."""
         from ..replay.file import ReplayData, ReplayForward, ReplayMeta, encode, replay_name
         from ..values_file import write_private
 
@@ -346,6 +347,7 @@ class ReplayCapture:
             forwards.append(ReplayData(meta, tensors))
         if not forwards and not self.too_large:
             return None
+        os.makedirs(directory or ".", mode=0o700, exist_ok=True)  # capture.write("traces", ...) before any trace made it
         # The served dtype: of the first floating tensor kept (the fused input at least).
         ref = next((t for f in forwards for t in f.tensors.values() if t.is_floating_point()), None)
         meta_all = ReplayMeta(

@@ -229,14 +229,15 @@ def demo_summary(findings: Sequence[Finding], width: int) -> list[Text]:
 
 
 def demo_details(findings: Sequence[Finding], width: int) -> list[Text]:
-    """Every code once, root causes first: what was seen (three lines at most), the cause, the fix."""
+    """Every code once, root causes first: what was seen, the cause, the fix, each whole (the
+    summary is the short form; details never cut a value the user came for)."""
     lines: list[Text] = []
     for e in ranked(findings):
         head = Text(INDENT)
         head.append(f"{severity_label(e.severity)} {e.code}", style=DEMO_STYLE[e.severity])
         head.append(" (root cause)" if e.root is None else f" (follows from {e.root})", style="dim")
         lines.append(head)
-        lines += wrapped("seen: ", e.message, width, INDENT * 2, limit=3)
+        lines += wrapped("seen: ", e.message, width, INDENT * 2)
         if e.cause:
             lines += wrapped("cause: ", e.cause, width, INDENT * 2)
         lines += wrapped("fix: ", e.fix, width, INDENT * 2)

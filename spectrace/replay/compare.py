@@ -78,9 +78,29 @@ def _error(served: torch.Tensor, ref: torch.Tensor) -> float:
     return float((s - r).abs().max() / r.abs().max().clamp_min(1e-6))
 
 
-def _show(t: torch.Tensor) -> str:
-    row = t.float().reshape(t.shape[0], -1)[0][:4] if t.dim() else t.float().reshape(1)
-    return "[" + ", ".join(f"{v:.4g}" for v in row.tolist()) + ", ...]"
+def _first_bad_row(served: torch.Tensor, ref: torch.Tensor, tol: float) -> int:
+    """The first row whose error passes ``tol`` (row 0 when none does, or a row has no width):
+    a rotary difference changes nothing at position 0, so row 0 would show two equal rows."""
+    if ref.dim() < 2:
+        return 0
+    s, r = served.float().reshape(ref.shape).reshape(ref.shape[0], -1), ref.float().reshape(ref.shape[0], -1)
+    per_row = (s - r).abs().amax(dim=1) / r.abs().max().clamp_min(1e-6)
+    bad = (per_row > tol) | ~torch.isfinite(per_row)
+    return int(bad.nonzero()[0, 0]) if bool(bad.any()) else 0
+
+
+def _show(t: torch.Tensor, row: int = 0, positions: torch.Tensor | None = None) -> str:
+    """Row ``row``'s first values, with the row (and its position) named past row 0."""
+    if not t.dim():
+        return "[" + f"{float(t):.4g}" + ", ...]"
+    values = t.float().reshape(t.shape[0], -1)[row][:4]
+    text = "[" + ", ".join(f"{v:.4g}" for v in values.tolist()) + ", ...]"
+    if row == 0:
+        return text
+    where = f"row {row}"
+    if positions is not None and positions.numel() > row:
+        where += f" (position {int(positions.reshape(-1)[row])})"
+    return f"{where}: {text}"
 
 
 def module_pairs(ref: Reference, t: dict[str, torch.Tensor]) -> dict[str, tuple[Any, Any, str]]:
@@ -103,7 +123,7 @@ def module_pairs(ref: Reference, t: dict[str, torch.Tensor]) -> dict[str, tuple[
     elif fc_out is not None and t.get("fc_in") is not None:
         out["fc"] = (fc_out, ref.fc_only(t["fc_in"]), "from fc's own input (the fused input was not kept)")
     else:
-        out["fc"] = (None, None, "fc did not run in the kept forwards")
+        out["fc"] = (None, None, "fc did not run")
     layer_in, layer_out = t.get("layer_in"), t.get("layer_out")
     if layer_in is not None and layer_out is not None and embeds is not None:
         positions = t.get("positions")
@@ -136,22 +156,42 @@ def module_pairs(ref: Reference, t: dict[str, torch.Tensor]) -> dict[str, tuple[
     return out
 
 
+def _note(compared: list[str], skipped: list[str], forwards: int) -> str:
+    """Both sides of a module's verdict: what its compared forwards said, and why the others
+    were not compared (named with their count when some forwards were compared)."""
+    said = list(dict.fromkeys(n for n in compared if n))
+    missing = list(dict.fromkeys(n for n in skipped if n))
+    if compared and missing:
+        others = "the other" if len(skipped) == 1 else f"the other {len(skipped)}"
+        said.append(f"compared in {len(compared)} of {forwards} forwards; {others}: " + "; ".join(missing))
+    elif not compared:
+        said += missing
+    return "; ".join(said)
+
+
 def compare(ref: Reference, forwards: list[ReplayData], dtype: str) -> ReplayResult:
     """The module-by-module verdict over every kept forward."""
     tol = TOLERANCE.get(dtype, 5e-2)
     checks = {m: ModuleCheck(module=m, compared=False, tolerance=tol) for m in ORDER}
     shown: dict[str, tuple[str, str]] = {}
+    # Per module: the notes of the forwards it was compared in, and of those it was not (a
+    # later draft step without fc must not hide what the first forward showed).
+    compared_notes: dict[str, list[str]] = {m: [] for m in ORDER}
+    skipped_notes: dict[str, list[str]] = {m: [] for m in ORDER}
     for fwd in forwards:
+        positions = fwd.tensors.get("positions")
         for module, (served, expected, note) in module_pairs(ref, fwd.tensors).items():
             check = checks[module]
             if served is None:
-                check.note = check.note or note
+                skipped_notes[module].append(note)
                 continue
             if expected is None:  # the served side exists and the checkpoint cannot produce it
-                check.compared, check.agrees, check.note = True, False, note
+                check.compared, check.agrees = True, False
+                compared_notes[module].append(note)
                 shown.setdefault(module, (_show(served), note))
                 continue
             check.compared = True
+            compared_notes[module].append(note)
             if module == "vocabulary map":
                 bad = bool((served.long() != expected.long()).any())
                 error = 1.0 if bad else 0.0
@@ -160,14 +200,21 @@ def compare(ref: Reference, forwards: list[ReplayData], dtype: str) -> ReplayRes
                 if not math.isfinite(error):  # NaN or inf on either side diverges: it never "agrees" silently
                     side = "the reference" if not bool(torch.isfinite(expected.float()).all()) else "the served draft"
                     check.agrees = False
-                    check.note = f"{side} computed NaN or inf (a checkpoint tensor left at a trainer's NaN placeholder?)"
-                    shown.setdefault(module, (_show(served), _show(expected)))
+                    compared_notes[module][-1] = f"{side} computed NaN or inf (a checkpoint tensor left at a trainer's NaN placeholder?)"
+                    row = _first_bad_row(served, expected, tol)
+                    shown.setdefault(module, (_show(served, row, positions), _show(expected, row, positions)))
                     continue
                 bad = error > tol
             check.max_error = max(check.max_error or 0.0, error)
             if bad:
                 check.agrees = False
-                shown.setdefault(module, (_show(served), _show(expected)))
+                row = 0 if module == "vocabulary map" else _first_bad_row(served, expected, tol)
+                if module == "vocabulary map" and expected.dim():
+                    differs = (served.long().reshape(expected.shape) != expected.long()).reshape(expected.shape[0], -1).any(dim=1)
+                    row = int(differs.nonzero()[0, 0])
+                shown.setdefault(module, (_show(served, row, positions), _show(expected, row, positions)))
+    for module in ORDER:
+        checks[module].note = _note(compared_notes[module], skipped_notes[module], len(forwards))
     first = next((m for m in ORDER if not checks[m].agrees), None)
     result = ReplayResult(
         dtype=dtype,

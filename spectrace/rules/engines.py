@@ -49,6 +49,19 @@ SGLANG_LEGACY_NAMES = (
     ("aux_norm_mid", "fc_norm.1"),
     ("aux_norm_high", "fc_norm.2"),
 )
+# The first release whose loader reads both decoder-layer names (the map above); every
+# release before it expects midlayer.* and drops layers.0.* without a word (SGLANG_OLDER).
+SGLANG_READS_BOTH_LAYER_NAMES = SGLANG_DRAFT_READ[0]
+
+
+def layer_rename_note(renames: dict[str, str]) -> str | None:
+    """The other fix of a ``layers.0`` -> ``midlayer`` rename: only SGLang releases before
+    0.5.14 drop those names, so upgrading fixes it too (None for any other rename)."""
+    if renames.get("layers.0") != "midlayer":
+        return None
+    return f"serve on SGLang {SGLANG_READS_BOTH_LAYER_NAMES} or later, which reads both names"
+
+
 # The shape of each parameter a flag makes SGLang's draft class create: over the fused
 # aux states (input_norm) or one per aux state (fc_norm.{i}).
 _FLAG_PARAM_SHAPE = {"model.input_norm.weight": "fused", "model.fc_norm.{i}.weight": "chunk"}

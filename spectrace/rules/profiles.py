@@ -16,6 +16,7 @@ EAGLE3 = HF_CAUSAL_LM + ("**.fc", "**.midlayer", "**.aux_concat", "**.hidden_nor
 
 # One default for every entry point (trace(), SPECTRACE=1, the pytest fixture): a model
 # that is not a draft has no fc or midlayer, so the EAGLE-3 globs cost it nothing.
+DEFAULT_PROFILE = "eagle3"  # what SPECTRACE_PROFILE unset means; "default" names it too
 PROFILES: dict[str, tuple[str, ...]] = {
     "default": EAGLE3,
     "hf": HF_CAUSAL_LM,
@@ -33,5 +34,5 @@ def modules_in_effect(modules: list[str] | tuple[str, ...], profile: str) -> tup
         found.extend(PROFILES.get(profile, ()))
         sources.append(f"profile {profile!r}")
     if not found:
-        return list(PROFILES["default"]), "the default profile"
+        return list(PROFILES[DEFAULT_PROFILE]), f"profile {DEFAULT_PROFILE!r}, the default"
     return found, " + ".join(sources)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from rich.text import Text
 
 from spectrace.records import Call, TensorMeta
-from spectrace.rules.globs import glob_match
+from spectrace.rules.globs import closest_names, did_you_mean, glob_match
 
 from .loader import TraceFile, TraceSet
 from .model import ViewFilter, _listed, build_view
@@ -65,7 +65,8 @@ def selection_problem(ts: TraceSet, flt: ViewFilter, role: str | None) -> str:
     if role is not None and not any(role_matches(c.role, role) for f in files for c in f.calls):
         roles = sorted({c.role for f in files for c in f.calls if c.role})
         held = f"roles: {_listed(roles)}" if roles else "no call records a role"
-        return f"--role {role!r} matches no call ({held})"
+        hint = did_you_mean(closest_names(role, roles))
+        return f"--role {role!r} matches no call{'; ' + hint if hint else ''} ({held})"
     if not any(f.calls for f in files):
         return "the trace holds no call records"
     given = _given(flt, role)

@@ -96,8 +96,9 @@ class FileReader:
     ``restarted`` says why, once, for the status line.
     """
 
-    def __init__(self, path: str, budget: LoadBudget | None = None) -> None:
+    def __init__(self, path: str, budget: LoadBudget | None = None, *, given: bool = False) -> None:
         self.budget = budget or LoadBudget()
+        self.given = given  # the path the user named, not a file found in a named folder
         self.restarted: str | None = None
         self._reset(path)
 
@@ -181,7 +182,7 @@ class FileReader:
             if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
                 self.lineno += 1
                 self._count("too_long")
-                self._maybe_abandon_after_first()
+                self._maybe_abandon_after_first(f"its first line is longer than {MAX_LINE_BYTES} bytes")
                 if self.abandoned:
                     break
                 if not self._skip_to_newline(fh):
@@ -226,7 +227,7 @@ class FileReader:
             return
         if not isinstance(obj, dict):
             self._count("not_object")
-            self._maybe_abandon_after_first()
+            self._maybe_abandon_after_first("its first line is JSON, not a spectrace record")
             return
         kind = obj.get("type")
         if kind == "header":
@@ -236,7 +237,8 @@ class FileReader:
             name = str(kind)[:40].encode("utf-8", "backslashreplace").decode("utf-8")  # "\ud800" too
             self._unknown_types[name] = self._unknown_types.get(name, 0) + 1
             self._count("unknown_type")
-            self._maybe_abandon_after_first()
+            # JSON of another program (a config, a log): no spectrace record type.
+            self._maybe_abandon_after_first("its first line is JSON, not a spectrace record")
             return
         if self.file.header is None and not self.file.readable and "no_header" not in self._counts:
             self._count("no_header")
@@ -345,14 +347,14 @@ class FileReader:
                 f"{SCHEMA_VERSION}; records read as far as they match (upgrade spectrace)",
             )
 
-    def _maybe_abandon_after_first(self) -> None:
+    def _maybe_abandon_after_first(self, why: str = "its first line is not JSON") -> None:
         # A first line that is no record at all means this is not a trace: stop reading so
         # a multi-GB binary or log file costs one line, not the whole file.
         if self.lineno <= 1 and not self.file.readable:
             self.abandoned = True
             self._counts.clear()
             self._unknown_types.clear()
-            self._set_fatal("not_trace", "not a spectrace trace (first line is not a JSON record); skipped")
+            self._set_fatal("not_trace", f"not a spectrace trace ({why}); skipped")
 
     # -- problems --------------------------------------------------------------------
     def _count(self, kind: str, detail: str = "") -> None:
@@ -386,6 +388,8 @@ class FileReader:
         elif self.lineno > 0:
             self._counts.pop("empty", None)
         self.file.problems = list(self._counts.values())
+        for problem in self.file.problems:
+            problem.given = self.given
         self.file.lines_read = self.lineno
         self._derive()
 
@@ -554,7 +558,7 @@ class TraceFollower:
             meter = _Meter(progress, paths) if progress is not None else None
             for p in paths:
                 if p not in self.readers:
-                    self.readers[p] = FileReader(p, self.budget)
+                    self.readers[p] = FileReader(p, self.budget, given=not os.path.isdir(self.path))
                     changed = True
                 reader = self.readers[p]
                 changed |= reader.read_available(final=final, progress=meter.file(p) if meter else None)

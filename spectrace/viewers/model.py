@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from spectrace.rules.catalogue import CATALOGUE
+from spectrace.rules.globs import closest, closest_names, did_you_mean
 
 from .acceptance import build_acceptance
 from .accumulate import FileState, stage_input
@@ -162,14 +163,16 @@ def _filter_problem(ts: TraceSet, files: list[TraceFile], view: TraceView, flt: 
         if not named:
             names = sorted(module_ok) or sorted({fd.module for f in files for fd in f.findings if fd.module})
             held = f"modules: {_listed(names)}" if names else "no module recorded"
-            return f"--module {flt.module!r} matches no module ({held})"
+            hint = did_you_mean(closest_names(flt.module, names))
+            return f"--module {flt.module!r} matches no module{'; ' + hint if hint else ''} ({held})"
     if flt.finding and not view.findings:
         codes = dict.fromkeys(fd.code for f in files for fd in f.findings if flt.finding_ok(fd))
         if not (flt.module or stepped):
             codes.update(dict.fromkeys(code for f in files for code, _ in f.findings_folded))
         unknown = "" if flt.finding in CATALOGUE else "not a finding code; "
+        near = "" if flt.finding in CATALOGUE else did_you_mean(closest(flt.finding, list(CATALOGUE), n=2))
         held = f"codes shown without it: {_listed(codes)}" if codes else "no finding shown without it"
-        return f"--finding {flt.finding} matches no finding ({unknown}{held})"
+        return f"--finding {flt.finding} matches no finding{'; ' + near if near else ''} ({unknown}{held})"
     return None
 
 

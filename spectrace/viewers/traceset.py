@@ -66,11 +66,14 @@ class LoadProblem(BaseModel):
     count: int = 1
     first_line: int | None = None
     detail: str = ""
+    # The path the user named (a file, a missing path): said whole, as given, since its last
+    # part alone (``null`` for /dev/null) does not say which file it was. A file found in a
+    # named folder is said by its name: the folder heads the screen already.
+    given: bool = Field(False, exclude=True)
 
     @property
     def message(self) -> str:
-        # A missing path is said whole: its last part alone does not say where it was looked for.
-        name = shown_path(self.path if self.kind == "missing" else os.path.basename(self.path) or self.path)
+        name = shown_path(self.path if self.given or self.kind == "missing" else os.path.basename(self.path) or self.path)
         if self.kind in ("future_schema", "not_trace", "empty", "unreadable", "missing", "not_regular"):
             return f"{name}: {self.detail}"
         one, many = _KINDS.get(self.kind, (self.kind, self.kind))

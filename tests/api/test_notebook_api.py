@@ -56,6 +56,9 @@ def test_summary_puts_findings_first_then_the_data_path(demo):
     path = lines.index("Data path")
     accept = next(i for i, line in enumerate(lines) if line.startswith("Acceptance: mean accept length 1.0"))
     assert findings < path < accept
+    # Draft positions are numbered as the view numbers them ("pos 1" is the first draft token).
+    wide = next(line for line in t.summary(width=200).splitlines() if line.startswith("Acceptance: "))
+    assert "; accepted at draft position 1:" in wide and " 0:" not in wide, wide
     # The root cause with its one fix, then what follows from it (no fix of their own).
     block = [line.split() for line in lines[findings + 1 : path]]
     assert block[0][:2] == ["ERROR", "aux_capture_disabled"] and block[1][:1] == ["fix"]

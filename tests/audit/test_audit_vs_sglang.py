@@ -145,3 +145,24 @@ def test_null_target_hidden_size_is_reported_and_really_breaks_the_draft(tmp_pat
         sh.build_sglang_eagle3_draft(config)
     config["target_hidden_size"] = config["hidden_size"]  # the fix the finding names: the draft builds
     sh.build_sglang_eagle3_draft(config)
+
+
+def test_a_hidden_size_the_weights_do_not_have_is_one_finding_and_really_fails_to_load(tmp_path):
+    """``hidden_size`` 128 over the fixture's 64-wide weights: SGLang's own class, built from
+    that config, refuses the first weight it loads; the audit names the key and both values
+    once, for every tensor at once."""
+    folder = tmp_path / "draft"
+    folder.mkdir()
+    config = json.loads((FIX / "specforge_tiny" / "config.json").read_text())
+    config["hidden_size"] = 128
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "model.safetensors").write_bytes((FIX / "specforge_tiny" / "model.safetensors").read_bytes())
+    ckpt = read_checkpoint(folder)
+    result = audit(ckpt.config, ckpt.tensors, get_engine("sglang", "0.5.23"), None)
+    (grouped,) = [f for f in result.findings if f.evidence.get("config_key") == "hidden_size"]
+    assert (grouped.evidence["config_value"], grouped.evidence["weights_value"]) == (128, 64)
+    assert not [f for f in result.findings if f.code == "shape_mismatch" and "tensor" in f.evidence]
+    weights = {k: (v.float() if v.is_floating_point() else v) for k, v in load_file(folder / "model.safetensors").items()}
+    config.pop("rope_parameters", None)
+    with pytest.raises(AssertionError, match="Attempted to load weight"):
+        sh.build_sglang_eagle3_draft(config, weights)

@@ -24,6 +24,14 @@ def spectrace(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 # ----------------------------------------------------------------------------- the command
+def test_a_mistyped_command_gets_the_nearest_one() -> None:
+    result = spectrace("vew")
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[0] == "spectrace: error: unknown command 'vew' (did you mean 'view'?)"
+    far = spectrace("zzzz")
+    assert far.stderr.splitlines()[0] == "spectrace: error: unknown command 'zzzz'"  # nothing near: no guess
+
+
 def test_no_command_prints_the_usage_and_exits_2() -> None:
     result = spectrace()
     assert result.returncode == 2
@@ -64,10 +72,33 @@ def test_settings_without_arguments_prints_them() -> None:
     assert "record_cap = 100000" in result.stdout.splitlines()
 
 
+def test_settings_exits_2_naming_the_bad_values_and_the_docs_name_its_default_profile() -> None:
+    import os
+
+    from tests.helpers import paths
+
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SPECTRACE")}
+    bad = {"SPECTRACE_SAMPLE": "x", "SPECTRACE_STATS": "loud"}
+    result = subprocess.run(
+        [sys.executable, "-m", "spectrace", "settings"], capture_output=True, text=True, timeout=120, env={**clean, **bad}
+    )
+    assert result.returncode == 2, result.stderr
+    assert "stats = 'basic'" in result.stdout.splitlines()  # the fallbacks in effect are still shown
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("spectrace settings: error: 2 bad values: ") and all(name in last for name in bad), last
+    good = subprocess.run([sys.executable, "-m", "spectrace", "settings"], capture_output=True, text=True, timeout=120, env=clean)
+    assert good.returncode == 0 and good.stderr == "", good.stderr
+    # The default profile has one name: the one settings prints is the one the docs give.
+    line = next(x for x in good.stdout.splitlines() if x.startswith("# hooked modules"))
+    name = line.split("profile '")[1].split("'")[0]
+    row = next(x for x in (paths.ROOT / "docs" / "settings.md").read_text().splitlines() if x.startswith("| `SPECTRACE_PROFILE`"))
+    assert f"`{name}` (the default" in row and f"`{name}` everywhere" in row, row
+
+
 @pytest.mark.parametrize(
     ("env", "source", "first", "absent"),
     [
-        ({}, "the default profile", "**.embed_tokens", None),
+        ({}, "profile 'eagle3', the default", "**.embed_tokens", None),
         ({"SPECTRACE_PROFILE": "hf"}, "profile 'hf'", "**.embed_tokens", "**.fc"),
         ({"SPECTRACE_MODULES": "model.layers.3,lm_head"}, "SPECTRACE_MODULES", "model.layers.3", "**.embed_tokens"),
     ],

@@ -137,3 +137,23 @@ def test_details_show_what_was_seen_the_cause_and_the_fix_of_every_code(results)
     dropped = next(f for f in results["layers0_names"].findings if f.code == "weights_dropped")
     assert f"fix: {dropped.fix}" in flat
     assert "ERROR fc_bypass (follows from aux_capture_disabled)" in text
+
+
+def test_details_cut_no_seen_text(results):
+    # --details is where the user reads a finding whole: no "…", every seen text in full.
+    from spectrace.present.findings import heads
+
+    lines = _screen(results, details=True)
+    assert not any("…" in line for line in lines), "\n".join(line for line in lines if "…" in line)
+    flat = " ".join(line.strip() for line in lines)
+    longest = max((f for r in results.values() for f in heads(r.findings)), key=lambda f: len(f.message))
+    assert f"seen: {' '.join(longest.message.split())}" in flat
+
+
+def test_the_legend_says_an_accept_length_can_pass_k(results):
+    # Healthy serves above k (the target's bonus token): the screen says why before anyone asks.
+    from spectrace.demo import K
+
+    assert results["healthy"].accept_length > K
+    legend = _screen(results, details=False)[:2]
+    assert f"k={K}" in legend[0] and f"up to k+1 = {K + 1}" in legend[1] and "bonus" in legend[1]

@@ -112,8 +112,9 @@ def test_every_numeric_setting_bad_at_once_leaves_the_host_and_the_trace_whole(b
 def test_a_bad_spectrace_rank_falls_back_to_rank() -> None:
     """SPECTRACE_RANK=² with RANK=3: one warning naming RANK's 3 as the fallback, rank 3 in effect."""
     done = _run([PY, "-m", "spectrace", "settings"], _env(SPECTRACE_RANK="²", RANK="3"), timeout=60)
-    assert done.returncode == 0, done.stderr
-    (line,) = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr
+    line, error = done.stderr.strip().splitlines()
+    assert error.startswith("spectrace settings: error: 1 bad value: SPECTRACE_RANK")
     assert line.startswith("spectrace: warning: SPECTRACE_RANK=") and "using 3 (from RANK)" in line
     assert "rank = 3" in done.stdout.splitlines()
 
@@ -140,9 +141,10 @@ def test_the_parser_takes_ascii_decimal_only(raw: str) -> None:
 
 def test_spectrace_settings_lists_each_bad_value_in_one_line() -> None:
     done = _run([PY, "-m", "spectrace", "settings"], _env(**dict.fromkeys(NUMERIC, "¹⁰"), SPECTRACE_FUSED_STATS="maybe"), timeout=60)
-    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     err = done.stderr.strip().splitlines()
-    assert len(err) == len(NUMERIC) + 1, err
+    assert len(err) == len(NUMERIC) + 2, err  # a warning each, then the one line that names them all
+    assert err[-1].startswith(f"spectrace settings: error: {len(NUMERIC) + 1} bad values: ")
     for name in [*NUMERIC, "SPECTRACE_FUSED_STATS"]:
         assert len(_warnings(done.stderr, name)) == 1, name
     out = done.stdout.splitlines()

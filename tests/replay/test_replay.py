@@ -51,8 +51,7 @@ def _serve_reference(tmp: Path, rope_theta: float | None = None) -> Path:
     with torch.no_grad():
         draft(ids, fused, torch.arange(10))
         draft(ids[:1], torch.randn(1, 64, generator=g), torch.tensor([10]))  # a later step: not kept (needs a KV cache)
-    trace = tmp / "trace"
-    trace.mkdir()
+    trace = tmp / "trace"  # not made: write() creates it, as docs/replay.md's capture.write("traces", ...) needs
     name = capture.write(str(trace), "trace-h-1.jsonl")
     assert name == "trace-h-1.replay.safetensors"
     return trace
@@ -81,10 +80,32 @@ def test_served_rope_base_names_the_decoder_layer(tmp_path: Path, capsys: pytest
     assert any("rope_theta" in c for c in result["causes"])
     fc = next(m for m in result["modules"] if m["module"] == "fc")
     assert fc["compared"] and fc["agrees"]  # judged on its own inputs: fc is not blamed
+    # RoPE leaves position 0 unrotated: the rows shown are the first that differ, named.
+    assert result["served"].startswith("row ") and result["expected"].startswith("row ")
+    row = result["served"].split(":")[0]
+    assert row != "row 0" and result["expected"].startswith(row + ":") and result["served"] != result["expected"]
     # The result beside the trace is a finding with its fix, as the view shows it.
     (found,) = findings_beside(str(trace))
     assert (found.code, found.module, found.severity) == ("replay_divergence", "decoder layer", "error")
     assert found.fix and found.evidence["replay_file"] == "trace-h-1.replay.safetensors"
+
+
+def test_a_later_forward_without_fc_keeps_the_first_forwards_verdict(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Two kept forwards from position 0: the first through fc, the second a draft step fed a
+    # hidden-wide state (fc skipped). fc's verdict from the first stays, with why the second
+    # was not compared beside it.
+    draft = load_draft()
+    capture = keep_replay(draft, rows=6)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        draft(torch.randint(0, 128, (8,), generator=g), torch.randn(8, 192, generator=g), torch.arange(8))
+        draft(torch.randint(0, 128, (4,), generator=g), torch.randn(4, 64, generator=g), torch.arange(4))
+    assert capture.write(str(tmp_path / "traces" / "run"), "trace-h-1.jsonl")  # nested folders made too
+    code = replay_main([str(tmp_path / "traces" / "run"), "--draft", str(_checkpoint(tmp_path / "ckpt"))])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    fc_line = next(line for line in out.splitlines() if line.strip().startswith("fc "))
+    assert "agrees: max error" in fc_line and "compared in 1 of 2 forwards; the other: fc did not run" in fc_line, fc_line
 
 
 def test_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -202,6 +202,7 @@ def test_a_filter_that_matches_nothing_is_worded_as_view_words_it(
     "args, said",
     [
         (["--role", "nope"], "--role 'nope' matches no call (roles: draft.embed"),
+        (["--role", "draft.nrm"], "--role 'draft.nrm' matches no call; did you mean 'draft.norm'? (roles: draft.embed"),
         (["--module", "*fc"], "no call matches --module '*fc' (it names findings or captures only)"),
         (
             ["--role", "draft.layer", "--module", "*embed_tokens"],

@@ -53,6 +53,9 @@ class Pane:
             self.sock + ["new-session", "-d", "-s", self.name, "-x", str(self.width), "-y", str(self.height)], check=True, env=env
         )
         subprocess.run(self.sock + ["set-option", "-t", self.name, "history-limit", "5000"], check=True)
+        # The environment's bin on PATH, as where it is activated: the screens name `spectrace`
+        # (a login shell's profile resets PATH, so it is set in the pane's shell itself).
+        self.send(f'export PATH={shlex.quote(os.path.dirname(sys.executable))}:"$PATH"', "Enter")
         return self
 
     def run(self, command: str, timeout: float = 120.0) -> str:
@@ -205,7 +208,11 @@ def test_follow_frame(width: int, tmp_path: Path) -> None:
 # The seed reports' three bugs, as the demo reproduces them (docs/walkthrough.md).
 SEED_BUGS = (
     ("fc_bypass", "the target hands the draft one hidden state where fc expects three"),
-    ("layers0_names", "the trained decoder layer is dropped at load (`layers.0.*` vs `midlayer.*`)"),
+    (
+        "layers0_names",
+        "the trained decoder layer is dropped at load (`layers.0.*` vs `midlayer.*`) by SGLang releases before 0.5.14;"
+        " 0.5.14 and later read both names",
+    ),
     ("embedding_vs_layer", "the target captures other layers than the draft was trained on"),
 )
 WALKTHROUGH = paths.ROOT / "docs" / "walkthrough.md"
@@ -278,30 +285,45 @@ warning that names `spectrace probe`; here the draft's run record (`run.yaml`, b
 SpecForge fixture with its `rope_parameters` removed) says it was trained at 500000, and
 `spectrace audit` names the bug before launch. A served draft gets the same verdict at its
 load, from the rotary modules the engine really built (`SPECTRACE=1` on SGLang or vLLM).
+
+To reproduce the screen, in a checkout of this repository (with spectrace installed): the
+draft is the SpecForge fixture with its `rope_parameters` removed and a one-line run record,
+the target the tiny Llama fixture given a Llama-3 base of 500000; `--trained-with specforge`
+says which trainer wrote the draft's layer ids.
 """
+# Run as written, in order, from the repository's root (the test runs them in the pane).
+ROPE_SETUP = (
+    "mkdir rope-demo && cd rope-demo",
+    "cp -r ../tests/fixtures/specforge_tiny draft",
+    """python -c 'import json; d = json.load(open("draft/config.json")); del d["rope_parameters"]; """
+    """json.dump(d, open("draft/config.json", "w"), indent=2)'""",
+    "echo 'rope_theta: 500000.0' > draft/run.yaml",
+    """mkdir target && python -c 'import json; t = json.load(open("../tests/fixtures/target_llama_config.json")); """
+    """t["rope_parameters"] = {"rope_theta": 500000.0, "rope_type": "default"}; json.dump(t, open("target/config.json", "w"), indent=2)'""",
+)
 
 
 def test_walkthrough_shows_a_rope_bug_the_audit_names(tmp_path: Path) -> None:
     import json
 
-    draft = tmp_path / "draft"
-    shutil.copytree(paths.FIXTURES / "specforge_tiny", draft)
-    cfg = json.loads((draft / "config.json").read_text())
-    assert cfg.pop("rope_parameters") == {"rope_theta": 10000.0, "rope_type": "default"}  # the fixture's own base
-    (draft / "config.json").write_text(json.dumps(cfg, indent=2))
-    (draft / "run.yaml").write_text("rope_theta: 500000.0\n")  # the training run's own record
-    target = json.loads((paths.FIXTURES / "target_llama_config.json").read_text())
-    target["rope_parameters"] = {"rope_theta": 500000.0, "rope_type": "default"}
-    (tmp_path / "target").mkdir()
-    (tmp_path / "target" / "config.json").write_text(json.dumps(target, indent=2))
+    fixtures = tmp_path / "tests" / "fixtures"  # the checkout's fixtures, as the commands find them
+    fixtures.mkdir(parents=True)
+    shutil.copytree(paths.FIXTURES / "specforge_tiny", fixtures / "specforge_tiny")
+    shutil.copy(paths.FIXTURES / "target_llama_config.json", fixtures / "target_llama_config.json")
     args = ("audit", "draft", "--target-config", "target/config.json", "--trained-with", "specforge")
     with Pane("rope", 80) as pane:
-        text = pane.run(f"cd {shlex.quote(str(tmp_path))} && " + spectrace_cmd(*args))
+        # `python` is the environment's (its bin is on the pane's PATH); spectrace runs as the other screens run it.
+        text = pane.run(f"cd {shlex.quote(str(tmp_path))} && " + " && ".join(ROPE_SETUP) + " && " + spectrace_cmd(*args))
+    demo = tmp_path / "rope-demo"
+    assert "rope_parameters" not in json.loads((demo / "draft" / "config.json").read_text())
+    assert (demo / "draft" / "run.yaml").read_text() == "rope_theta: 500000.0\n"  # the training run's own record
+    assert json.loads((demo / "target" / "config.json").read_text())["rope_parameters"]["rope_theta"] == 500000.0
     assert text.rstrip().endswith("[exit 1]"), text
     screen = text.rstrip().removesuffix("[exit 1]").rstrip()
     assert "ERROR  rope_mismatch" in screen and "base 10000" in screen and "run.yaml" in screen, screen
     assert "Traceback" not in screen and all(len(line) <= 80 for line in screen.splitlines())
-    section = f"{ROPE_MARK}\n{ROPE_INTRO}\n```console\n$ spectrace {' '.join(args)}\n{screen}\n```\n"
+    setup = "".join(f"$ {command}\n" for command in ROPE_SETUP)
+    section = f"{ROPE_MARK}\n{ROPE_INTRO}\n```console\n{setup}$ spectrace {' '.join(args)}\n{screen}\n```\n"
     text = WALKTHROUGH.read_text()
     doc = text.split(ROPE_MARK)[0].rstrip() + "\n\n" + section
     if UPDATE:

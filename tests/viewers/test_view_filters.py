@@ -45,6 +45,12 @@ def view_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
     "args, said",
     [
         (["--module", "nonexistent"], ["--module 'nonexistent' matches no module", "draft.model.layers.0"]),
+        # A typo gets the nearest name (the Python API's difflib matching, shared).
+        (
+            ["--module", "hiden_norm"],
+            ["--module 'hiden_norm' matches no module; did you mean 'draft.model.layers.0.hidden_norm'? (modules: "],
+        ),
+        (["--finding", "fc_bypas"], ["--finding fc_bypas matches no finding; did you mean 'fc_bypass'? (not a finding code"]),
         (["--finding", "nope"], ["--finding nope matches no finding", "not a finding code", "fc_bypass", "acceptance_collapse"]),
         (["--rank", "5"], ["--rank 5 matches no process", "records a rank"]),
         (["--step", "5:2"], ["--step 5:2 is an empty range", "steps 0.."]),
@@ -136,7 +142,13 @@ def test_fail_on_gates_on_the_findings_shown(bypass: Path, capsys: pytest.Captur
     rc, out, err = view(capsys, str(bypass), *args)
     assert rc == status, err
     assert out  # the view is shown either way
-    assert err == ""
+    if status == 0:
+        assert err == ""
+    else:  # one closing line says why the run fails, naming the findings (stdout stays the view)
+        (line,) = err.splitlines()
+        assert line.startswith(f"spectrace view: exit 1 (--fail-on {args[1]}): "), line
+        expected = "acceptance_collapse" if "--finding" in args else "aux_capture_disabled"
+        assert expected in line, line
 
 
 def test_fail_on_passes_a_trace_without_findings(ranked: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -264,7 +264,17 @@ def test_non_trace_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[st
     path.write_text("hello, this is a log file\nline two\n")
     assert view_main([str(path)]) == 2
     err = capsys.readouterr().err
-    assert err == "spectrace view: error: notes.jsonl: not a spectrace trace (first line is not a JSON record); skipped\n"
+    assert err == f"spectrace view: error: {path}: not a spectrace trace (its first line is not JSON); skipped\n"
+
+
+@pytest.mark.parametrize("first", ['{"model_type": "llama", "hidden_size": 64}', "[1, 2, 3]"])
+def test_another_programs_json_is_said_to_be_no_spectrace_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str], first: str) -> None:
+    # A config.json or any JSON lines of another program: JSON, but not a trace (not "not JSON").
+    path = tmp_path / "config.json"
+    path.write_text(first + "\n")
+    assert view_main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"spectrace view: error: {path}: not a spectrace trace (its first line is JSON, not a spectrace record); skipped\n"
 
 
 def test_binary_file_is_not_read_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

@@ -238,7 +238,7 @@ def test_a_fifo_as_the_path_is_refused_at_once(tmp_path: Path) -> None:
         [sys.executable, "-m", "spectrace", "view", str(fifo), "--no-pager"], capture_output=True, text=True, env=env, timeout=60
     )
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.strip() == f"spectrace view: error: {TRACE}: not a regular file (a FIFO); skipped"
+    assert proc.stderr.strip() == f"spectrace view: error: {fifo}: not a regular file (a FIFO); skipped"
     # Among good files in a folder, or read by the loader itself: skipped, the rest shown.
     write_trace(tmp_path / "trace-node1-5-rank1.jsonl", healthy_records(steps=2))
     ts = load_traces(fifo)
@@ -249,7 +249,8 @@ def test_a_fifo_as_the_path_is_refused_at_once(tmp_path: Path) -> None:
 
 def test_a_device_is_refused_without_a_read(tmp_path: Path) -> None:
     ts = load_traces("/dev/zero")
-    assert [p.message for p in ts.problems] == ["zero: not a regular file (a device); skipped"]
+    # The path as given: its last part alone ("zero") would not say which file it was.
+    assert [p.message for p in ts.problems] == ["/dev/zero: not a regular file (a device); skipped"]
 
 
 def test_a_bad_record_is_skipped_and_the_rest_of_the_folder_shown(tmp_path: Path) -> None:
