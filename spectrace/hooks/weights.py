@@ -49,6 +49,14 @@ _INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _default_loader(param: torch.Tensor, loaded: torch.Tensor) -> None:
+    """What the engines do for a parameter without a ``weight_loader`` (SGLang's and vLLM's
+    ``default_weight_loader``, the same in both): a scalar takes a scalar, anything else must
+    match in shape. A plain ``copy_`` would broadcast a misfit the engine refuses, or raise
+    another error than the engine's, and so change what the host sees."""
+    if param.numel() == 1 and loaded.numel() == 1:
+        param.data.copy_(loaded.view(param.shape))
+        return
+    assert param.size() == loaded.size(), f"Attempted to load weight ({loaded.size()}) into parameter ({param.size()})"
     param.data.copy_(loaded)
 
 
