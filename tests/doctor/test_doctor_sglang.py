@@ -166,3 +166,14 @@ def test_published_pair_raises_no_error(tmp_path: Path, pair: str) -> None:
     report = diagnose(draft, PUBLISHED / f"{target}.json", "sglang")
     assert report.failure is None, (report.failure, report.engine_log)
     assert dp.codes(report) == [], [(f["code"], f["message"]) for f in report.findings if f["severity"] == "error"]
+
+
+def test_head_replaced_after_load(tmp_path: Path) -> None:
+    # "draft_vocab_size": null: SGLang sets load_lm_head_from_target, and the worker's
+    # set_embed_and_head swaps the target's head in after the trained one was loaded.
+    (tmp_path / "null").mkdir()
+    (tmp_path / "kept").mkdir()
+    report = dp.doctor(tmp_path / "null", dp.llama_target(), dp.draft_config([1, 2, 3], draft_vocab_size=None))
+    assert "weights_replaced_after_load" in dp.codes(report)
+    twin = dp.doctor(tmp_path / "kept", dp.llama_target(), dp.draft_config([1, 2, 3]))
+    assert "weights_replaced_after_load" not in dp.codes(twin, None)
