@@ -459,11 +459,12 @@ run_probe() {
   [ -n "${PROBE_ONLY:-}" ] && order=(${PROBE_ONLY})
   # The prefill runs eagerly (its CUDA graph would hide the target's choices from the capture);
   # no radix cache (a cached prefix starts the extend past position 0); no warm-up request (it
-  # would take one of the 4 kept forwards). Decode CUDA graphs stay on.
+  # would take one of the 4 kept forwards; so would /health's one-token generation, which
+  # SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false turns off). Decode CUDA graphs stay on.
   local flags="$extra --dtype float16 --disable-prefill-cuda-graph --disable-radix-cache --skip-server-warmup"
   for v in "${order[@]}"; do
     VPORT[$v]=$((port_base + 10 * i)); i=$((i + 1))
-    SERVER_ENV="SPECTRACE_REPLAY=1 SPECTRACE_REPLAY_ROWS=${PROBE_ROWS:-192}" start_server "$v" "${VPORT[$v]}" EAGLE3 "$W/models/$v" 1 0.12 "$flags"
+    SERVER_ENV="SPECTRACE_REPLAY=1 SPECTRACE_REPLAY_ROWS=${PROBE_ROWS:-192} SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false" start_server "$v" "${VPORT[$v]}" EAGLE3 "$W/models/$v" 1 0.12 "$flags"
     sleep "$stagger"
   done
   for v in "${order[@]}"; do wait_server "$v" || true; done
