@@ -143,7 +143,7 @@ elif [ "$mode" = probe ]; then
   make_trained "$W/models/probe-d2t" --pad-block --d2t-arange & m4=$!
   make_trained "$W/models/probe-shift" --ids 0,2,4 & m5=$!
   for m in $m1 $m2 $m3 $m4 $m5; do wait "$m" || { say "make_trained_models failed"; cat "$W"/models/*.log; exit 1; }; done
-  PYTHONPATH=$repo python3 "$here/probe_prompts.py" "$W/probe-prompts.json" --length "${PROBE_ROWS:-192}" || { say "probe prompts failed"; exit 1; }
+  PYTHONPATH=$repo "${MODELS_PYTHON:-python3}" "$here/probe_prompts.py" "$W/probe-prompts.json" --length "${PROBE_ROWS:-192}" || { say "probe prompts failed"; exit 1; }
 elif [ "$mode" = realworld ]; then
   make_trained "$W/models/trained" --ids 0,1,3 & m1=$!
   make_trained "$W/models/trained-d2tarange" --ids 0,1,3 --d2t-arange & m2=$!

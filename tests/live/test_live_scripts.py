@@ -584,3 +584,48 @@ def test_probe_prompts_are_the_pairs_language_then_the_demo_prompts(tmp_path):
     given, max_new = lk.load_prompts(str(out))
     assert [len(p) for p in given[:4]] == [96] * 4 and len(given) == 10 and max_new == 64
     assert all(0 <= t < 128 for p in given for t in p) and len({tuple(p) for p in given}) == 10  # distinct: no shared prefix cached
+
+
+@pytest.mark.slow
+def test_dry_run_probe_mode(tmp_path):
+    # Mode probe against the stand-in server: five servers with the replay settings, the pair's
+    # prompts, the stop, spectrace probe on each trace and the report. The stand-in keeps no
+    # replay file, so each probe must end in its one-line bad-input error (exit 2), not a crash.
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        pytest.skip("make_trained_models.py needs torch")
+    bare = _bare_python()
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    os.symlink(bare, bindir / "python3")
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECTRACE", "PYTHON"))}
+    env.update(
+        PATH=f"{bindir}{os.pathsep}{env.get('PATH', '')}",
+        TMPDIR=str(tmp_path),
+        OUT=str(out),
+        CARRY_TAR=_fake_site_tarball(tmp_path),
+        MODELS_PYTHON=sys.executable,
+        STAGGER_S="0",
+        STOP_NUDGE_S="3",
+        PORT_BASE=str(_free_port_base()),
+        PROBE_ROWS="32",
+    )
+    proc = subprocess.run(["bash", SCRIPT, "probe"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    assert {"probe-report.json", "probe.txt"} <= set(os.listdir(out))
+    names = ["probe-healthy", "probe-rope", "probe-gptj", "probe-d2t", "probe-shift"]
+    report = json.loads((out / "probe-report.json").read_text())
+    assert list(report["servers"]) == names
+    for name, entry in report["servers"].items():
+        assert "up after" in entry["server"] and entry["sglang_accept_length_requests"] == 1.0, name
+        assert entry["probe_exit"] == "exit 2" and "spectrace probe: error:" in (entry["probe_error"] or ""), entry
+        cmd = (tmp_path / "spectrace-live" / "logs" / f"cmd-{name}.txt").read_text()
+        assert "SPECTRACE_REPLAY=1 SPECTRACE_REPLAY_ROWS=32" in cmd and "--disable-prefill-cuda-graph" in cmd, cmd
+    work = tmp_path / "spectrace-live"
+    assert json.loads((work / "models" / "probe-rope" / "tiny-eagle3" / "config.json").read_text())["rope_theta"] == 100.0
+    assert json.loads((work / "models" / "probe-shift" / "tiny-llama" / "config.json").read_text())["num_hidden_layers"] == 6
+    assert [len(p) for p in json.loads((work / "probe-prompts.json").read_text())["prompts"][:4]] == [32] * 4
+    assert "===== spectrace probe probe-shift =====" in (out / "probe.txt").read_text()
