@@ -122,6 +122,12 @@ make_trained() {  # dir flags...: the trained pair, written from the repository'
   [ -f "$dir/tiny-eagle3/model.safetensors" ] && return 0
   env -u PYTHONPATH "${MODELS_PYTHON:-python3}" "$here/make_trained_models.py" "$dir" "$@" > "$dir.log" 2>&1
 }
+# mode probe: each server's models (make_trained_models.py flags)
+declare -A PROBE_MODELS=([probe-healthy]="--pad-block" [probe-rope]="--pad-block --rope-theta 100"
+  [probe-gptj]="--pad-block --rope-style gptj" [probe-d2t]="--pad-block --d2t-arange" [probe-shift]="--ids 0,2,4")
+PROBE_ORDER=(probe-healthy probe-rope probe-gptj probe-d2t probe-shift)
+# shellcheck disable=SC2206  # PROBE_ONLY is a word list
+[ -n "${PROBE_ONLY:-}" ] && PROBE_ORDER=(${PROBE_ONLY})
 if [ "$mode" = tensors ] || [ "$mode" = cost ]; then
   make_trained "$W/models/trained" --ids 0,1,3 & m1=$!
   make_models "$W/models/big" --size big & m2=$!
@@ -137,12 +143,12 @@ elif [ "$mode" = metrics ]; then
   make_trained "$W/models/trained-rope" --ids 0,1,3 --rope-theta 500000 & m2=$!
   for m in $m1 $m2; do wait "$m" || { say "make_trained_models failed"; cat "$W"/models/*.log; exit 1; }; done
 elif [ "$mode" = probe ]; then
-  make_trained "$W/models/probe-healthy" --pad-block & m1=$!
-  make_trained "$W/models/probe-rope" --pad-block --rope-theta 100 & m2=$!
-  make_trained "$W/models/probe-gptj" --pad-block --rope-style gptj & m3=$!
-  make_trained "$W/models/probe-d2t" --pad-block --d2t-arange & m4=$!
-  make_trained "$W/models/probe-shift" --ids 0,2,4 & m5=$!
-  for m in $m1 $m2 $m3 $m4 $m5; do wait "$m" || { say "make_trained_models failed"; cat "$W"/models/*.log; exit 1; }; done
+  pids=()
+  for v in "${PROBE_ORDER[@]}"; do
+    # shellcheck disable=SC2086  # the flags are a word list
+    make_trained "$W/models/$v" ${PROBE_MODELS[$v]} & pids+=($!)
+  done
+  for m in "${pids[@]}"; do wait "$m" || { say "make_trained_models failed"; cat "$W"/models/*.log; exit 1; }; done
   PYTHONPATH=$repo "${MODELS_PYTHON:-python3}" "$here/probe_prompts.py" "$W/probe-prompts.json" --length "${PROBE_ROWS:-192}" || { say "probe prompts failed"; exit 1; }
 elif [ "$mode" = realworld ]; then
   make_trained "$W/models/trained" --ids 0,1,3 & m1=$!
@@ -453,10 +459,8 @@ run_realworld() {
 
 # ------------------------------------------------------------------------ phase: probe
 run_probe() {
-  local v order=(probe-healthy probe-rope probe-gptj probe-d2t probe-shift) i=0 rc
+  local v order=("${PROBE_ORDER[@]}") i=0 rc
   declare -A VPORT=()
-  # shellcheck disable=SC2206  # PROBE_ONLY is a word list
-  [ -n "${PROBE_ONLY:-}" ] && order=(${PROBE_ONLY})
   # The prefill runs eagerly (its CUDA graph would hide the target's choices from the capture);
   # no radix cache (a cached prefix starts the extend past position 0); no warm-up request (it
   # would take one of the 4 kept forwards; so would /health's one-token generation, which
@@ -480,14 +484,17 @@ run_probe() {
   stop_servers "${order[@]}"
   mark probe_stopped
   # The probe on the CPU of this machine, after the servers stopped: one process per trace.
+  # Waited for by pid: a bare `wait` would also wait for the tee behind the log (bash 5.1+).
+  local probes=()
   for v in "${order[@]}"; do
     (
       CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=2 env -u SPECTRACE python3 -m spectrace probe "$W/traces/$v" \
         --draft "$W/models/$v/tiny-eagle3" --target "$W/models/$v/tiny-llama" > "$W/views/spectrace-probe-$v.txt" 2>&1
       echo "exit $?" >> "$W/views/spectrace-probe-$v.txt"
     ) &
+    probes+=($!)
   done
-  wait
+  wait "${probes[@]}"
   for v in "${order[@]}"; do
     rc=$(tail -1 "$W/views/spectrace-probe-$v.txt")
     say "$v: spectrace probe $rc: $(grep -m1 '^verdict' "$W/views/spectrace-probe-$v.txt")"
