@@ -19,6 +19,7 @@ statistics, the markdown) are plain functions, tested on CPU by tests/live/test_
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import math
 import os
@@ -59,6 +60,13 @@ VARIANTS: dict[str, str] = {
     "metrics": "trained pair, --enable-metrics, SPECTRACE_REPLAY=1: spectrace's series on SGLang's /metrics, the replay file",
     "norep": "trained pair, --enable-metrics, replay off (its twin for the replay's cost)",
     "rope-replay": "draft config rope_theta 500000 (trained at 10000), --enable-metrics, SPECTRACE_REPLAY=1",
+    # mode `probe`: SPECTRACE_REPLAY=1 for spectrace probe. The first four serve the target with a
+    # no-op block in front (boundary 1 is the embedding), ids [0, 2, 4]: the trained inputs exactly.
+    "probe-healthy": "trained pair, padded target, ids [0, 2, 4] (boundaries [1, 3, 5] = the trained inputs)",
+    "probe-rope": "as probe-healthy, draft config rope_theta 100 (trained at the target's 10000)",
+    "probe-gptj": "as probe-healthy, draft config rope_is_neox_style false (trained with the neox rotary)",
+    "probe-d2t": "as probe-healthy, d2t = arange(draft_vocab) (t2d keeps the trained map)",
+    "probe-shift": "shipped target, ids [0, 2, 4] written as boundary k: 0.5.17 captures [1, 3, 5], trained on [0, 2, 4]",
 }
 # The overhead phase: one healthy server at a time, without / with SPECTRACE=1, ABBA order.
 OVERHEAD_SERVERS = ("overhead-off-1", "overhead-on-1", "overhead-on-2", "overhead-off-2", "overhead-skip-1", "overhead-skip-2")
@@ -1035,6 +1043,58 @@ def collect(work: str) -> dict[str, Any]:
     return summary
 
 
+def probe_report(work: str, names: list[str]) -> dict[str, Any]:
+    """Mode ``probe``: per server, SGLang's accept length, spectrace probe's verdict and variants,
+    and the view's findings; then each fix's estimate against the healthy server's measurement."""
+    servers: dict[str, Any] = {}
+    for name in names:
+        folder = os.path.join(work, "traces", name)
+        results = sorted(glob.glob(os.path.join(folder, "*.probe.json")))
+        result = _load_json(results[-1]) if results else None
+        text = _read(os.path.join(work, "views", f"spectrace-probe-{name}.txt"))
+        view = _load_json(os.path.join(work, "views", f"{name}.json"))
+        client = _load_json(os.path.join(work, "logs", f"probe-{name}.json")) or {}
+        status = _read(os.path.join(work, "logs", f"status-{name}.txt")).strip().splitlines()
+        entry: dict[str, Any] = {
+            "what": VARIANTS.get(name, ""),
+            "server": status[0] if status else "",
+            "sglang_accept_length_requests": client.get("mean_spec_accept_length"),
+            "sglang_accept_length_log": parse_server_log(_read(os.path.join(work, "logs", f"server-{name}.log"))).get("accept_len_last"),
+            "client_errors": client.get("errors"),
+            "probe_exit": text.strip().splitlines()[-1] if text.strip() else None,
+            "probe_verdict": next((ln for ln in text.splitlines() if ln.startswith("verdict")), None),
+            "probe_fix": next((ln.strip() for ln in text.splitlines() if ln.strip().startswith("fix:")), None),
+            "probe_error": next((ln for ln in text.splitlines() if "error:" in ln), None),
+            "replay_files": [os.path.basename(f) for f in sorted(glob.glob(os.path.join(folder, "*.replay.safetensors")))],
+        }
+        if isinstance(result, dict):
+            keep = ("rows_used", "rows", "paired_rows", "written_rows", "steps", "steps_from", "live_accept_length", "served_wins")
+            entry.update({k: result.get(k) for k in keep})
+            entry["winner"] = result.get("winner")
+            entry["variants"] = result.get("variants")
+            entry["notes"] = result.get("notes")
+        if isinstance(view, dict):
+            facts = view_facts(view)
+            entry["view_errors"] = facts["error_codes"]
+            entry["view_warnings"] = facts["warning_codes"]
+            entry["view_findings"] = facts["findings"]
+        servers[name] = entry
+    healthy = servers.get("probe-healthy", {}).get("sglang_accept_length_requests")
+    against: dict[str, Any] = {}
+    for name, entry in servers.items():
+        win = next((v for v in entry.get("variants") or [] if v.get("name") == entry.get("winner")), None)
+        if win is None or not healthy:
+            continue
+        against[name] = {
+            "winner": win["name"],
+            "estimate": win["chain"],
+            "healthy_measured": healthy,
+            "ratio": round(win["chain"] / healthy, 3),
+            "within_25pct": abs(win["chain"] / healthy - 1) <= 0.25,
+        }
+    return {"servers": servers, "estimate_vs_healthy": against}
+
+
 def _fmt(x: Any) -> str:
     if x is None:
         return "—"
@@ -1200,6 +1260,10 @@ def main(argv: list[str] | None = None) -> int:
     cs.add_argument("graph_dir")
     cs.add_argument("eager_dir")
     cs.add_argument("--out", required=True)
+    prr = sub.add_parser("probe-report")
+    prr.add_argument("work")
+    prr.add_argument("names", nargs="+")
+    prr.add_argument("--out", required=True)
     s = sub.add_parser("summarize")
     s.add_argument("work")
     s.add_argument("out")
@@ -1282,6 +1346,17 @@ def main(argv: list[str] | None = None) -> int:
             f"spectrace accept length {facts['spectrace_accept_length']}, sglang gauge {facts['sglang_spec_accept_length_gauge']}",
             flush=True,
         )
+        return 0
+    if a.cmd == "probe-report":
+        res = probe_report(a.work, a.names)
+        with open(a.out, "w", encoding="utf-8") as fh:
+            json.dump(res, fh, indent=1)
+        for name, e in res["servers"].items():
+            print(
+                f"{name}: SGLang accept {e.get('sglang_accept_length_requests')}; probe {e.get('probe_exit')}, winner {e.get('winner')}; errors {e.get('view_errors')}"
+            )
+        for name, e in res["estimate_vs_healthy"].items():
+            print(f"{name}: {e['winner']} estimates {e['estimate']} against the healthy server's {e['healthy_measured']} ({e['ratio']})")
         return 0
     if a.cmd == "metrics-report":
         res = metrics_report(a.work)

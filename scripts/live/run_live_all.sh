@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The live proof: SPECTRACE=1 on real SGLang 0.5.17 EAGLE-3 servers on the H200.
 # Run it ON the GPU machine, from the repository root (docs/sglang.md, "The live kit").
-# Usage: bash scripts/live/run_live_all.sh [all|variants|overhead|trained|tensors|cost|realworld|metrics]
+# Usage: bash scripts/live/run_live_all.sh [all|variants|overhead|trained|tensors|cost|realworld|metrics|probe]
 #   variants  four servers at once (healthy, --speculative-algorithm EAGLE, no lm_head, layers.0 keys),
 #             each with SPECTRACE=1 and its own SPECTRACE_DIR; requests; SIGTERM; spectrace view
 #   overhead  one healthy server at a time, SPECTRACE off, on, on, off (ABBA), decode throughput of each
@@ -27,6 +27,18 @@
 #             the replay hooks: for a replay file with module outputs, add --disable-prefill-cuda-graph
 #             to SGL_EXTRA (decode graphs stay on). On a tree others edit, run a committed snapshot:
 #             git archive HEAD | tar -x -C .carry/tree, carry it, run .carry/tree/scripts/live/...
+#   probe     spectrace probe live (docs/probe.md): the trained pair, five servers at once, each with
+#             SPECTRACE=1 SPECTRACE_REPLAY=1 SPECTRACE_REPLAY_ROWS=PROBE_ROWS (192) and
+#             --disable-prefill-cuda-graph --disable-radix-cache --skip-server-warmup (decode graphs on):
+#             probe-healthy, probe-rope (draft rope_theta 100), probe-gptj (rope_is_neox_style false),
+#             probe-d2t (d2t = arange); these four serve the target with a no-op block in front
+#             (make_trained_models.py --pad-block: 0.5.17 cannot capture the embedding, the padded
+#             target's boundary 1 is it), ids [0, 2, 4] capturing exactly the trained inputs; and
+#             probe-shift, the shipped target with ids [0, 2, 4] written as boundary k (0.5.17 captures
+#             [1, 3, 5] for a draft trained on [0, 2, 4]). Four sequences of the pair's language sent
+#             one at a time (the kept forwards), then a batch, greedy (probe_prompts.py); after the
+#             stop, `spectrace probe TRACE --draft --target` on the CPU there, then spectrace view;
+#             logs/probe-report.json, also in $OUT. PROBE_ONLY="probe-healthy probe-rope" runs fewer.
 #   tensors   per-module records live: the trained pair (ids [0,1,3]) with CUDA graphs (every replay read
 #             back), the same with --disable-cuda-graph, and --speculative-algorithm EAGLE (the fc bypass);
 #             their per-stage statistics compared; then the cost inside one server (SPECTRACE_CONTROL
@@ -44,7 +56,7 @@
 # bootstrap (site.addsitedir) and a dist-info carrying the sglang.srt.plugins entry point.
 set -u
 mode=${1:-all}
-case $mode in all|variants|overhead|trained|tensors|cost|realworld|metrics) ;; *) echo "usage: $0 [all|variants|overhead|trained|tensors|cost|realworld|metrics]" >&2; exit 2 ;; esac
+case $mode in all|variants|overhead|trained|tensors|cost|realworld|metrics|probe) ;; *) echo "usage: $0 [all|variants|overhead|trained|tensors|cost|realworld|metrics|probe]" >&2; exit 2 ;; esac
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 out=${OUT:?set OUT to the folder whose files come back}
@@ -110,6 +122,12 @@ make_trained() {  # dir flags...: the trained pair, written from the repository'
   [ -f "$dir/tiny-eagle3/model.safetensors" ] && return 0
   env -u PYTHONPATH "${MODELS_PYTHON:-python3}" "$here/make_trained_models.py" "$dir" "$@" > "$dir.log" 2>&1
 }
+# mode probe: each server's models (make_trained_models.py flags)
+declare -A PROBE_MODELS=([probe-healthy]="--pad-block" [probe-rope]="--pad-block --rope-theta 100"
+  [probe-gptj]="--pad-block --rope-style gptj" [probe-d2t]="--pad-block --d2t-arange" [probe-shift]="--ids 0,2,4")
+PROBE_ORDER=(probe-healthy probe-rope probe-gptj probe-d2t probe-shift)
+# shellcheck disable=SC2206  # PROBE_ONLY is a word list
+[ -n "${PROBE_ONLY:-}" ] && PROBE_ORDER=(${PROBE_ONLY})
 if [ "$mode" = tensors ] || [ "$mode" = cost ]; then
   make_trained "$W/models/trained" --ids 0,1,3 & m1=$!
   make_models "$W/models/big" --size big & m2=$!
@@ -124,6 +142,14 @@ elif [ "$mode" = metrics ]; then
   make_trained "$W/models/trained" --ids 0,1,3 & m1=$!
   make_trained "$W/models/trained-rope" --ids 0,1,3 --rope-theta 500000 & m2=$!
   for m in $m1 $m2; do wait "$m" || { say "make_trained_models failed"; cat "$W"/models/*.log; exit 1; }; done
+elif [ "$mode" = probe ]; then
+  pids=()
+  for v in "${PROBE_ORDER[@]}"; do
+    # shellcheck disable=SC2086  # the flags are a word list
+    make_trained "$W/models/$v" ${PROBE_MODELS[$v]} & pids+=($!)
+  done
+  for m in "${pids[@]}"; do wait "$m" || { say "make_trained_models failed"; cat "$W"/models/*.log; exit 1; }; done
+  PYTHONPATH=$repo "${MODELS_PYTHON:-python3}" "$here/probe_prompts.py" "$W/probe-prompts.json" --length "${PROBE_ROWS:-192}" || { say "probe prompts failed"; exit 1; }
 elif [ "$mode" = realworld ]; then
   make_trained "$W/models/trained" --ids 0,1,3 & m1=$!
   make_trained "$W/models/trained-d2tarange" --ids 0,1,3 --d2t-arange & m2=$!
@@ -431,6 +457,59 @@ run_realworld() {
   report_servers "${order[@]}"
 }
 
+# ------------------------------------------------------------------------ phase: probe
+run_probe() {
+  local v order=("${PROBE_ORDER[@]}") i=0 rc
+  declare -A VPORT=()
+  # The prefill runs eagerly (its CUDA graph would hide the target's choices from the capture);
+  # no radix cache (a cached prefix starts the extend past position 0); no warm-up request (it
+  # would take one of the 4 kept forwards; so would /health's one-token generation, which
+  # SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false turns off). Decode CUDA graphs stay on.
+  local flags="$extra --dtype float16 --disable-prefill-cuda-graph --disable-radix-cache --skip-server-warmup"
+  for v in "${order[@]}"; do
+    VPORT[$v]=$((port_base + 10 * i)); i=$((i + 1))
+    SERVER_ENV="SPECTRACE_REPLAY=1 SPECTRACE_REPLAY_ROWS=${PROBE_ROWS:-192} SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false" start_server "$v" "${VPORT[$v]}" EAGLE3 "$W/models/$v" 1 0.12 "$flags"
+    sleep "$stagger"
+  done
+  for v in "${order[@]}"; do wait_server "$v" || true; done
+  mark probe_up
+  for v in "${order[@]}"; do
+    if grep -q "^port .* up after" "$W/logs/status-$v.txt" 2>/dev/null; then
+      python3 "$here/livekit.py" probe --port "${VPORT[$v]}" --prompts "$W/probe-prompts.json" \
+        --out "$W/logs/probe-$v.json" || say "$v: requests failed"
+    fi
+  done
+  sleep "$stagger"   # one more decode-log interval reaches the logs
+  mark probe_requests
+  stop_servers "${order[@]}"
+  mark probe_stopped
+  # The probe on the CPU of this machine, after the servers stopped: one process per trace.
+  # Waited for by pid: a bare `wait` would also wait for the tee behind the log (bash 5.1+).
+  local probes=()
+  for v in "${order[@]}"; do
+    (
+      CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=2 env -u SPECTRACE python3 -m spectrace probe "$W/traces/$v" \
+        --draft "$W/models/$v/tiny-eagle3" --target "$W/models/$v/tiny-llama" > "$W/views/spectrace-probe-$v.txt" 2>&1
+      echo "exit $?" >> "$W/views/spectrace-probe-$v.txt"
+    ) &
+    probes+=($!)
+  done
+  wait "${probes[@]}"
+  for v in "${order[@]}"; do
+    rc=$(tail -1 "$W/views/spectrace-probe-$v.txt")
+    say "$v: spectrace probe $rc: $(grep -m1 '^verdict' "$W/views/spectrace-probe-$v.txt")"
+  done
+  mark probe_probed
+  for v in "${order[@]}"; do view "$v"; done
+  mark probe_done
+  report_servers "${order[@]}"
+  python3 "$here/livekit.py" probe-report "$W" "${order[@]}" --out "$W/logs/probe-report.json" && cp "$W/logs/probe-report.json" "$out/"
+  : > "$out/probe.txt"
+  for v in "${order[@]}"; do
+    { echo "===== spectrace probe $v ====="; cat "$W/views/spectrace-probe-$v.txt"; echo; } >> "$out/probe.txt"
+  done
+}
+
 # ---------------------------------------------------------------------- phase: metrics
 scrape() {  # name when: SGLang's own /metrics of that server, kept as logs/metrics-NAME-WHEN.txt
   grep -q "^port .* up after" "$W/logs/status-$1.txt" 2>/dev/null || return 0
@@ -576,6 +655,7 @@ if [ "$mode" = cost ]; then run_cost; exit 0; fi
 if [ "$mode" = trained ]; then run_trained; exit 0; fi
 if [ "$mode" = realworld ]; then run_realworld; exit 0; fi
 if [ "$mode" = metrics ]; then run_metrics; exit 0; fi
+if [ "$mode" = probe ]; then run_probe; exit 0; fi
 if [ "$mode" != overhead ]; then run_variants; fi
 if [ "$mode" = overhead ] || { [ "$mode" = all ] && [ "$(left)" -ge "$overhead_min" ]; }; then
   run_overhead

@@ -24,7 +24,7 @@ from ..replay.reference import Reference, ReferenceError
 from ..replay.weights import load_draft
 from ..rules.acceptance import chain_accept_length, mean_accept_length, wilson
 from .rows import ProbeRows, select_rows
-from .variants import TargetFacts, Variant, predict, variants
+from .variants import TARGETS_OWN, TargetFacts, Variant, predict, variants
 
 PROBE_SUFFIX = ".probe.json"  # beside the trace; spectrace.checks.probe reads it
 HOW_TO_KEEP = "run the server with SPECTRACE=1 SPECTRACE_REPLAY=1 SPECTRACE_DIR=<folder> to keep them"
@@ -218,6 +218,16 @@ def _decide(result: ProbeResult) -> None:
     better = [v for v in result.variants if v.axis != "served" and v.low > served.high]
     if better:
         best = max(better, key=lambda v: (v.agreement, v.axis == "config"))
+        # Two settings of one axis that both beat the served draft, but not each other (RoPE
+        # bases 10000 and 500000 on short positions): the target's own is named, the setting
+        # a trainer copies, not the one a few rows happened to favour.
+        own = [v for v in better if v.axis == best.axis and v is not best and v.name.endswith(TARGETS_OWN) and v.high >= best.low]
+        if own:
+            result.notes.append(
+                f"{best.name} agrees {best.agreement:.3f} and {own[0].name} {own[0].agreement:.3f}, not measurably apart: "
+                "the target's own setting is named"
+            )
+            best = own[0]
         result.served_wins, result.winner = False, best.name
 
 

@@ -36,6 +36,9 @@ class Variant:
     head: torch.Tensor | None = None  # another head over the whole target vocabulary (the target's; no map)
 
 
+TARGETS_OWN = " (the target's)"  # a variant that serves the draft with its target's own setting
+
+
 def _base(b: float) -> str:
     return f"{b:g}"
 
@@ -69,7 +72,7 @@ def variants(
     for base in bases:
         if base == ref.rope_theta:
             continue
-        whose = " (the target's)" if base == target_base else ""
+        whose = TARGETS_OWN if base == target_base else ""
         out.append(
             Variant(
                 f"rope base {_base(base)}{whose}",
@@ -80,7 +83,7 @@ def variants(
             )
         )
     other = "gptj" if ref.rope_neox else "neox"
-    whose = " (the target's)" if target_rotary and bool(target_rotary.get("neox", True)) == (other == "neox") else ""
+    whose = TARGETS_OWN if target_rotary and bool(target_rotary.get("neox", True)) == (other == "neox") else ""
     out.append(
         Variant(
             f"rotary style {other}{whose}",

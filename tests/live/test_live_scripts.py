@@ -540,3 +540,93 @@ def test_probe_sends_the_temperature_it_is_given(monkeypatch):
     sent.clear()
     res = lk.probe(1, n_single=2, batch=2, temperature=1.0)
     assert set(sent) == {1.0} and res["mean_spec_accept_length"] == 2.0
+
+
+def test_make_trained_models_probe_variants_pad_the_target_with_a_no_op_block(tmp_path):
+    # mode probe: SGLang 0.5.17's Llama cannot capture boundary 0 (the embedding); a block in
+    # front whose o_proj and down_proj are zero passes the residual stream on unchanged, so the
+    # padded target's boundary b + 1 is the shipped one's boundary b, bit for bit.
+    import torch
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    script = os.path.join(LIVE, "make_trained_models.py")
+    subprocess.run(
+        [sys.executable, script, str(tmp_path), "--pad-block", "--rope-style", "gptj"], check=True, capture_output=True, timeout=120
+    )
+    draft = json.load(open(tmp_path / "tiny-eagle3" / "config.json"))
+    assert draft["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 2, 4] and draft["trained_aux_boundaries"] == [1, 3, 5]
+    assert draft["rope_is_neox_style"] is False
+    data = os.path.join(ROOT, "spectrace", "eagle3", "data")
+
+    def model(config_path: str, weights: str) -> LlamaForCausalLM:
+        cfg = {k: v for k, v in json.load(open(config_path)).items() if k != "architectures"}
+        m = LlamaForCausalLM(LlamaConfig(**cfg)).eval()
+        m.load_state_dict({k: v.float() for k, v in load_file(weights).items()}, strict=False)
+        m.tie_weights()
+        return m
+
+    shipped = model(os.path.join(data, "target_config.json"), os.path.join(data, "target.safetensors"))
+    padded = model(str(tmp_path / "tiny-llama" / "config.json"), str(tmp_path / "tiny-llama" / "model.safetensors"))
+    assert padded.config.num_hidden_layers == shipped.config.num_hidden_layers + 1
+    ids = torch.tensor([json.load(open(os.path.join(data, "demo.json")))["prompts"][0]])
+    with torch.no_grad():
+        a, b = shipped(ids, output_hidden_states=True), padded(ids, output_hidden_states=True)
+    assert torch.equal(a.logits, b.logits)
+    assert all(torch.equal(a.hidden_states[k], b.hidden_states[k + 1]) for k in range(len(a.hidden_states) - 1))
+    assert torch.equal(b.hidden_states[1], b.hidden_states[0])  # boundary 1 of the padded target is the embedding
+
+
+def test_probe_prompts_are_the_pairs_language_then_the_demo_prompts(tmp_path):
+    out = tmp_path / "p.json"
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, os.path.join(LIVE, "probe_prompts.py"), str(out), "--length", "96"], check=True, env=env, timeout=120)
+    given, max_new = lk.load_prompts(str(out))
+    assert [len(p) for p in given[:4]] == [96] * 4 and len(given) == 10 and max_new == 64
+    assert all(0 <= t < 128 for p in given for t in p) and len({tuple(p) for p in given}) == 10  # distinct: no shared prefix cached
+
+
+@pytest.mark.slow
+def test_dry_run_probe_mode(tmp_path):
+    # Mode probe against the stand-in server (two of its five): servers with the replay settings, the pair's
+    # prompts, the stop, spectrace probe on each trace and the report. The stand-in keeps no
+    # replay file, so each probe must end in its one-line bad-input error (exit 2), not a crash.
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        pytest.skip("make_trained_models.py needs torch")
+    bare = _bare_python()
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    os.symlink(bare, bindir / "python3")
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECTRACE", "PYTHON"))}
+    env.update(
+        PATH=f"{bindir}{os.pathsep}{env.get('PATH', '')}",
+        TMPDIR=str(tmp_path),
+        OUT=str(out),
+        CARRY_TAR=_fake_site_tarball(tmp_path),
+        MODELS_PYTHON=sys.executable,
+        STAGGER_S="0",
+        STOP_NUDGE_S="3",
+        PORT_BASE=str(_free_port_base()),
+        PROBE_ROWS="32",
+        PROBE_ONLY="probe-rope probe-shift",
+    )
+    proc = subprocess.run(["bash", SCRIPT, "probe"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    assert {"probe-report.json", "probe.txt"} <= set(os.listdir(out))
+    names = ["probe-rope", "probe-shift"]
+    report = json.loads((out / "probe-report.json").read_text())
+    assert list(report["servers"]) == names
+    for name, entry in report["servers"].items():
+        assert "up after" in entry["server"] and entry["sglang_accept_length_requests"] == 1.0, name
+        assert entry["probe_exit"] == "exit 2" and "spectrace probe: error:" in (entry["probe_error"] or ""), entry
+        cmd = (tmp_path / "spectrace-live" / "logs" / f"cmd-{name}.txt").read_text()
+        assert "SPECTRACE_REPLAY=1 SPECTRACE_REPLAY_ROWS=32" in cmd and "--disable-prefill-cuda-graph" in cmd, cmd
+    work = tmp_path / "spectrace-live"
+    assert json.loads((work / "models" / "probe-rope" / "tiny-eagle3" / "config.json").read_text())["rope_theta"] == 100.0
+    assert json.loads((work / "models" / "probe-shift" / "tiny-llama" / "config.json").read_text())["num_hidden_layers"] == 6
+    assert [len(p) for p in json.loads((work / "probe-prompts.json").read_text())["prompts"][:4]] == [32] * 4
+    assert "===== spectrace probe probe-shift =====" in (out / "probe.txt").read_text()

@@ -266,3 +266,22 @@ def test_the_interval_and_the_chain() -> None:
     assert low == 0.0 and 0.05 < high < 0.1
     low, high = wilson(141, 141)
     assert high == 1.0 and 0.97 < low < 0.98
+
+
+def test_bases_not_measurably_apart_name_the_targets_own() -> None:
+    # Live on SGLang 0.5.17 (a draft served at base 100, trained at its target's 10000; rows up
+    # to position 192): 500000 agreed 0.927 [0.901, 0.947], the target's 10000 0.902 [0.873, 0.925].
+    from spectrace.probe.run import ProbeResult, VariantResult, _decide
+
+    def v(name: str, axis: str, hits: int, rows: int = 509) -> VariantResult:
+        low, high = wilson(hits, rows)
+        return VariantResult(name=name, axis=axis, hits=hits, rows=rows, agreement=hits / rows, low=low, high=high, chain=1.0)
+
+    served = v("as served", "served", 263)
+    live = ProbeResult(variants=[served, v("rope base 500000", "rope", 472), v("rope base 10000 (the target's)", "rope", 459)])
+    _decide(live)
+    assert (live.served_wins, live.winner) == (False, "rope base 10000 (the target's)") and "not measurably apart" in live.notes[0]
+    # Measurably better than the target's own: the best is named.
+    apart = ProbeResult(variants=[served, v("rope base 500000", "rope", 500), v("rope base 10000 (the target's)", "rope", 400)])
+    _decide(apart)
+    assert apart.winner == "rope base 500000" and not apart.notes
