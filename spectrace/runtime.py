@@ -172,7 +172,9 @@ def _say_if_nothing_known() -> None:
     before their model) and a spawned child are left alone: their models live elsewhere."""
     if not settings().enabled or _state.get("adopted") or "torch" not in sys.modules:
         return
-    if any(name in sys.modules for name in ("sglang", "vllm")):
+    from .integrations import ENGINE_PACKAGES
+
+    if any(name in sys.modules for name in ENGINE_PACKAGES):
         return
     import multiprocessing
 

@@ -95,6 +95,9 @@ def _explains_the_stage(consequence: Judged, root: Judged) -> bool:
 # most direct of all.
 DRAFT_INPUT_OR_WEIGHTS: tuple[str, ...] = (
     "replay_divergence",
+    # The probe measured the served draft agreeing with its target less than under another
+    # setting: the draft runs as it was not trained.
+    "probe_better_variant",
     "fc_bypass",
     "shape_mismatch",
     "feature_skew",

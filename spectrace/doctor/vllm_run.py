@@ -52,13 +52,16 @@ def _setup(vc: Any) -> None:
     if _READY:
         return
     from vllm.config import set_current_vllm_config
-    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel, parallel_state
 
+    # Once per process, whoever comes first (the doctor, a test's harness): a second set-up raises.
     with set_current_vllm_config(vc):
-        init_distributed_environment(
-            world_size=1, rank=0, distributed_init_method=f"tcp://127.0.0.1:{_free_port()}", local_rank=0, backend="gloo"
-        )
-        initialize_model_parallel(1, 1)
+        if parallel_state._WORLD is None:
+            init_distributed_environment(
+                world_size=1, rank=0, distributed_init_method=f"tcp://127.0.0.1:{_free_port()}", local_rank=0, backend="gloo"
+            )
+        if not parallel_state.model_parallel_is_initialized():
+            initialize_model_parallel(1, 1)
     _READY.append(True)
 
 

@@ -15,3 +15,9 @@ def import_targets() -> list[tuple[str, str]]:
     from .vllm.points import import_targets as vllm_targets
 
     return [*transformers_targets, *sglang_targets(), *vllm_targets()]
+
+
+# The engines' own packages: where one is loaded, the engine's processes adopt its models,
+# and a process of it that builds none (a tokenizer, a launcher) is not a program whose
+# model spectrace failed to know.
+ENGINE_PACKAGES: tuple[str, ...] = ("sglang", "vllm")

@@ -36,7 +36,9 @@ MAX_ROWS = 256  # SPECTRACE_REPLAY_ROWS at most
 TOPK = 8  # logits kept per row (their top k)
 MAX_HEADER_BYTES = 1 << 20  # the safetensors header (names, shapes, metadata) of MAX_FORWARDS forwards is a few KiB
 # What each kept tensor is: ids (integer, one per row), or rows of floats of one width.
-_ID_KEYS = ("input_ids", "positions", "topk_ids", "target_ids")  # the rest are floating rows
+_ID_KEYS = ("input_ids", "positions", "topk_ids", "target_ids", "target_in", "target_next")  # the rest are floating rows
+# The target's own rows (``spectrace probe``): one id per row, up to one row more than the draft's.
+_TARGET_ROW_KEYS = ("target_in", "target_next")
 _FLOAT_DTYPES = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8}
 _INT_DTYPES = {"I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1}
 # What one kept forward may hold, in data-path order. Inputs: the ids, positions, the
@@ -172,8 +174,11 @@ def _check_tensors(path: str, header: dict[str, Any], meta: ReplayMeta, data_byt
                 raise ReplayFileError(f"{what} is {dtype}; it must be {'an integer' if ints else 'a floating'} dtype ({', '.join(sizes)})")
             if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
                 raise ReplayFileError(f"{what} has no valid shape")
-            dims = 1 if key in ("input_ids", "positions") else 2
-            if len(shape) != dims or shape[0] != fwd.rows:
+            dims = 1 if key in ("input_ids", "positions", *_TARGET_ROW_KEYS) else 2
+            if key in _TARGET_ROW_KEYS:
+                if len(shape) != 1 or not 0 < shape[0] <= fwd.rows + 1:
+                    raise ReplayFileError(f"{what} has shape {shape}; the target's rows are 1 to {fwd.rows + 1} ids")
+            elif len(shape) != dims or shape[0] != fwd.rows:
                 raise ReplayFileError(f"{what} has shape {shape}; the metadata says {fwd.rows} rows of {dims} dimension(s)")
             if key in ("topk_values", "topk_ids", "target_ids"):
                 if shape[1] > TOPK or top not in (None, shape[1]):
