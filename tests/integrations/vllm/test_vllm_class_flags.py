@@ -72,16 +72,18 @@ def test_deepseek_class_skips_norm_before_fc(rec, tmp_path) -> None:
     draft = _build(vc)
     _fill(draft)
     weight = draft.model.fc.weight.detach().clone()
-    from vllm.model_executor.model_loader.utils import process_weights_after_loading
-
-    process_weights_after_loading(draft, vc.speculative_config.draft_model_config, torch.device("cpu"))
+    # fc's own post-load step only (it picks the CPU GEMM fc runs with): the MLA attention's
+    # would pick vLLM's AMX kernels on CPUs that have AMX, which refuse this tiny float32 layer.
+    fc = draft.model.fc
+    fc.quant_method.process_weights_after_loading(fc)
     h = _aux()
     fused = draft.combine_hidden_states(h)
     bare = torch.nn.functional.linear(h, weight)  # fc alone, no norm of the aux states before it
     print(f"vLLM built {type(draft).__name__}; norm_before_fc read: {hasattr(draft.model, 'norm_before_fc')}; "
-          f"combine_hidden_states == bare fc: {torch.allclose(fused, bare)}")  # fmt: skip
+          f"combine_hidden_states == bare fc: {torch.allclose(fused, bare, atol=1e-4, rtol=1e-4)}")  # fmt: skip
     assert type(draft).__name__ == "Eagle3DeepseekV2ForCausalLM"
-    assert not hasattr(draft.model, "norm_before_fc") and torch.allclose(fused, bare)  # the flag does nothing
+    # The flag does nothing (a norm before fc would move every value far past the CPU GEMM's rounding).
+    assert not hasattr(draft.model, "norm_before_fc") and torch.allclose(fused, bare, atol=1e-4, rtol=1e-4)
     draft.load_weights([])  # the load seam (the server's checkpoint is immaterial to this check)
     (one,) = _flags(rec)
     print(one.message, "| fix:", one.fix)
