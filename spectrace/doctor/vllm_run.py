@@ -27,7 +27,6 @@ from .facts import BuiltModel, EngineFacts
 from .shrink import shrink_config, width_map
 
 PREFILL_TOKENS = 8
-_READY: list[bool] = []
 # vLLM's CPU kernels have no head size of 16 and no GEMM over 8 input features: the shrunk
 # heads, MLA parts and expert widths are wider there.
 HEAD_DIM = 32
@@ -48,21 +47,24 @@ def _free_port() -> int:
 
 
 def _setup(vc: Any) -> None:
-    """vLLM's parallel state for world size 1 on gloo, once per process."""
-    if _READY:
-        return
+    """vLLM's parallel state for world size 1 on gloo, once per process; set up again when a
+    MoE model finds none for its experts (vLLM makes that group only for a MoE config)."""
     from vllm.config import set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel, parallel_state
 
-    # Once per process, whoever comes first (the doctor, a test's harness): a second set-up raises.
+    moe = bool(getattr(vc.model_config, "is_moe", False)) or bool(
+        getattr(getattr(vc.speculative_config, "draft_model_config", None), "is_moe", False)
+    )
+    # Whoever came first (the doctor, a test's harness): a second set-up of a group raises.
     with set_current_vllm_config(vc):
         if parallel_state._WORLD is None:
             init_distributed_environment(
                 world_size=1, rank=0, distributed_init_method=f"tcp://127.0.0.1:{_free_port()}", local_rank=0, backend="gloo"
             )
+        if parallel_state.model_parallel_is_initialized() and moe and parallel_state._EP is None:
+            parallel_state.destroy_model_parallel()
         if not parallel_state.model_parallel_is_initialized():
             initialize_model_parallel(1, 1)
-    _READY.append(True)
 
 
 def tiny_target_of(folder: Path) -> dict[str, Any]:
