@@ -54,3 +54,12 @@ def bypass(tmp_path_factory: pytest.TempPathFactory, demo_cache: DemoCache) -> P
     out = tmp_path_factory.mktemp("demo")
     demo_cache.run("fc_bypass", out, reference=False)
     return out / "fc_bypass"
+
+
+@pytest.fixture(scope="session")
+def vllm_replay_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """One live vLLM CPU server run with replay inputs kept, for every test that reads one
+    (replay, probe); each module copies it (:func:`tests.helpers.vllm_server.replay_served`)."""
+    from tests.helpers import vllm_server as vs
+
+    return vs.replay_served(tmp_path_factory.mktemp("vllm-replay"))

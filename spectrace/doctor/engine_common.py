@@ -6,6 +6,7 @@ Torch is imported here; no engine is.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import tempfile
@@ -205,3 +206,16 @@ def flag_set(config: Mapping[str, Any], key: str) -> bool:
     eagle = config.get("eagle_config")
     tlc = config.get("transformer_layer_config")
     return any(isinstance(d, dict) and key in d for d in (config, eagle, tlc))
+
+
+@contextlib.contextmanager
+def tiny_folders(tiny_target: Mapping[str, Any], tiny_draft: Mapping[str, Any]) -> Iterator[tuple[Path, Path]]:
+    """A temporary ``target/`` and ``draft/`` folder, each holding its shrunk config.json, for
+    the engine's own config loading; gone afterwards."""
+    with tempfile.TemporaryDirectory(prefix="spectrace-doctor-") as tmp:
+        tdir, ddir = Path(tmp, "target"), Path(tmp, "draft")
+        tdir.mkdir()
+        ddir.mkdir()
+        (tdir / "config.json").write_text(json.dumps(tiny_target))
+        (ddir / "config.json").write_text(json.dumps(tiny_draft))
+        yield tdir, ddir

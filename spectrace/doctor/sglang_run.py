@@ -14,8 +14,6 @@ facts read off the built objects.
 
 from __future__ import annotations
 
-import json
-import tempfile
 import types
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,7 +22,7 @@ from typing import Any
 import torch
 
 from . import sglang_cpu as cpu
-from .engine_common import EngineRunError, fc_in, flag_set, quiet, rotaries, watch_reads, write_tiny_checkpoint
+from .engine_common import EngineRunError, fc_in, flag_set, quiet, rotaries, tiny_folders, watch_reads, write_tiny_checkpoint
 from .facts import BuiltModel, EngineFacts
 from .shrink import shrink_config, width_map
 
@@ -101,12 +99,7 @@ def run(
     text: Mapping[str, Any] = nested if isinstance(nested, dict) else target_config
     tiny_target = shrink_config(target_config)
     tiny_draft = shrink_config(draft_config, target_hidden=text.get("hidden_size"))
-    with tempfile.TemporaryDirectory(prefix="spectrace-doctor-") as tmp:
-        tdir, ddir = Path(tmp, "target"), Path(tmp, "draft")
-        tdir.mkdir()
-        ddir.mkdir()
-        (tdir / "config.json").write_text(json.dumps(tiny_target))
-        (ddir / "config.json").write_text(json.dumps(tiny_draft))
+    with tiny_folders(tiny_target, tiny_draft) as (tdir, ddir):
         try:
             with quiet() as engine_log:
                 server_args = ServerArgs(

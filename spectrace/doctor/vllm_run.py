@@ -15,14 +15,13 @@ from __future__ import annotations
 import copy
 import json
 import socket
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .engine_common import EngineRunError, fc_in, flag_set, quiet, rotaries, watch_reads, write_tiny_checkpoint
+from .engine_common import EngineRunError, fc_in, flag_set, quiet, rotaries, tiny_folders, watch_reads, write_tiny_checkpoint
 from .facts import BuiltModel, EngineFacts
 from .shrink import shrink_config, width_map
 
@@ -97,12 +96,7 @@ def run(
     text: Mapping[str, Any] = nested if isinstance(nested, dict) else target_config
     tiny_target = _widen_heads(shrink_config(target_config))
     tiny_draft = _widen_heads(shrink_config(draft_config, target_hidden=text.get("hidden_size")))
-    with tempfile.TemporaryDirectory(prefix="spectrace-doctor-") as tmp:
-        tdir, ddir = Path(tmp, "target"), Path(tmp, "draft")
-        tdir.mkdir()
-        ddir.mkdir()
-        (tdir / "config.json").write_text(json.dumps(tiny_target))
-        (ddir / "config.json").write_text(json.dumps(tiny_draft))
+    with tiny_folders(tiny_target, tiny_draft) as (tdir, ddir):
         try:
             with quiet() as engine_log:
                 facts = _build_and_run(tdir, ddir, tensors, maps, draft_config, tiny_draft, recorder)

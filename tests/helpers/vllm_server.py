@@ -159,3 +159,18 @@ def complete(port: int, target: Path, prompt: Sequence[int], max_tokens: int, te
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=120) as r:
         return int(r.status)
+
+
+REPLAY_PROMPTS = [[1, 5, 9, i, 20, 7, 3, 11, 40, 2, 8, 30] for i in range(2)]
+
+
+def replay_served(root: Path) -> tuple[Path, Path]:
+    """(trace folder, draft folder) of one served run of the speculators pair with its replay
+    inputs kept (12 rows): two prompts' prefills, 8 tokens each."""
+    target, draft = speculators_pair(root)
+    traces = root / "traces"
+    env = dict(SPECTRACE="1", SPECTRACE_DIR=str(traces), SPECTRACE_REPLAY="1", SPECTRACE_REPLAY_ROWS="12", VLLM_CPU_KVCACHE_SPACE="1")
+    with served(root, target, draft, env) as port:
+        for prompt in REPLAY_PROMPTS:
+            assert complete(port, target, prompt, 8) == 200
+    return traces, draft

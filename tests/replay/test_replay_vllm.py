@@ -36,20 +36,16 @@ from tests.helpers import vllm_server as vs  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-PROMPTS = [[1, 5, 9, i, 20, 7, 3, 11, 40, 2, 8, 30] for i in range(2)]
+PROMPTS = vs.REPLAY_PROMPTS
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(trace folder, draft folder) of one served run, its replay inputs kept."""
-    root = tmp_path_factory.mktemp("served")
-    target, draft = vs.speculators_pair(root)
-    traces = root / "traces"
-    env = dict(SPECTRACE="1", SPECTRACE_DIR=str(traces), SPECTRACE_REPLAY="1", SPECTRACE_REPLAY_ROWS="12", VLLM_CPU_KVCACHE_SPACE="1")
-    with vs.served(root, target, draft, env) as port:
-        for prompt in PROMPTS:
-            assert vs.complete(port, target, prompt, 8) == 200
-    return traces, draft
+def served(vllm_replay_run: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(trace folder, draft folder) of the session's served run, copied: what this module writes beside the trace stays here."""
+    traces, draft = vllm_replay_run
+    copy = tmp_path_factory.mktemp("served")
+    shutil.copytree(traces, copy / "traces")
+    return copy / "traces", draft
 
 
 def test_vllm_keeps_the_served_draft_inputs_with_fc_run_before_the_forward(served: tuple[Path, Path]) -> None:
