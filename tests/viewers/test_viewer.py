@@ -500,9 +500,11 @@ def test_tmux_colour_and_no_color(bug1: Path) -> None:
         t.send("clear; " + _shell_cmd(str(bug1), "--no-pager", "--finding", "fc_bypass") + "; echo EXIT=$?", "Enter")
         t.wait_for(r"EXIT=\d")
         coloured = subprocess.run(t.sock + ["capture-pane", "-e", "-p", "-t", t.name], capture_output=True, text=True).stdout
-        t.send("clear; export NO_COLOR=1; " + _shell_cmd(str(bug1), "--no-pager", "--finding", "fc_bypass") + "; echo EXIT=$?", "Enter")
-        time.sleep(0.3)
-        t.wait_for(r"EXIT=\d")
+        # Its own marker: on a loaded machine the first run's EXIT= stays on screen until `clear` runs.
+        t.send(
+            "clear; export NO_COLOR=1; " + _shell_cmd(str(bug1), "--no-pager", "--finding", "fc_bypass") + "; echo PLAIN_EXIT=$?", "Enter"
+        )
+        t.wait_for(r"PLAIN_EXIT=\d")
         plain_screen = subprocess.run(t.sock + ["capture-pane", "-e", "-p", "-t", t.name], capture_output=True, text=True).stdout
     assert colour.search(coloured), "a terminal should get colours"
     assert "fc_bypass" in plain_screen and not colour.search(plain_screen)
