@@ -19,7 +19,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from ..audit.checkpoint import AuditInputError
-from ..replay.file import REPLAY_SUFFIX, ReplayData, ReplayFileError, ReplayMeta, find_replay_files, read_replay
+from ..replay.file import REPLAY_SUFFIX, ReplayData, ReplayFileError, ReplayMeta, find_replay_files, read_replay, save_beside
 from ..replay.reference import Reference, ReferenceError
 from ..replay.weights import load_draft
 from ..rules.acceptance import chain_accept_length, mean_accept_length, wilson
@@ -126,7 +126,7 @@ def probe(
         result.notes.append(f"{rows.unpaired} kept forward(s) not paired with their target's choices were left out")
     if meta.target_rotary is None:
         result.notes.append("the target's rotary was not kept: rope bases tried are the common ones, not the target's own")
-    _save(path, result, warn)
+    save_beside(path, PROBE_SUFFIX, result, warn)
     return result
 
 
@@ -278,17 +278,6 @@ def _acceptance(trace: str, proposed: Counter[int], lengths: list[int]) -> None:
                         lengths.append(n)
     except OSError:
         return
-
-
-def _save(replay_file: str, result: ProbeResult, warn: Callable[[str], None] | None) -> None:
-    from ..values_file import write_private
-
-    folder, name = os.path.split(replay_file)
-    try:
-        write_private(folder or ".", name[: -len(REPLAY_SUFFIX)] + PROBE_SUFFIX, result.model_dump_json(indent=2).encode())
-    except OSError as exc:
-        if warn is not None:
-            warn(f"the result was not written beside the trace ({exc.strerror or exc})")
 
 
 def render(result: ProbeResult) -> str:

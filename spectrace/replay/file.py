@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,6 +108,19 @@ def encode(meta: ReplayMeta, forwards: list[ReplayData]) -> bytes:
 
     tensors = {f"fwd{i}.{key}": t.contiguous() for i, f in enumerate(forwards) for key, t in f.tensors.items()}
     return save(tensors, metadata={META_KEY: meta.model_dump_json()})
+
+
+def save_beside(replay_file: str, suffix: str, result: BaseModel, warn: Callable[[str], None] | None) -> None:
+    """A command's result beside the trace, named as the replay file with ``suffix``
+    (``.replay.json``, ``.probe.json``); a failed write is one warning, never an error."""
+    from ..values_file import write_private
+
+    folder, name = os.path.split(replay_file)
+    try:
+        write_private(folder or ".", name[: -len(REPLAY_SUFFIX)] + suffix, result.model_dump_json(indent=2).encode())
+    except OSError as exc:
+        if warn is not None:
+            warn(f"the result was not written beside the trace ({exc.strerror or exc})")
 
 
 def find_replay_files(trace: str) -> list[str]:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..audit.checkpoint import AuditInputError
-from .file import MAX_BYTES, REPLAY_SUFFIX, RESULT_SUFFIX, ReplayFileError, find_replay_files, read_replay
+from .file import MAX_BYTES, REPLAY_SUFFIX, RESULT_SUFFIX, ReplayFileError, find_replay_files, read_replay, save_beside
 from .reference import Reference, ReferenceError
 from .trainer_model import TrainerReference, installed
 from .trainer_specforge import SpecForgeReference
@@ -81,7 +81,7 @@ def replay(trace: str, draft: str, reference: str = "auto", warn: Callable[[str]
             f"reference: spectrace's built-in EAGLE-3 draft ({why}; the trainers' own modelling code is not used: "
             "--reference specforge runs SpecForge's for its format)"
         )
-    _save(files[-1], result, warn)
+    save_beside(files[-1], RESULT_SUFFIX, result, warn)
     return result
 
 
@@ -95,18 +95,6 @@ def _reference(asked: str, builtin: Reference, raw: dict[str, Any], tensors: dic
     if asked == "auto" and is_speculators_checkpoint(raw) and installed("speculators"):
         return SpeculatorsReference.wrap(builtin, raw, tensors)
     return builtin
-
-
-def _save(replay_file: str, result: ReplayResult, warn: Callable[[str], None] | None) -> None:
-    """The result beside the trace (its name: the replay file's, ``.replay.json``)."""
-    from ..values_file import write_private
-
-    folder, name = os.path.split(replay_file)
-    try:
-        write_private(folder or ".", name[: -len(REPLAY_SUFFIX)] + RESULT_SUFFIX, result.model_dump_json(indent=2).encode())
-    except OSError as exc:
-        if warn is not None:
-            warn(f"the result was not written beside the trace ({exc.strerror or exc})")
 
 
 def render(result: ReplayResult) -> str:
